@@ -1,0 +1,1 @@
+"""Genomes, operators and evolutionary placement searches on deap."""

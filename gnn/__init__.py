@@ -1,0 +1,1 @@
+"""Graph encoders and placement policies on torch-geometric."""

@@ -1,0 +1,71 @@
+"""Exceptions raised by placer.
+
+Every problem with user input raises a subclass of :class:`PlacerError` whose
+message names the file, the field and what to do about it, so the CLI can
+print one line and exit with status 2.
+
+>>> from placer.errors import ClusterError
+>>> str(ClusterError("must be > 0", file="c.yaml", field="devices[0].memory",
+...                  fix="give the device memory in bytes, e.g. 4.0e10"))
+'c.yaml: devices[0].memory: must be > 0 (fix: give the device memory in bytes, e.g. 4.0e10)'
+"""
+
+from __future__ import annotations
+
+
+class PlacerError(Exception):
+    """Base of every error placer raises on purpose.
+
+    ``file``, ``field`` and ``fix`` are optional; when present they are part of
+    the one-line message so a user knows where and how to repair the input.
+    """
+
+    def __init__(self, message: str, *, file: str | None = None,
+                 field: str | None = None, fix: str | None = None):
+        self.message = message
+        self.file = None if file is None else str(file)
+        self.field = field
+        self.fix = fix
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        parts = [p for p in (self.file, self.field) if p]
+        text = ": ".join(parts + [self.message])
+        if self.fix:
+            text += f" (fix: {self.fix})"
+        return text
+
+    def located(self, file: str | None) -> "PlacerError":
+        """Return this error with ``file`` filled in when it was unknown."""
+        if self.file is None and file is not None:
+            self.file = str(file)
+            self.args = (str(self),)
+        return self
+
+
+class FormatError(PlacerError):
+    """A file is not valid JSON/YAML or not of the expected format."""
+
+
+class GraphError(PlacerError):
+    """A computation graph is malformed (cycle, unknown op, bad cost...)."""
+
+
+class ClusterError(PlacerError):
+    """A cluster description is malformed (bad bandwidth, duplicate device...)."""
+
+
+class PlanError(PlacerError):
+    """A plan does not fit its graph or cluster (missing op, unknown device...)."""
+
+
+class TraceError(PlacerError):
+    """A model could not be traced into a graph."""
+
+
+class InfeasibleError(PlacerError):
+    """No plan fits the cluster's memory; the message says what would."""
+
+
+class StrategyError(PlacerError):
+    """An unknown strategy or cost model name, or bad strategy options."""

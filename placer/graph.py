@@ -1,0 +1,331 @@
+"""The computation graph: ops with their costs, edges with tensor sizes.
+
+A :class:`Graph` is a DAG of :class:`Op` (typed costs for one training step on
+the traced batch) joined by :class:`Edge` (bytes of the tensor that flows).
+networkx holds the structure for algorithms; the costs live in the typed
+dataclasses. Files use the ``placer.graph/v1`` format.
+
+>>> g = Graph("tiny", [Op("a", "linear", flops=2e6, param_bytes=4096, output_bytes=1024),
+...                    Op("b", "relu", output_bytes=1024)],
+...           [Edge("a", "b", 1024)])
+>>> g.topological_order()
+['a', 'b']
+>>> g.total_flops(), g.total_bwd_flops()
+(2000000.0, 4000000.0)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import networkx as nx
+
+from ._io import (Fields, PathLike, atomic_write_text, canonical_json, check_format,
+                  dump_json, load_document, wrap_errors)
+from .errors import GraphError
+
+FORMAT = "placer.graph/v1"
+
+
+@dataclass
+class Op:
+    """One operation of the model and the cost of one training step of it.
+
+    ``bwd_flops`` defaults to twice ``flops``. Ops sharing a ``colocate`` group
+    (e.g. users of one shared weight) must be placed on the same devices.
+    ``extra`` keeps keys of the file this version does not know.
+    """
+
+    id: str
+    op: str = "op"
+    flops: float = 0.0
+    bwd_flops: float | None = None
+    param_bytes: float = 0.0
+    output_bytes: float = 0.0
+    colocate: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.bwd_flops is None:
+            self.bwd_flops = 2.0 * self.flops
+
+    def to_dict(self) -> dict:
+        data = {"id": self.id, "op": self.op, "flops": self.flops,
+                "bwd_flops": self.bwd_flops, "param_bytes": self.param_bytes,
+                "output_bytes": self.output_bytes, "colocate": self.colocate}
+        data.update(self.extra)
+        return data
+
+
+@dataclass
+class Edge:
+    """A tensor of ``bytes`` flowing from op ``src`` to op ``dst``."""
+
+    src: str
+    dst: str
+    bytes: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        data = {"src": self.src, "dst": self.dst, "bytes": self.bytes}
+        data.update(self.extra)
+        return data
+
+
+class Graph:
+    """A DAG of ops with per-op costs and per-edge bytes.
+
+    Construction checks the structure (unique ids, known endpoints, no
+    self-loops, no cycles) and raises :class:`placer.errors.GraphError`.
+    """
+
+    def __init__(self, name: str, ops: Iterable[Op], edges: Iterable[Edge] = (), *,
+                 training: bool = True, meta: dict | None = None, file: str | None = None):
+        self.name = name
+        self.training = bool(training)
+        self.meta = dict(meta or {})
+        self._ops: dict[str, Op] = {}
+        for index, op in enumerate(ops):
+            if op.id in self._ops:
+                raise GraphError(f"duplicate op id {op.id!r}", file=file,
+                                 field=f"nodes[{index}].id", fix="give every op a unique id")
+            self._ops[op.id] = op
+        self._edges: dict[tuple[str, str], Edge] = {}
+        for index, edge in enumerate(edges):
+            where = f"edges[{index}]"
+            for end in ("src", "dst"):
+                if getattr(edge, end) not in self._ops:
+                    raise GraphError(f"unknown op {getattr(edge, end)!r}", file=file,
+                                     field=f"{where}.{end}",
+                                     fix="every edge must join two ops listed in 'nodes'")
+            if edge.src == edge.dst:
+                raise GraphError(f"self-loop on {edge.src!r}", file=file, field=where,
+                                 fix="remove the edge: an op cannot feed itself")
+            key = (edge.src, edge.dst)
+            if key in self._edges:
+                # Two tensors between the same ops travel together.
+                self._edges[key].bytes += edge.bytes
+            else:
+                self._edges[key] = edge
+        self._nx = nx.DiGraph()
+        self._nx.add_nodes_from(self._ops)
+        self._nx.add_edges_from(self._edges)
+        if not nx.is_directed_acyclic_graph(self._nx):
+            cycle = nx.find_cycle(self._nx)
+            path = " -> ".join([u for u, _ in cycle] + [cycle[0][0]])
+            raise GraphError(f"graph has a cycle: {path}", file=file, field="edges",
+                             fix="a computation graph must be acyclic; remove a back edge")
+        self._order: list[str] | None = None
+
+    # --- access -----------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._ops)
+
+    def __contains__(self, op_id: str) -> bool:
+        return op_id in self._ops
+
+    def __iter__(self) -> Iterator[Op]:
+        return iter(self._ops.values())
+
+    def __repr__(self) -> str:
+        return (f"Graph({self.name!r}, ops={len(self._ops)}, edges={len(self._edges)}, "
+                f"flops={self.total_flops():.3g})")
+
+    def op(self, op_id: str) -> Op:
+        """The op with id ``op_id``."""
+        return self._ops[op_id]
+
+    @property
+    def ops(self) -> list[Op]:
+        """Ops in file order."""
+        return list(self._ops.values())
+
+    @property
+    def ids(self) -> list[str]:
+        """Op ids in file order."""
+        return list(self._ops)
+
+    @property
+    def edges(self) -> list[Edge]:
+        """Edges in file order."""
+        return list(self._edges.values())
+
+    def edge(self, src: str, dst: str) -> Edge:
+        return self._edges[(src, dst)]
+
+    @property
+    def nx(self) -> nx.DiGraph:
+        """The structure as a networkx DiGraph (do not mutate)."""
+        return self._nx
+
+    def predecessors(self, op_id: str) -> list[str]:
+        return list(self._nx.predecessors(op_id))
+
+    def successors(self, op_id: str) -> list[str]:
+        return list(self._nx.successors(op_id))
+
+    # --- algorithms -------------------------------------------------------
+    def topological_order(self) -> list[str]:
+        """A deterministic topological order (ties broken by file order)."""
+        if self._order is None:
+            position = {op_id: i for i, op_id in enumerate(self._ops)}
+            self._order = list(nx.lexicographical_topological_sort(
+                self._nx, key=position.__getitem__))
+        return list(self._order)
+
+    def critical_path(self, weight: str = "compute") -> tuple[list[str], float]:
+        """The heaviest path through the DAG and its weight.
+
+        ``weight`` is ``"compute"`` (forward + backward FLOPs, or forward only
+        for inference graphs), ``"flops"`` or ``"bwd_flops"``.
+        """
+        def cost(op: Op) -> float:
+            if weight == "flops":
+                return op.flops
+            if weight == "bwd_flops":
+                return op.bwd_flops
+            if weight == "compute":
+                return op.flops + (op.bwd_flops if self.training else 0.0)
+            raise ValueError(f"unknown weight {weight!r}")
+
+        best: dict[str, float] = {}
+        parent: dict[str, str | None] = {}
+        for op_id in self.topological_order():
+            preds = self.predecessors(op_id)
+            top = max(preds, key=lambda p: best[p], default=None)
+            best[op_id] = cost(self._ops[op_id]) + (best[top] if top is not None else 0.0)
+            parent[op_id] = top
+        if not best:
+            return [], 0.0
+        end = max(best, key=best.__getitem__)
+        path = [end]
+        while parent[path[-1]] is not None:
+            path.append(parent[path[-1]])
+        return path[::-1], best[end]
+
+    def depths(self) -> dict[str, int]:
+        """Longest number of edges from any source to each op."""
+        depth: dict[str, int] = {}
+        for op_id in self.topological_order():
+            depth[op_id] = max((depth[p] + 1 for p in self._nx.predecessors(op_id)), default=0)
+        return depth
+
+    # --- totals -----------------------------------------------------------
+    def total_flops(self) -> float:
+        return float(sum(op.flops for op in self))
+
+    def total_bwd_flops(self) -> float:
+        return float(sum(op.bwd_flops for op in self))
+
+    def total_param_bytes(self) -> float:
+        return float(sum(op.param_bytes for op in self))
+
+    def total_output_bytes(self) -> float:
+        return float(sum(op.output_bytes for op in self))
+
+    def total_edge_bytes(self) -> float:
+        return float(sum(e.bytes for e in self._edges.values()))
+
+    def totals(self) -> dict:
+        """Summary figures: ops, edges, FLOPs, parameter and activation bytes."""
+        return {"ops": len(self), "edges": len(self._edges),
+                "flops": self.total_flops(), "bwd_flops": self.total_bwd_flops(),
+                "param_bytes": self.total_param_bytes(),
+                "output_bytes": self.total_output_bytes(),
+                "edge_bytes": self.total_edge_bytes()}
+
+    def colocation_groups(self) -> dict[str, list[str]]:
+        """Colocate label -> op ids that must share devices."""
+        groups: dict[str, list[str]] = {}
+        for op in self:
+            if op.colocate is not None:
+                groups.setdefault(op.colocate, []).append(op.id)
+        return groups
+
+    # --- files ------------------------------------------------------------
+    def to_dict(self) -> dict:
+        data = {"format": FORMAT, "name": self.name}
+        if not self.training:
+            data["training"] = False
+        data.update(self.meta)
+        data["nodes"] = [op.to_dict() for op in self]
+        data["edges"] = [edge.to_dict() for edge in self._edges.values()]
+        return data
+
+    def fingerprint(self) -> str:
+        """sha256 of the canonical JSON of the graph (names and costs)."""
+        return hashlib.sha256(canonical_json(self.to_dict()).encode()).hexdigest()
+
+    def save(self, path: PathLike) -> None:
+        """Write ``placer.graph/v1`` JSON atomically (gzipped if ``.gz``)."""
+        atomic_write_text(path, dump_json(self.to_dict()))
+
+    @classmethod
+    def load(cls, path: PathLike) -> "Graph":
+        """Read a ``placer.graph/v1`` file (JSON, optionally gzipped)."""
+        data = load_document(path, GraphError)
+        return cls.from_dict(data, file=str(path))
+
+    @classmethod
+    def from_dict(cls, data: dict, *, file: str | None = None) -> "Graph":
+        """Build a graph from a parsed ``placer.graph/v1`` document."""
+        return wrap_errors(lambda: cls._from_dict(data, file), file)
+
+    @classmethod
+    def _from_dict(cls, data: dict, file: str | None) -> "Graph":
+        top = Fields(data, "", file, GraphError)
+        check_format(top, FORMAT)
+        name = top.string("name", default=Path(file).stem if file else "graph")
+        training = top.get("training", True)
+        if not isinstance(training, bool):
+            top.fail("training", f"expected true or false, got {training!r}")
+        ops = []
+        for index, raw in enumerate(top.sequence("nodes")):
+            node = top.child(raw, f"nodes[{index}]")
+            op_id = node.string("id")
+            flops = node.number("flops", 0.0, unit="FLOP")
+            colocate = node.get("colocate")
+            if colocate is not None and not isinstance(colocate, str):
+                node.fail("colocate", f"expected a string or null, got {colocate!r}")
+            ops.append(Op(
+                id=op_id, op=node.string("op", "op"), flops=flops,
+                bwd_flops=node.number("bwd_flops", 2.0 * flops, unit="FLOP"),
+                param_bytes=node.number("param_bytes", 0.0, unit="bytes"),
+                output_bytes=node.number("output_bytes", 0.0, unit="bytes"),
+                colocate=colocate,
+                extra=node.extras({"id", "op", "flops", "bwd_flops", "param_bytes",
+                                   "output_bytes", "colocate"})))
+        edges = []
+        for index, raw in enumerate(top.sequence("edges", [])):
+            item = top.child(raw, f"edges[{index}]")
+            edges.append(Edge(item.string("src"), item.string("dst"),
+                              item.number("bytes", 0.0, unit="bytes"),
+                              extra=item.extras({"src", "dst", "bytes"})))
+        meta = top.extras({"format", "name", "training", "nodes", "edges"})
+        return cls(name, ops, edges, training=training, meta=meta, file=file)
+
+    # --- transformations --------------------------------------------------
+    def coarsen(self, max_nodes: int) -> "Graph":
+        """Merge ops into at most ``max_nodes`` groups without creating a cycle.
+
+        Celeritas/Baechi style: first contract edges that cannot close a cycle
+        (the source has one consumer or the destination one producer), the
+        cheapest pair first; then, if still too many, merge runs of the
+        topological order. Totals of FLOPs, backward FLOPs, parameter and output
+        bytes are kept; an edge between two groups carries, for each distinct
+        source op, the largest tensor it sends into the other group (a tensor is
+        sent once per destination). Each group op lists its ``members`` and keeps
+        a ``colocate`` label when any member had one (labels joined into one
+        class when a group mixes them).
+        """
+        from .coarsen import coarsen
+        return coarsen(self, max_nodes)
+
+    def subgraph_members(self) -> dict[str, list[str]]:
+        """For a coarsened graph: group id -> original op ids (else op -> [op])."""
+        return {op.id: list(op.extra.get("members", [op.id])) for op in self}
