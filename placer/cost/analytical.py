@@ -1,0 +1,294 @@
+"""Closed-form cost model for inner search loops, vectorised over plans.
+
+For each plan, per microbatch:
+
+- ``c_d``: compute time of device d (forward + backward of its op replicas,
+  plus launch overheads);
+- ``l_ab``: time link a->b is held by the tensors crossing it (each op's
+  output sent once per destination device), likewise each network interface;
+- the bottleneck ``beta = max(c_d, l_ab, nic)`` and the fill time of one
+  microbatch through the pipeline ``fill`` = sum over placement groups
+  (stages) of their time per microbatch + latency and transfer time of the
+  used links (twice when training: activations and gradients).
+
+Step time ``T = (m - 1) * beta + fill``: for S equal stages of time t this
+is ``(m + S - 1) * t``. A data-parallel group's all-reduce (linear bounds of
+ring and hierarchical, the cheaper) starts when its backward ends, which is
+earlier by the backward time of the stages before it, and may extend the
+step. Memory is the same formula as the simulator's.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from .base import CostModel, register_cost_model
+from .collectives import allreduce_coefficients
+from .memory import inflight, peak_memory
+from .problem import INFEASIBLE, Problem
+from .report import Report
+
+if TYPE_CHECKING:
+    from ..plan import Plan
+
+
+class _Batch:
+    """Figures of B plans sharing one group table (all arrays lead with B)."""
+
+
+def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _Batch:
+    """Vectorised estimate of plans ``A`` (B, n_ops) of group ids over the
+    group table ``groups``; ``m`` and ``gpipe`` are per plan (B,) arrays."""
+    A = np.asarray(A, dtype=np.int64)
+    B, n = A.shape
+    D = p.n_devices
+    G = len(groups)
+    m = np.broadcast_to(np.asarray(m, dtype=float), (B,))
+    gpipe = np.broadcast_to(np.asarray(gpipe, dtype=bool), (B,))
+    training = p.training
+    member = np.zeros((G, D))
+    size = np.empty(G)
+    for gid, mem in enumerate(groups):
+        member[gid, list(mem)] = 1.0
+        size[gid] = len(mem)
+    share = member / size[:, None]
+    flat = (A + (np.arange(B) * G)[:, None]).ravel()
+
+    def gsum(w):
+        return np.bincount(flat, np.broadcast_to(w, (B, n)).ravel(),
+                           minlength=B * G).reshape(B, G)
+
+    count = np.bincount(flat, minlength=B * G).reshape(B, G).astype(float)
+    lf = gsum(p.flops)
+    per_mb = 1.0 / m[:, None]
+    inv_rate = share / p.rate[None, :]
+    ovh = p.op_overhead
+    cf = (lf * per_mb) @ inv_rate + (count @ member) * ovh
+    if training:
+        lb = gsum(p.bwd_flops)
+        cb = (lb * per_mb) @ inv_rate + (count @ member) * ovh
+        if p.recompute:
+            cb = cb + cf
+    else:
+        lb = np.zeros_like(lf)
+        cb = np.zeros_like(cf)
+    comp = cf + cb
+
+    # --- tensors crossing devices -----------------------------------------
+    L = np.zeros((B, D * D))
+    if p.n_edges:
+        gu = A[:, p.edge_src]
+        gv = A[:, p.edge_dst]
+        eff = gu != gv
+        if len(p.sibling_later):
+            match = (gv[:, p.sibling_later] == gv[:, p.sibling_earlier])
+            dup = np.zeros_like(eff)
+            dup[:, _sib_targets(p)] = np.logical_or.reduceat(match[:, _sib_order(p)],
+                                                             _sib_starts(p), axis=1)
+            eff &= ~dup
+        nbytes = np.where(eff, p.edge_bytes[None, :], 0.0)
+        single = (gu < D) & (gv < D)
+        rows = np.broadcast_to(np.arange(B)[:, None], gu.shape)
+        s_mask = eff & single
+        if s_mask.any():
+            keys = rows[s_mask] * (D * D) + gu[s_mask] * D + gv[s_mask]
+            L += np.bincount(keys, nbytes[s_mask], minlength=B * D * D).reshape(B, D * D)
+        d_mask = eff & ~single
+        if d_mask.any():
+            pk = gu[d_mask] * G + gv[d_mask]
+            uniq, inv = np.unique(pk, return_inverse=True)
+            W = np.stack([p.pair_traffic(tuple(groups[k // G]), tuple(groups[k % G])).ravel()
+                          for k in uniq.tolist()])
+            Q = np.bincount(rows[d_mask] * len(uniq) + inv, nbytes[d_mask],
+                            minlength=B * len(uniq)).reshape(B, len(uniq))
+            L += Q @ W
+    L = L.reshape(B, D, D)
+    speed = np.minimum(p.bandwidth, np.minimum(p.nic_bandwidth[:, None],
+                                               p.nic_bandwidth[None, :]))
+    Lmb = L * per_mb[:, :, None]
+    link_t = Lmb / speed[None]
+    nic_out = Lmb.sum(axis=2) / p.nic_bandwidth[None, :]
+    nic_in = Lmb.sum(axis=1) / p.nic_bandwidth[None, :]
+    phases = 2.0 if training else 1.0
+    beta = np.maximum.reduce([comp.max(axis=1), phases * link_t.reshape(B, -1).max(axis=1),
+                              phases * nic_out.max(axis=1), phases * nic_in.max(axis=1)])
+    used_link = L > 0
+    # --- fill: one microbatch through every stage -----------------------------
+    gwork = (lf + lb) * per_mb / size[None, :]
+    gtime = (gwork[:, :, None] * member[None] / p.rate[None, None, :]).max(axis=2) \
+        + count / size[None, :] * ovh * phases
+    fill = gtime.sum(axis=1) + phases * (
+        (link_t + np.where(used_link, p.latency[None], 0.0)).reshape(B, -1).sum(axis=1))
+    step = (m - 1) * beta + fill
+
+    # --- first op of each group and device (ops are in topological order) ----
+    first_g = np.full(B * G, n, dtype=np.int64)
+    first_g[flat[::-1]] = np.tile(np.arange(n), B)[::-1]
+    first_g = first_g.reshape(B, G)
+    big = np.where(member[None] > 0, first_g[:, :, None], n)
+    first_d = big.min(axis=1)
+    used = first_d < n
+
+    # --- all-reduce of data-parallel groups ----------------------------------
+    if training and G > D:
+        lp = gsum(p.param_bytes)
+        dp = np.arange(G) >= D
+        coef = np.array([_coefficients(p, tuple(groups[g])) if g >= D else (0, 0, 0, 0)
+                         for g in range(G)])
+        ar = np.minimum(coef[:, 0] + coef[:, 1] * lp, coef[:, 2] + coef[:, 3] * lp)
+        ar = np.where((lp > 0) & dp[None, :], ar, 0.0)
+        if ar.any():
+            slow = (member / p.rate[None, :]).max(axis=1)
+            bgt = lb * per_mb / size[None, :] * slow[None, :]
+            # backward of groups whose first op comes earlier ends later
+            order = np.argsort(first_g, axis=1, kind="stable")
+            cum = np.cumsum(np.take_along_axis(bgt, order, axis=1), axis=1)
+            slack = np.empty_like(cum)
+            np.put_along_axis(slack, order, cum - np.take_along_axis(bgt, order, axis=1),
+                              axis=1)
+            step = np.maximum(step, step + (ar - slack).max(axis=1))
+    else:
+        lp = gsum(p.param_bytes) if G > 0 else None
+        ar = None
+
+    # --- memory -------------------------------------------------------------------
+    if lp is None or not training or G <= D:
+        lp = gsum(p.param_bytes)
+    params = lp @ member
+    acts = gsum(p.output_bytes) @ share
+    recv = L.sum(axis=1)
+    wsg = np.zeros(B * G)
+    np.maximum.at(wsg, flat, np.broadcast_to(p.workspace_bytes, (B, n)).ravel())
+    wsg = wsg.reshape(B, G) / size[None, :]
+    ws = (wsg[:, :, None] * member[None]).max(axis=1) * per_mb
+    held_1f1b = inflight(p, first_d.astype(float), used, m[:, None], "1f1b")
+    held_gp = inflight(p, first_d.astype(float), used, m[:, None], "gpipe")
+    held = np.where(gpipe[:, None], held_gp, held_1f1b)
+    peak = peak_memory(p, params, acts, recv, ws, held, m[:, None])
+
+    out = _Batch()
+    out.step, out.peak, out.comp, out.L, out.link_t, out.nic_out, out.nic_in = \
+        step, peak, comp, L, link_t, nic_out, nic_in
+    out.m, out.used, out.ar, out.beta, out.phases = m, used, ar, beta, phases
+    excess = peak - p.memory[None, :]
+    out.excess = excess
+    ratio = (excess / p.memory[None, :]).max(axis=1)
+    out.feasible = ratio <= 0
+    if p.objective == "step_time":
+        obj = step.copy()
+    elif p.objective == "throughput":
+        obj = -1.0 / step
+    else:
+        obj = (peak / p.memory[None, :]).max(axis=1)
+    out.objective = np.where(out.feasible, obj, INFEASIBLE * (1.0 + np.maximum(ratio, 0)))
+    return out
+
+
+def _sib_order(p: Problem) -> np.ndarray:
+    _sib_prepare(p)
+    return p._sib[0]
+
+
+def _sib_starts(p: Problem) -> np.ndarray:
+    _sib_prepare(p)
+    return p._sib[1]
+
+
+def _sib_targets(p: Problem) -> np.ndarray:
+    _sib_prepare(p)
+    return p._sib[2]
+
+
+def _sib_prepare(p: Problem) -> None:
+    if getattr(p, "_sib", None) is None:
+        order = np.argsort(p.sibling_later, kind="stable")
+        later = p.sibling_later[order]
+        starts = np.flatnonzero(np.r_[True, later[1:] != later[:-1]])
+        p._sib = (order, starts, later[starts])
+
+
+def _coefficients(p: Problem, devices: tuple) -> tuple:
+    cache = p.__dict__.setdefault("_ar_coef", {})
+    hit = cache.get(devices)
+    if hit is None:
+        if len(cache) > 4096:
+            cache.clear()
+        hit = cache[devices] = allreduce_coefficients(devices, p.bandwidth, p.latency,
+                                                      p.nic_bandwidth, p.site)
+    return hit
+
+
+@register_cost_model
+class Analytical(CostModel):
+    """Closed-form estimate (see the module doc), batched over plans.
+
+    >>> from placer import Graph, Op, Edge, Cluster, Device, Plan
+    >>> g = Graph("t", [Op("a", flops=1e9), Op("b", flops=1e9)], [Edge("a", "b", 1e6)],
+    ...           training=False)
+    >>> c = Cluster.from_rules("c", [Device("x", 1e12, 1e10, efficiency=1.0),
+    ...                              Device("y", 1e12, 1e10, efficiency=1.0)],
+    ...                        default=(1e9, 0.0))
+    >>> r = Analytical().estimate(Problem(g, c, op_overhead=0.0),
+    ...                           Plan({"a": ["x"], "b": ["y"]}, microbatches=1))
+    >>> round(r.step_time, 6)
+    0.003
+    """
+
+    name = "analytical"
+
+    def estimate(self, problem: Problem, plan: "Plan") -> Report:
+        return self.estimate_many(problem, [plan])[0]
+
+    def estimate_many(self, problem: Problem, plans: Sequence["Plan"]) -> list[Report]:
+        if not plans:
+            return []
+        table: dict = {}
+        compiled = [problem.compile(plan, table) for plan in plans]
+        groups = compiled[-1].groups
+        A = np.stack([c.op_group for c in compiled])
+        m = np.array([c.microbatches for c in compiled])
+        gp = np.array([c.schedule == "gpipe" for c in compiled])
+        batch = evaluate(problem, A, groups, m, gp)
+        return [_report(problem, batch, i, compiled[i]) for i in range(len(plans))]
+
+    def step_times(self, problem: Problem, assignments, *, groups=(), microbatches: int = 1,
+                   schedule: str = "1f1b") -> np.ndarray:
+        A = np.atleast_2d(np.asarray(assignments, dtype=np.int64))
+        table = [(i,) for i in range(problem.n_devices)] + [tuple(sorted(g)) for g in groups]
+        return evaluate(problem, A, table, microbatches, schedule == "gpipe").objective
+
+
+def _report(p: Problem, b: _Batch, i: int, c) -> Report:
+    names = p.devices
+    step = float(b.step[i])
+    m = float(b.m[i])
+    used = b.used[i] | (b.peak[i] > 0)
+    idx = np.flatnonzero(used).tolist()
+    comp = b.comp[i] * m
+    comm = (b.nic_out[i] + b.nic_in[i]) * m * b.phases
+    busy = np.minimum(np.maximum(comp, comm), step)
+    L = b.L[i]
+    nz = np.argwhere(L > 0).tolist()
+    phases = b.phases
+    bytes_per_link = {f"{names[a]}->{names[z]}": float(L[a, z]) * phases for a, z in nz}
+    excess = b.excess[i]
+    ct = b.comp[i].max()
+    lt = b.link_t[i].max() * phases
+    if lt > ct:
+        a, z = np.unravel_index(int(np.argmax(b.link_t[i])), L.shape)
+        bottleneck = f"link {names[a]}->{names[z]} (busy {lt * m / step:.0%} of the step)"
+    else:
+        d = int(np.argmax(b.comp[i]))
+        bottleneck = f"device {names[d]} (compute {ct * m / step:.0%} of the step)"
+    return Report(
+        step_time=step, feasible=bool(b.feasible[i]), objective=float(b.objective[i]),
+        peak_memory={names[d]: float(b.peak[i, d]) for d in idx},
+        memory_excess={names[d]: float(excess[d]) for d in np.flatnonzero(excess > 0)},
+        busy={names[d]: float(busy[d]) for d in idx},
+        compute={names[d]: float(comp[d]) for d in idx},
+        comm={names[d]: float(comm[d]) for d in idx},
+        idle={names[d]: float(step - busy[d]) for d in idx},
+        bytes_per_link=bytes_per_link, bottleneck=bottleneck, model="analytical",
+        microbatches=c.microbatches, schedule=c.schedule)

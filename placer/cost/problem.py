@@ -1,0 +1,289 @@
+"""The problem every cost model and search sees, compiled to numpy arrays.
+
+A :class:`Problem` joins a graph, a cluster, the objective and the modelling
+options. It precomputes, once, arrays of the graph in topological order
+(``problem.ids``) and of the cluster, so that estimating many plans is fast.
+
+Plans are turned into a :class:`Compiled` form: one *group* id per op, where
+groups ``0 .. D-1`` are the single devices and higher ids are data-parallel
+device sets listed in ``groups``.
+
+>>> from placer import Graph, Op, Edge, Cluster, Device, Plan
+>>> g = Graph("t", [Op("a", flops=1e9), Op("b", flops=1e9)], [Edge("a", "b", 1e6)])
+>>> c = Cluster.from_rules("c", [Device("x", 1e12, 1e10), Device("y", 1e12, 1e10)],
+...                        default=(1e9, 0.0))
+>>> p = Problem(g, c)
+>>> p.compile(Plan({"a": ["x"], "b": ["y"]})).op_group.tolist()
+[0, 1]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from operator import itemgetter
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from ..errors import PlanError, StrategyError
+from ..plan import SCHEDULES
+
+if TYPE_CHECKING:
+    from ..cluster import Cluster
+    from ..graph import Graph
+    from ..plan import Plan
+
+OBJECTIVES = ("step_time", "throughput", "memory")
+
+#: Objective value of an infeasible plan is at least this (times 1 + the
+#: largest relative memory excess), so any feasible plan ranks better and
+#: infeasible ones still rank by how far over they are.
+INFEASIBLE = 1e9
+
+
+@dataclass
+class Compiled:
+    """A plan as arrays: ``op_group[i]`` is the group of ``problem.ids[i]``;
+    ``groups[g]`` the device indices of group ``g`` (``g < D``: device g)."""
+
+    op_group: np.ndarray
+    groups: list
+    microbatches: int
+    schedule: str
+
+
+class Problem:
+    """A graph on a cluster, the objective and the cost-model options.
+
+    Options:
+
+    - ``objective``: ``"step_time"`` (seconds, the default), ``"throughput"``
+      (minus samples/s of the traced batch, so lower is better) or
+      ``"memory"`` (largest fraction of a device's memory used).
+    - ``optimizer_bytes_per_param``: optimizer state as a multiple of the
+      parameter bytes (Adam keeps two fp32 states: 2.0).
+    - ``gradient_bytes_per_param``: gradient bytes as a multiple of the
+      parameter bytes (1.0).
+    - ``recompute``: activation recomputation: only each device's inputs are
+      kept for backward, and backward re-runs the forward.
+    - ``default_efficiency``: fraction of peak FLOP/s for devices whose
+      ``efficiency`` is None.
+    - ``op_overhead``: seconds per op launch (forward and backward), so ops
+      with zero counted FLOPs (elementwise) are not free.
+    - ``nic``: ``"max_link"`` (default) gives a device without
+      ``nic_bandwidth`` a network interface as fast as its fastest link, so
+      fan-out from one device to many is serialised; ``"none"`` leaves such
+      devices uncapped.
+    """
+
+    def __init__(self, graph: "Graph", cluster: "Cluster", *, objective: str = "step_time",
+                 optimizer_bytes_per_param: float = 2.0,
+                 gradient_bytes_per_param: float = 1.0, recompute: bool = False,
+                 default_efficiency: float = 0.5, op_overhead: float = 5e-6,
+                 nic: str = "max_link"):
+        if objective not in OBJECTIVES:
+            raise StrategyError(f"unknown objective {objective!r}",
+                                fix=f"use one of: {', '.join(OBJECTIVES)}")
+        if not 0 < default_efficiency <= 1:
+            raise StrategyError(f"default_efficiency must be in (0, 1], got {default_efficiency!r}")
+        for label, value in (("optimizer_bytes_per_param", optimizer_bytes_per_param),
+                             ("gradient_bytes_per_param", gradient_bytes_per_param),
+                             ("op_overhead", op_overhead)):
+            if not value >= 0:
+                raise StrategyError(f"{label} must be >= 0, got {value!r}")
+        if nic not in ("max_link", "none"):
+            raise StrategyError(f"unknown nic mode {nic!r}", fix="use 'max_link' or 'none'")
+        self.graph = graph
+        self.cluster = cluster
+        self.objective = objective
+        self.optimizer_bytes_per_param = float(optimizer_bytes_per_param)
+        self.gradient_bytes_per_param = float(gradient_bytes_per_param)
+        self.recompute = bool(recompute)
+        self.default_efficiency = float(default_efficiency)
+        self.op_overhead = float(op_overhead)
+        self.nic = nic
+        self.training = graph.training
+        self._build_graph_arrays()
+        self._build_cluster_arrays()
+        self._pair_cache: dict = {}
+
+    def __repr__(self) -> str:
+        return (f"Problem(graph={self.graph.name!r}, cluster={self.cluster.name!r}, "
+                f"objective={self.objective!r})")
+
+    # --- precomputed arrays ---------------------------------------------------
+    def _build_graph_arrays(self) -> None:
+        g = self.graph
+        #: op ids in topological order; every per-op array is indexed like this.
+        self.ids: list[str] = g.topological_order()
+        self.index = {op_id: i for i, op_id in enumerate(self.ids)}
+        self._getter = itemgetter(*self.ids) if len(self.ids) > 1 else None
+        ops = [g.op(i) for i in self.ids]
+        self.n_ops = len(ops)
+        self.flops = np.array([o.flops for o in ops], dtype=float)
+        self.bwd_flops = np.array([o.bwd_flops for o in ops], dtype=float)
+        self.param_bytes = np.array([o.param_bytes for o in ops], dtype=float)
+        self.output_bytes = np.array([o.output_bytes for o in ops], dtype=float)
+        edges = g.edges
+        self.edge_src = np.array([self.index[e.src] for e in edges], dtype=np.int64)
+        self.edge_dst = np.array([self.index[e.dst] for e in edges], dtype=np.int64)
+        self.edge_bytes = np.array([e.bytes for e in edges], dtype=float)
+        self.n_edges = len(edges)
+        in_bytes = np.bincount(self.edge_dst, self.edge_bytes, minlength=self.n_ops) \
+            if self.n_edges else np.zeros(self.n_ops)
+        # Transient memory while an op runs: its inputs and its output (and, in
+        # backward, their gradients, which replace them).
+        self.workspace_bytes = in_bytes + self.output_bytes
+        # Edges sorted by (src, dst): pairs of siblings (same source) let the
+        # analytical model send one op's output once per destination group.
+        order = np.lexsort((self.edge_dst, self.edge_src)) if self.n_edges else \
+            np.zeros(0, dtype=np.int64)
+        self.edge_order = order
+        src_sorted = self.edge_src[order]
+        first = np.r_[True, src_sorted[1:] != src_sorted[:-1]] if self.n_edges else \
+            np.zeros(0, dtype=bool)
+        starts = np.flatnonzero(first)
+        counts = np.diff(np.r_[starts, self.n_edges])
+        later, earlier = [], []
+        for s, c in zip(starts.tolist(), counts.tolist()):
+            if c > 1:
+                for a in range(1, min(c, 16)):
+                    for b in range(a):
+                        later.append(order[s + a])
+                        earlier.append(order[s + b])
+        self.sibling_later = np.array(later, dtype=np.int64)
+        self.sibling_earlier = np.array(earlier, dtype=np.int64)
+
+    def _build_cluster_arrays(self) -> None:
+        c = self.cluster
+        self.devices: list[str] = c.names
+        self.n_devices = len(self.devices)
+        eff = np.array([d.efficiency if d.efficiency is not None else self.default_efficiency
+                        for d in c.devices], dtype=float)
+        #: sustained FLOP/s per device
+        self.rate = np.array([d.flops for d in c.devices], dtype=float) * eff
+        self.memory = np.array([d.memory for d in c.devices], dtype=float)
+        sites = c.sites()
+        self.site_names = list(sites)
+        self.site = np.array([self.site_names.index(d.site) for d in c.devices], dtype=np.int64)
+        self.bandwidth = np.asarray(c.bandwidth, dtype=float)
+        self.latency = np.asarray(c.latency, dtype=float)
+        off = self.bandwidth.copy()
+        np.fill_diagonal(off, 0.0)
+        fastest = off.max(axis=1) if self.n_devices > 1 else np.full(1, np.inf)
+        nic = []
+        for i, d in enumerate(c.devices):
+            if d.nic_bandwidth is not None:
+                nic.append(float(d.nic_bandwidth))
+            elif self.nic == "max_link":
+                nic.append(float(fastest[i]) if fastest[i] > 0 else np.inf)
+            else:
+                nic.append(np.inf)
+        self.nic_bandwidth = np.array(nic, dtype=float)
+        self.device_index = {name: i for i, name in enumerate(self.devices)}
+
+    # --- plans ------------------------------------------------------------
+    def compile(self, plan: "Plan", groups: dict | None = None) -> Compiled:
+        """``plan`` as a :class:`Compiled` (group per op). ``groups`` maps a
+        tuple of device indices to a group id and is extended in place, so a
+        batch of plans can share one group table."""
+        if plan.schedule not in SCHEDULES:
+            raise PlanError(f"unknown schedule {plan.schedule!r}", field="schedule",
+                            fix=f"use one of: {', '.join(SCHEDULES)}")
+        if not isinstance(plan.microbatches, int) or plan.microbatches < 1:
+            raise PlanError(f"microbatches must be a whole number >= 1, got "
+                            f"{plan.microbatches!r}", field="microbatches")
+        placement = plan.placement
+        try:
+            values = self._getter(placement) if self._getter is not None else \
+                tuple(placement[i] for i in self.ids)
+        except KeyError as exc:
+            raise PlanError(f"op {exc.args[0]!r} not placed", field="placement",
+                            fix="every op of the graph must appear exactly once") from None
+        n = self.n_ops
+        dev = self.device_index
+        if groups is None:
+            groups = {}
+        table = [(i,) for i in range(self.n_devices)]
+        try:
+            if sum(map(len, values)) == n:
+                op_group = np.fromiter(map(dev.__getitem__, map(itemgetter(0), values)),
+                                       dtype=np.int64, count=n)
+            else:
+                out = []
+                for devices in values:
+                    if len(devices) == 1:
+                        out.append(dev[devices[0]])
+                    else:
+                        key = tuple(sorted(dev[d] for d in devices))
+                        if len(set(key)) != len(key) or not key:
+                            raise PlanError(f"bad device list {list(devices)!r}",
+                                            field="placement")
+                        gid = groups.get(key)
+                        if gid is None:
+                            gid = groups[key] = self.n_devices + len(groups)
+                        out.append(gid)
+                op_group = np.array(out, dtype=np.int64)
+        except (KeyError, IndexError):
+            bad = next((d for v in values for d in (v or [None]) if d not in dev), None)
+            raise PlanError(f"unknown device {bad!r}", field="placement",
+                            fix=f"use devices of cluster {self.cluster.name!r}") from None
+        for key, gid in sorted(groups.items(), key=lambda kv: kv[1]):
+            table.append(key)
+        return Compiled(op_group, table, plan.microbatches, plan.schedule)
+
+    def compile_array(self, assignment, groups: Sequence[Sequence[int]] = (), *,
+                      microbatches: int = 1, schedule: str = "1f1b") -> Compiled:
+        """A :class:`Compiled` from an int array of group ids (indexed like
+        ``ids``); ids ``>= D`` refer to ``groups[id - D]`` (device indices)."""
+        table = [(i,) for i in range(self.n_devices)] + [tuple(sorted(g)) for g in groups]
+        return Compiled(np.asarray(assignment, dtype=np.int64), table, int(microbatches),
+                        schedule)
+
+    def to_plan(self, compiled: Compiled, method: str = "manual") -> "Plan":
+        """The :class:`placer.Plan` of a compiled one."""
+        from ..plan import Plan
+        names = self.devices
+        placement = {op_id: [names[d] for d in compiled.groups[g]]
+                     for op_id, g in zip(self.ids, compiled.op_group.tolist())}
+        return Plan(placement, compiled.microbatches, compiled.schedule, method)
+
+    # --- shared pieces of both models ---------------------------------------
+    def member_matrix(self, groups: list) -> np.ndarray:
+        """(G, D) matrix: 1/|g| where device d is in group g, else 0."""
+        m = np.zeros((len(groups), self.n_devices))
+        for gid, members in enumerate(groups):
+            m[gid, list(members)] = 1.0 / len(members)
+        return m
+
+    def pair_traffic(self, src: tuple, dst: tuple) -> np.ndarray:
+        """(D, D) fractions of a tensor sent between devices when it goes from
+        data-parallel group ``src`` to group ``dst``: replica a of src holds
+        the a-th slice of the batch, replica b of dst needs the b-th slice."""
+        key = (src, dst)
+        hit = self._pair_cache.get(key)
+        if hit is not None:
+            return hit
+        if len(self._pair_cache) > 4096:
+            self._pair_cache.clear()
+        out = np.zeros((self.n_devices, self.n_devices))
+        p, q = len(src), len(dst)
+        for a, da in enumerate(src):
+            for b, db in enumerate(dst):
+                if da != db:
+                    overlap = min((a + 1) / p, (b + 1) / q) - max(a / p, b / q)
+                    if overlap > 1e-12:
+                        out[da, db] += overlap
+        self._pair_cache[key] = out
+        return out
+
+    def objective_value(self, step_time: float, peak_fraction: float,
+                        excess_fraction: float) -> float:
+        """The objective of one estimate (lower is better)."""
+        if excess_fraction > 0:
+            return INFEASIBLE * (1.0 + excess_fraction)
+        if self.objective == "step_time":
+            return step_time
+        if self.objective == "throughput":
+            return -1.0 / step_time if step_time > 0 else -np.inf
+        return peak_fraction

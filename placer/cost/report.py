@@ -1,0 +1,193 @@
+"""What a cost model (or a measured run) says about one plan.
+
+>>> r = Report(step_time=0.5, peak_memory={"a0": 1e9}, busy={"a0": 0.4})
+>>> r.feasible, r.objective
+(True, 0.5)
+>>> print(r.summary().splitlines()[0])
+step 500 ms, feasible
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from .._io import PathLike, atomic_write_bytes, atomic_write_text
+
+
+@dataclass
+class Event:
+    """One bar of a timeline: on ``lane`` (a device or ``"a->b"`` link),
+    ``name`` from ``start`` for ``duration`` seconds."""
+
+    lane: str
+    name: str
+    category: str
+    start: float
+    duration: float
+    args: dict = field(default_factory=dict)
+
+
+@dataclass
+class Report:
+    """Figures for one plan. Times in seconds, memory and traffic in bytes.
+
+    ``busy[d]`` is the time device d computes or communicates (their union),
+    ``idle[d] = step_time - busy[d]``. ``memory_excess[d]`` is how far a
+    device is over its memory (only devices over it). ``bottleneck`` names the
+    most loaded device or link. ``objective`` is the problem's objective
+    value (lower is better; defaults to ``step_time``).
+    """
+
+    step_time: float
+    feasible: bool = True
+    objective: float | None = None
+    peak_memory: dict = field(default_factory=dict)
+    memory_excess: dict = field(default_factory=dict)
+    busy: dict = field(default_factory=dict)
+    compute: dict = field(default_factory=dict)
+    comm: dict = field(default_factory=dict)
+    idle: dict = field(default_factory=dict)
+    bytes_per_link: dict = field(default_factory=dict)
+    bottleneck: str = ""
+    model: str = ""
+    microbatches: int | None = None
+    schedule: str | None = None
+    extra: dict = field(default_factory=dict)
+    timeline: Callable[[], Iterable[Event]] | None = field(default=None, repr=False,
+                                                            compare=False)
+
+    def __post_init__(self):
+        if self.objective is None:
+            self.objective = self.step_time
+
+    # --- text -------------------------------------------------------------
+    def to_dict(self) -> dict:
+        """Plain JSON-able figures (no timeline)."""
+        def clean(value):
+            if isinstance(value, float) and not math.isfinite(value):
+                return None
+            if isinstance(value, dict):
+                return {k: clean(v) for k, v in value.items()}
+            return value
+        data = {"step_time": self.step_time, "feasible": self.feasible,
+                "objective": self.objective, "peak_memory": self.peak_memory,
+                "memory_excess": self.memory_excess, "busy": self.busy,
+                "compute": self.compute, "comm": self.comm, "idle": self.idle,
+                "bytes_per_link": self.bytes_per_link, "bottleneck": self.bottleneck,
+                "model": self.model, "microbatches": self.microbatches,
+                "schedule": self.schedule}
+        data.update(self.extra)
+        return clean(data)
+
+    def summary(self) -> str:
+        """A few lines for people: step time, feasibility, bottleneck, memory."""
+        lines = [f"step {_time(self.step_time)}, "
+                 + ("feasible" if self.feasible else "INFEASIBLE")]
+        if self.bottleneck:
+            lines.append(f"bottleneck: {self.bottleneck}")
+        if self.memory_excess:
+            worst = max(self.memory_excess, key=self.memory_excess.get)
+            lines.append(f"over memory on {len(self.memory_excess)} device(s); worst "
+                         f"{worst} by {_bytes(self.memory_excess[worst])}")
+        if self.peak_memory:
+            top = max(self.peak_memory, key=self.peak_memory.get)
+            lines.append(f"peak memory {_bytes(self.peak_memory[top])} on {top}")
+        if self.bytes_per_link:
+            total = sum(self.bytes_per_link.values())
+            lines.append(f"moved {_bytes(total)} over {len(self.bytes_per_link)} link(s)")
+        return "\n".join(lines)
+
+    # --- timelines --------------------------------------------------------
+    def events(self) -> list[Event]:
+        """The timeline's bars (empty when the model produced none)."""
+        return list(self.timeline()) if self.timeline is not None else []
+
+    def to_chrome_trace(self, path: PathLike) -> None:
+        """Write a Chrome/Perfetto trace (JSON): one process per device and
+        per link, one thread per category, times in microseconds."""
+        events = self.events()
+        if not events:
+            events = [Event(d, "busy (estimated)", "compute", 0.0, t)
+                      for d, t in self.busy.items() if t > 0]
+        lanes: dict[str, int] = {}
+        for name in list(self.peak_memory) + [e.lane for e in events]:
+            lanes.setdefault(name, len(lanes) + 1)
+        cats: dict[str, int] = {}
+        out = []
+        for lane, pid in lanes.items():
+            kind = "link" if "->" in lane else "device"
+            out.append({"ph": "M", "name": "process_name", "pid": pid,
+                        "args": {"name": f"{kind} {lane}"}})
+            out.append({"ph": "M", "name": "process_sort_index", "pid": pid,
+                        "args": {"sort_index": pid}})
+        for e in events:
+            tid = cats.setdefault(e.category, len(cats) + 1)
+            out.append({"ph": "X", "name": e.name, "cat": e.category, "pid": lanes[e.lane],
+                        "tid": tid, "ts": e.start * 1e6, "dur": e.duration * 1e6,
+                        "args": e.args})
+        for lane, pid in lanes.items():
+            for cat, tid in cats.items():
+                out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                            "args": {"name": cat}})
+        doc = {"traceEvents": out, "displayTimeUnit": "ms",
+               "otherData": {"step_time": self.step_time, "model": self.model,
+                             "bottleneck": self.bottleneck}}
+        atomic_write_text(path, json.dumps(doc, separators=(",", ":")))
+
+    def plot_gantt(self, path: PathLike, *, title: str | None = None) -> None:
+        """Save a Gantt chart (PNG) of the timeline: a row per device and link."""
+        import io
+
+        import matplotlib
+        matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+
+        events = self.events()
+        lanes: list[str] = []
+        for name in list(self.peak_memory) + [e.lane for e in events]:
+            if name not in lanes:
+                lanes.append(name)
+        colors = {"forward": "tab:blue", "backward": "tab:orange", "transfer": "tab:green",
+                  "allreduce": "tab:red", "compute": "tab:gray"}
+        fig, ax = plt.subplots(figsize=(12, 1.0 + 0.3 * max(len(lanes), 1)))
+        row = {name: i for i, name in enumerate(lanes)}
+        by_cat: dict[str, list] = {}
+        for e in events:
+            by_cat.setdefault(e.category, []).append((row[e.lane], e.start, e.duration))
+        for cat, bars in by_cat.items():
+            for r, start, dur in bars:
+                ax.barh(r, dur * 1e3, left=start * 1e3, height=0.8,
+                        color=colors.get(cat, "tab:purple"), linewidth=0)
+            ax.barh([], [], color=colors.get(cat, "tab:purple"), label=cat)
+        ax.set_yticks(range(len(lanes)), lanes, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel("time (ms)")
+        ax.set_title(title or f"{self.model or 'report'}: step {_time(self.step_time)}")
+        if by_cat:
+            ax.legend(loc="upper right", fontsize=7)
+        fig.tight_layout()
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=100)
+        plt.close(fig)
+        atomic_write_bytes(path, buffer.getvalue())
+
+
+def _time(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return str(seconds)
+    if seconds >= 1:
+        return f"{seconds:.3g} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds * 1e6:.3g} us"
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.3g} {unit}"
+        n /= 1000
+    return f"{n:.3g} TB"

@@ -1,0 +1,604 @@
+"""Event simulator of one training step (or one inference pass).
+
+How a plan runs, as modelled here:
+
+- An op placed on ``k`` devices runs as ``k`` replicas, each on ``1/k`` of
+  the microbatch (data parallel). A device runs its op replicas one at a
+  time, for each microbatch in topological order.
+- Runs of consecutive replicas on one device that receive nothing from other
+  devices are merged into *segments* (the device would run them back to back
+  anyway); each segment is one task per microbatch and phase. Outputs leave
+  when the op producing them ends, not when the segment ends, so nothing is
+  lost by merging.
+- A tensor crossing devices is sent once per (producing replica, receiving
+  device) and microbatch. It waits for its link (directed device pair) and
+  both ends' network interfaces to be free, holds them for
+  ``bytes / min(link, NICs)`` and arrives ``latency`` later. Gradients flow
+  back the same way.
+- Schedules: a device picks among its ready tasks by priority. ``gpipe``:
+  forwards first, and no backward before the device finished the forward of
+  every microbatch. ``1f1b``: backwards first, and the device whose first op
+  is the r-th earliest of S devices starts a new microbatch only while fewer
+  than ``S - r`` are between forward and backward on it.
+- Gradients of a data-parallel op are all-reduced (the cheaper of ring and
+  hierarchical, see :mod:`placer.cost.collectives`) in buckets, one per
+  backward segment, as soon as every replica finished that segment's
+  backward of the last microbatch; an all-reduce holds its devices' network
+  interfaces.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .base import CostModel, register_cost_model
+from .collectives import allreduce
+from .memory import inflight, peak_memory
+from .problem import Compiled, Problem
+from .report import Event, Report
+
+if TYPE_CHECKING:
+    from ..plan import Plan
+
+_DONE, _XREADY, _XARRIVE = 0, 1, 2
+
+
+def _segments(dev: np.ndarray, head: np.ndarray, perm: np.ndarray, dur: np.ndarray):
+    """Cut instances (visited in ``perm`` order) into segments at ``head``
+    or a device change. Returns segment per instance, the end offset of each
+    instance inside its segment, segment devices and durations."""
+    n = len(perm)
+    d_sorted = dev[perm]
+    h = head[perm].copy()
+    if n:
+        h[0] = True
+        h[1:] |= d_sorted[1:] != d_sorted[:-1]
+    seg_sorted = np.cumsum(h) - 1
+    dur_sorted = dur[perm]
+    cs = np.cumsum(dur_sorted)
+    base = (cs - dur_sorted)[h]
+    seg = np.empty(n, dtype=np.int64)
+    seg[perm] = seg_sorted
+    offset = np.empty(n)
+    offset[perm] = cs - base[seg_sorted]
+    seg_dev = d_sorted[h]
+    seg_dur = np.diff(np.r_[base, cs[-1] if n else 0.0])
+    return seg, offset, seg_dev, seg_dur
+
+
+class _Build:
+    """A compiled plan turned into tasks, transfers and all-reduces for one
+    microbatch (the simulation repeats them per microbatch)."""
+
+    def __init__(self, problem: Problem, c: Compiled):
+        p = problem
+        m = c.microbatches
+        D = p.n_devices
+        n = p.n_ops
+        training = p.training
+        gsize = np.array([len(g) for g in c.groups], dtype=np.int64)
+        g = c.op_group
+        if len(g) != n:
+            from ..errors import PlanError
+            raise PlanError(f"assignment has {len(g)} entries, the graph {n} ops")
+        sizes = gsize[g]
+        if n and sizes.max() == 1:
+            inst_op = np.arange(n)
+            inst_dev = np.array([c.groups[x][0] for x in range(len(c.groups))],
+                                dtype=np.int64)[g]
+            frac = np.ones(n)
+            op_first = inst_op
+        else:
+            members = np.full((len(c.groups), int(gsize.max())), -1, dtype=np.int64)
+            for gid, mem in enumerate(c.groups):
+                members[gid, :len(mem)] = mem
+            inst_op = np.repeat(np.arange(n), sizes)
+            op_first = np.cumsum(sizes) - sizes
+            inst_k = np.arange(len(inst_op)) - op_first[inst_op]
+            inst_dev = members[g[inst_op], inst_k]
+            frac = 1.0 / sizes[inst_op]
+        NI = len(inst_op)
+        self.inst_op, self.inst_dev, self.frac = inst_op, inst_dev, frac
+
+        # --- cross-device tensors -------------------------------------------
+        src, dst, eb = p.edge_src, p.edge_dst, p.edge_bytes
+        su, sv = sizes[src], sizes[dst]
+        if len(src) and (su.max() > 1 or sv.max() > 1):
+            cnt = su * sv
+            e_idx = np.repeat(np.arange(len(src)), cnt)
+            r = np.arange(len(e_idx)) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+            q = sv[e_idx]
+            pp = su[e_idx]
+            a, b = r // q, r % q
+            ov = np.minimum((a + 1) / pp, (b + 1) / q) - np.maximum(a / pp, b / q)
+            keep = ov > 1e-12
+            iu = (op_first[src[e_idx]] + a)[keep]
+            iv = (op_first[dst[e_idx]] + b)[keep]
+            pb = (eb[e_idx] * ov)[keep]
+        else:
+            iu, iv, pb = op_first[src], op_first[dst], eb
+        remote = inst_dev[iu] != inst_dev[iv]
+        iu, iv, pb = iu[remote], iv[remote], pb[remote]
+        key = iu * D + inst_dev[iv]
+        uk, tinv = np.unique(key, return_inverse=True)
+        NT = len(uk)
+        t_inst = uk // D
+        t_dst = uk % D
+        t_src = inst_dev[t_inst]
+        t_bytes = np.zeros(NT)
+        np.maximum.at(t_bytes, tinv, pb)
+        self.t_src, self.t_dst, self.t_bytes, self.t_inst = t_src, t_dst, t_bytes, t_inst
+
+        # --- segments ---------------------------------------------------------
+        ft = p.op_overhead + p.flops[inst_op] * frac / m / p.rate[inst_dev]
+        has_in = np.zeros(NI, dtype=bool)
+        has_in[iv] = True
+        permF = np.argsort(inst_dev, kind="stable")
+        fseg, foff, fdev, fdur = _segments(inst_dev, has_in, permF, ft)
+        NF = len(fdev)
+        if training:
+            bt = p.op_overhead + p.bwd_flops[inst_op] * frac / m / p.rate[inst_dev]
+            if p.recompute:
+                bt = bt + ft
+            has_out = np.zeros(NI, dtype=bool)
+            has_out[t_inst] = True
+            permB = np.lexsort((-inst_op, inst_dev))
+            bseg, boff, bdev, bdur = _segments(inst_dev, has_out, permB, bt)
+        else:
+            bseg = boff = None
+            bdev = np.zeros(0, dtype=np.int64)
+            bdur = np.zeros(0)
+        NB = len(bdev)
+        NS = NF + NB
+        self.NF, self.NB, self.NS, self.NT = NF, NB, NS, NT
+        self.task_dev = np.r_[fdev, bdev].astype(np.int64)
+        self.task_dur = np.r_[fdur, bdur]
+        self.fseg, self.bseg = fseg, bseg
+
+        # --- dependencies inside one microbatch -----------------------------
+        NX = NT * 2 if training else NT
+        self.NX = NX
+        pend = np.zeros(NS, dtype=np.int64)
+        succ: list[list[int]] = [[] for _ in range(NS)]
+        out_x: list[list[tuple[int, float]]] = [[] for _ in range(NS)]
+        x_cons: list[list[int]] = [[] for _ in range(NX)]
+        x_npend = np.zeros(NX, dtype=np.int64)
+        fdev_l = fdev.tolist()
+        for s in range(1, NF):
+            if fdev_l[s] == fdev_l[s - 1]:
+                succ[s - 1].append(s)
+                pend[s] += 1
+        first_f = {}
+        last_f = {}
+        for s, d in enumerate(fdev_l):
+            first_f.setdefault(d, s)
+            last_f[d] = s
+        # forward transfers: from the producing segment, to consuming segments
+        t_srcseg = fseg[t_inst].tolist()
+        t_off = foff[t_inst].tolist()
+        for t in range(NT):
+            out_x[t_srcseg[t]].append((t, t_off[t]))
+            x_npend[t] = 1
+        pairs = np.unique(np.stack([tinv, fseg[iv]]), axis=1) if NT else np.zeros((2, 0), int)
+        for t, s in pairs.T.tolist():
+            x_cons[t].append(s)
+            pend[s] += 1
+        first_b = {}
+        last_b = {}
+        if training:
+            bdev_l = bdev.tolist()
+            for s in range(1, NB):
+                if bdev_l[s] == bdev_l[s - 1]:
+                    succ[NF + s - 1].append(NF + s)
+                    pend[NF + s] += 1
+            for s, d in enumerate(bdev_l):
+                first_b.setdefault(d, NF + s)
+                last_b[d] = NF + s
+            # backward transfers: from every consuming segment, to the producer's
+            bpairs = np.stack([tinv, bseg[iv]])
+            boffs = boff[iv]
+            best: dict[tuple[int, int], float] = {}
+            for t, s, o in zip(bpairs[0].tolist(), bpairs[1].tolist(), boffs.tolist()):
+                k = (t, s)
+                if best.get(k, -1.0) < o:
+                    best[k] = o
+            for (t, s), o in best.items():
+                out_x[NF + s].append((NT + t, o))
+                x_npend[NT + t] += 1
+            for t, s in enumerate(bseg[t_inst].tolist()):
+                x_cons[NT + t].append(NF + s)
+                pend[NF + s] += 1
+            for d, s in first_b.items():
+                pend[s] += 1            # waits for this device's forward
+        self.pend, self.succ, self.out_x, self.x_cons, self.x_npend = \
+            pend, succ, out_x, x_cons, x_npend
+        self.first_f, self.last_f, self.first_b, self.last_b = first_f, last_f, first_b, last_b
+
+        # 1F1B: in-flight cap per device by the order of first ops
+        first_op = np.full(D, n, dtype=np.int64)
+        np.minimum.at(first_op, inst_dev, inst_op)
+        used = first_op < n
+        self.used = used
+        self.first_op = first_op
+        self.held = inflight(p, first_op.astype(float), used, m, c.schedule)
+        self.cap = self.held.astype(np.int64)
+
+        # transfer resources
+        xs = np.r_[t_src, t_dst] if training else t_src
+        xd = np.r_[t_dst, t_src] if training else t_dst
+        xb = np.r_[t_bytes, t_bytes] if training else t_bytes
+        speed = np.minimum(p.bandwidth[xs, xd], np.minimum(p.nic_bandwidth[xs],
+                                                           p.nic_bandwidth[xd]))
+        self.x_src, self.x_dst = xs, xd
+        self.x_bytes = xb / m
+        self.x_dur = self.x_bytes / speed
+        self.x_lat = p.latency[xs, xd]
+
+        # --- all-reduce buckets ---------------------------------------------
+        self.ar = []   # (sources [(local B task, offset)], members, seconds, links)
+        if training and NI > n:
+            dp = np.flatnonzero((sizes > 1) & (p.param_bytes > 0))
+            buckets: dict[tuple[int, int], list[int]] = {}
+            for op in dp.tolist():
+                i0 = op_first[op]
+                buckets.setdefault((int(g[op]), int(bseg[i0])), []).append(op)
+            for (gid, _), ops in buckets.items():
+                mem = c.groups[gid]
+                nbytes = float(p.param_bytes[ops].sum())
+                last = min(ops)     # the bucket's last op in backward order
+                sources = []
+                for k in range(len(mem)):
+                    i = op_first[last] + k
+                    sources.append((NF + int(bseg[i]), float(boff[i])))
+                seconds, links, algo = allreduce(mem, nbytes, p.bandwidth, p.latency,
+                                                 p.nic_bandwidth, p.site)
+                self.ar.append((sources, list(mem), seconds, links, algo, nbytes))
+
+        # memory
+        params = np.bincount(inst_dev, p.param_bytes[inst_op], minlength=D)
+        acts = np.bincount(inst_dev, p.output_bytes[inst_op] * frac, minlength=D)
+        recv = np.bincount(t_dst, t_bytes, minlength=D)
+        ws = np.zeros(D)
+        np.maximum.at(ws, inst_dev, p.workspace_bytes[inst_op] * frac / m)
+        self.peak = peak_memory(p, params, acts, recv, ws, self.held, m)
+
+
+def _run(problem: Problem, b: _Build, c: Compiled):
+    """The event loop. Returns task starts, transfer starts and all-reduce
+    (start, end) per bucket."""
+    m = c.microbatches
+    NS, NX, NF = b.NS, b.NX, b.NF
+    D = problem.n_devices
+    gpipe = c.schedule == "gpipe"
+    training = problem.training
+    n_tasks = NS * m
+    n_x = NX * m
+    n_ar = len(b.ar)
+    pend = np.tile(b.pend, m)
+    if training and m > 1:
+        if gpipe:
+            # first backward of each device waits for its last forward of the
+            # last microbatch (not of its own microbatch)
+            pass
+        else:
+            for d, s in b.first_f.items():
+                cap = int(b.cap[d])
+                pend[np.arange(cap, m) * NS + s] += 1
+    pend = pend.tolist()
+    x_pend = np.tile(b.x_npend, m).tolist()
+    x_ready = [0.0] * n_x
+    succ, out_x, x_cons = b.succ, b.out_x, b.x_cons
+    dur = b.task_dur.tolist()
+    tdev = b.task_dev.tolist()
+    xs, xd = b.x_src.tolist(), b.x_dst.tolist()
+    xdur, xlat = b.x_dur.tolist(), b.x_lat.tolist()
+    last_f, first_b, last_b, first_f = b.last_f, b.first_b, b.last_b, b.first_f
+    cap = b.cap.tolist()
+    # gpipe/1f1b extra successors keyed by local task
+    f_to_b = {last_f[d]: first_b[d] for d in first_b}
+    b_to_f = {last_b[d]: (first_f[d], cap[d]) for d in last_b} if not gpipe else {}
+    later = m * NS              # priority offset of the phase that waits
+    start = [0.0] * n_tasks
+    x_start = [0.0] * n_x
+    link_free = [0.0] * (D * D)
+    nic_out = [0.0] * D
+    nic_in = [0.0] * D
+    ready_q: list[list] = [[] for _ in range(D)]
+    idle = [True] * D
+    events: list = []
+    push, pop = heapq.heappush, heapq.heappop
+    seq = 0
+    ar_src: dict[int, list[tuple[int, int, float]]] = {}
+    ar_pending = [len(a[0]) for a in b.ar]
+    ar_ready = [0.0] * n_ar
+    ar_times = [(0.0, 0.0)] * n_ar
+    for k, (sources, *_rest) in enumerate(b.ar):
+        for s, off in sources:
+            ar_src.setdefault((m - 1) * NS + s, []).append((k, off))
+
+    def enqueue(task: int):
+        local = task % NS
+        is_b = local >= NF
+        key = task + later if (is_b == gpipe) else task
+        push(ready_q[tdev[local]], (key, task))
+
+    for task in range(n_tasks):
+        if pend[task] == 0:
+            enqueue(task)
+
+    def dispatch(d: int, now: float):
+        nonlocal seq
+        q = ready_q[d]
+        if not idle[d] or not q:
+            return
+        _, task = pop(q)
+        idle[d] = False
+        start[task] = now
+        mb, local = divmod(task, NS)
+        seq += 1
+        push(events, (now + dur[local], seq, _DONE, task))
+        base = mb * NX
+        for x, off in out_x[local]:
+            gx = base + x
+            t = now + off
+            if t > x_ready[gx]:
+                x_ready[gx] = t
+            x_pend[gx] -= 1
+            if x_pend[gx] == 0:
+                seq += 1
+                push(events, (x_ready[gx], seq, _XREADY, gx))
+        if task in ar_src:
+            for k, off in ar_src[task]:
+                t = now + off
+                if t > ar_ready[k]:
+                    ar_ready[k] = t
+                ar_pending[k] -= 1
+                if ar_pending[k] == 0:
+                    # all-reduce: holds the members' interfaces, both ways
+                    mem, seconds = b.ar[k][1], b.ar[k][2]
+                    s0 = max([ar_ready[k]] + [nic_out[x] for x in mem]
+                             + [nic_in[x] for x in mem])
+                    e0 = s0 + seconds
+                    for x in mem:
+                        nic_out[x] = nic_in[x] = e0
+                    ar_times[k] = (s0, e0)
+
+    for d in range(D):
+        dispatch(d, 0.0)
+    end_time = 0.0
+    while events:
+        now, _, kind, ident = pop(events)
+        if kind == _DONE:
+            end_time = now
+            mb, local = divmod(ident, NS)
+            d = tdev[local]
+            idle[d] = True
+            base = mb * NS
+            touched = [d]
+            for s in succ[local]:
+                t = base + s
+                pend[t] -= 1
+                if pend[t] == 0:
+                    enqueue(t)
+            if training:
+                if local in f_to_b:
+                    if gpipe:
+                        if mb == m - 1:
+                            s = f_to_b[local]
+                            for j in range(m):
+                                t = j * NS + s
+                                pend[t] -= 1
+                                if pend[t] == 0:
+                                    enqueue(t)
+                    else:
+                        t = base + f_to_b[local]
+                        pend[t] -= 1
+                        if pend[t] == 0:
+                            enqueue(t)
+                if local in b_to_f:
+                    s, k = b_to_f[local]
+                    if mb + k < m:
+                        t = (mb + k) * NS + s
+                        pend[t] -= 1
+                        if pend[t] == 0:
+                            enqueue(t)
+                            touched.append(tdev[s])
+            for e in touched:
+                dispatch(e, now)
+        elif kind == _XREADY:
+            x = ident % NX
+            a, c2 = xs[x], xd[x]
+            link = a * D + c2
+            t0 = max(now, link_free[link], nic_out[a], nic_in[c2])
+            t1 = t0 + xdur[x]
+            link_free[link] = nic_out[a] = nic_in[c2] = t1
+            x_start[ident] = t0
+            seq += 1
+            push(events, (t1 + xlat[x], seq, _XARRIVE, ident))
+        else:
+            end_time = max(end_time, now)
+            mb, x = divmod(ident, NX)
+            base = mb * NS
+            for s in x_cons[x]:
+                t = base + s
+                pend[t] -= 1
+                if pend[t] == 0:
+                    enqueue(t)
+                    dispatch(tdev[s], now)
+    if any(p_ > 0 for p_ in pend):
+        raise RuntimeError("simulator deadlock: some tasks never became ready")
+    for s0, e0 in ar_times:
+        end_time = max(end_time, e0)
+    return end_time, np.array(start), np.array(x_start), ar_times
+
+
+@register_cost_model
+class Simulator(CostModel):
+    """Discrete-event simulation of the plan's schedule (see the module doc).
+
+    >>> from placer import Graph, Op, Edge, Cluster, Device, Plan
+    >>> g = Graph("t", [Op("a", flops=1e9), Op("b", flops=1e9)], [Edge("a", "b", 1e6)],
+    ...           training=False)
+    >>> c = Cluster.from_rules("c", [Device("x", 1e12, 1e10, efficiency=1.0),
+    ...                              Device("y", 1e12, 1e10, efficiency=1.0)],
+    ...                        default=(1e9, 0.0))
+    >>> r = Simulator().estimate(Problem(g, c, op_overhead=0.0),
+    ...                          Plan({"a": ["x"], "b": ["y"]}, microbatches=1))
+    >>> round(r.step_time, 6)        # 1 ms + 1 MB at 1 GB/s + 1 ms
+    0.003
+    """
+
+    name = "simulator"
+
+    def estimate(self, problem: Problem, plan: "Plan") -> Report:
+        return self.estimate_compiled(problem, problem.compile(plan))
+
+    def estimate_compiled(self, problem: Problem, c: Compiled, *,
+                          timeline: bool = True) -> Report:
+        """Estimate an already compiled plan."""
+        b = _Build(problem, c)
+        step, starts, x_starts, ar_times = _run(problem, b, c)
+        return _report(problem, c, b, step, starts, x_starts, ar_times, timeline)
+
+    def step_times(self, problem: Problem, assignments, *, groups=(), microbatches: int = 1,
+                   schedule: str = "1f1b") -> np.ndarray:
+        rows = np.atleast_2d(np.asarray(assignments, dtype=np.int64))
+        out = np.empty(len(rows))
+        for i, row in enumerate(rows):
+            c = problem.compile_array(row, groups, microbatches=microbatches,
+                                      schedule=schedule)
+            out[i] = self.estimate_compiled(problem, c, timeline=False).objective
+        return out
+
+
+def _report(p: Problem, c: Compiled, b: _Build, step: float, starts, x_starts, ar_times,
+            timeline: bool) -> Report:
+    m = c.microbatches
+    D = p.n_devices
+    names = p.devices
+    NS = b.NS
+    dur = np.tile(b.task_dur, m)
+    tdev = np.tile(b.task_dev, m)
+    nx = len(x_starts)
+    xdur = np.tile(b.x_dur, m)
+    xsrc = np.tile(b.x_src, m)
+    xdst = np.tile(b.x_dst, m)
+    compute = np.bincount(tdev, dur, minlength=D)
+    comm = np.bincount(xsrc, xdur, minlength=D) + np.bincount(xdst, xdur, minlength=D)
+    iv_dev = [tdev, xsrc, xdst]
+    iv_s = [starts, x_starts, x_starts]
+    iv_e = [starts + dur, x_starts + xdur, x_starts + xdur]
+    link_bytes = np.zeros((D, D))
+    np.add.at(link_bytes, (b.x_src, b.x_dst), b.x_bytes * m)
+    link_busy = np.zeros((D, D))
+    np.add.at(link_busy, (b.x_src, b.x_dst), b.x_dur * m)
+    for (sources, mem, seconds, links, algo, nbytes), (s0, e0) in zip(b.ar, ar_times):
+        for x in mem:
+            comm[x] += seconds
+        k = len(mem)
+        iv_dev.append(np.array(mem))
+        iv_s.append(np.full(k, s0))
+        iv_e.append(np.full(k, e0))
+        for a, d, nbytes_l in links:
+            link_bytes[a, d] += nbytes_l
+    devs = np.concatenate(iv_dev)
+    s_all = np.concatenate(iv_s)
+    e_all = np.concatenate(iv_e)
+    busy = _union(devs, s_all, e_all, D, step)
+    peak = b.peak
+    excess = peak - p.memory
+    over = excess > 0
+    feasible = not over.any()
+    ratio = float((excess / p.memory).max()) if not feasible else 0.0
+    objective = p.objective_value(step, float((peak / p.memory).max()), ratio)
+    dev_util = busy / step if step > 0 else np.zeros(D)
+    link_util = link_busy / step if step > 0 else link_busy
+    bottleneck = ""
+    if step > 0:
+        d = int(np.argmax(dev_util))
+        li = int(np.argmax(link_util))
+        a, z = divmod(li, D)
+        if link_util.flat[li] > dev_util[d]:
+            bottleneck = (f"link {names[a]}->{names[z]} (busy {link_util.flat[li]:.0%} "
+                          f"of the step)")
+        else:
+            bottleneck = (f"device {names[d]} (busy {dev_util[d]:.0%}, compute "
+                          f"{compute[d] / step:.0%} of the step)")
+    nz = np.argwhere(link_bytes > 0)
+    bytes_per_link = {f"{names[a]}->{names[z]}": float(link_bytes[a, z]) for a, z in nz}
+    used = b.used | (peak > 0)
+    dev_names = [names[i] for i in range(D) if used[i]]
+
+    def pick(arr):
+        return {names[i]: float(arr[i]) for i in range(D) if used[i]}
+
+    report = Report(
+        step_time=float(step), feasible=feasible, objective=float(objective),
+        peak_memory=pick(peak), memory_excess={names[i]: float(excess[i])
+                                               for i in np.flatnonzero(over)},
+        busy=pick(busy), compute=pick(compute), comm=pick(comm),
+        idle=pick(np.maximum(step - busy, 0.0)), bytes_per_link=bytes_per_link,
+        bottleneck=bottleneck, model="simulator", microbatches=m, schedule=c.schedule,
+        extra={"devices_used": dev_names, "transfers": int(nx),
+               "allreduces": [{"devices": [names[x] for x in a[1]], "bytes": a[5],
+                               "seconds": a[2], "algorithm": a[4]} for a in b.ar]})
+    if timeline:
+        report.timeline = _timeline(p, c, b, starts, x_starts, ar_times)
+    return report
+
+
+def _union(devs, starts, ends, D: int, step: float) -> np.ndarray:
+    """Length of the union of intervals per device."""
+    if len(devs) == 0:
+        return np.zeros(D)
+    span = step * 2 + 1.0
+    s = starts + devs * span
+    e = ends + devs * span
+    order = np.argsort(s, kind="stable")
+    s, e, dv = s[order], e[order], devs[order]
+    prev = np.maximum.accumulate(e)
+    prev = np.r_[-np.inf, prev[:-1]]
+    gain = np.maximum(0.0, e - np.maximum(s, prev))
+    return np.bincount(dv, gain, minlength=D)
+
+
+def _timeline(p: Problem, c: Compiled, b: _Build, starts, x_starts, ar_times):
+    """A callable producing the timeline's events (built on demand)."""
+    def events():
+        names = p.devices
+        m = c.microbatches
+        NS, NF = b.NS, b.NF
+        seg_ops: dict[int, list[int]] = {}
+        for i, s in enumerate(b.fseg.tolist()):
+            seg_ops.setdefault(s, []).append(int(b.inst_op[i]))
+        if b.bseg is not None:
+            for i, s in enumerate(b.bseg.tolist()):
+                seg_ops.setdefault(NF + s, []).append(int(b.inst_op[i]))
+        out = []
+        for task in range(NS * m):
+            mb, local = divmod(task, NS)
+            ops = seg_ops.get(local, [])
+            phase = "forward" if local < NF else "backward"
+            label = p.ids[min(ops)] if ops else "?"
+            if len(ops) > 1:
+                label += f" +{len(ops) - 1}"
+            out.append(Event(names[int(b.task_dev[local])], f"{phase[0].upper()}{mb} {label}",
+                             phase, float(starts[task]), float(b.task_dur[local]),
+                             {"microbatch": mb, "ops": [p.ids[o] for o in ops[:50]]}))
+        for gx in range(len(x_starts)):
+            mb, x = divmod(gx, b.NX)
+            a, z = int(b.x_src[x]), int(b.x_dst[x])
+            kind = "activation" if x < b.NT else "gradient"
+            op = p.ids[int(b.inst_op[b.t_inst[x % b.NT]])]
+            out.append(Event(f"{names[a]}->{names[z]}", f"{kind} {op} mb{mb}", "transfer",
+                             float(x_starts[gx]), float(b.x_dur[x]),
+                             {"bytes": float(b.x_bytes[x]), "latency": float(b.x_lat[x])}))
+        for (sources, mem, seconds, links, algo, nbytes), (s0, e0) in zip(b.ar, ar_times):
+            for x in mem:
+                out.append(Event(names[x], f"all-reduce {nbytes / 1e6:.3g} MB ({algo})",
+                                 "allreduce", s0, e0 - s0, {"bytes": nbytes}))
+        return out
+    return events
