@@ -235,6 +235,9 @@ class _Build:
         self.x_src, self.x_dst = xs, xd
         self.x_bytes = xb / m
         self.x_dur = self.x_bytes / speed
+        # a fast interface is held only for its share of a slower link's time
+        self.x_hold_out = self.x_bytes / p.nic_bandwidth[xs]
+        self.x_hold_in = self.x_bytes / p.nic_bandwidth[xd]
         self.x_lat = p.latency[xs, xd]
 
         # --- all-reduce buckets ---------------------------------------------
@@ -295,6 +298,7 @@ def _run(problem: Problem, b: _Build, c: Compiled):
     tdev = b.task_dev.tolist()
     xs, xd = b.x_src.tolist(), b.x_dst.tolist()
     xdur, xlat = b.x_dur.tolist(), b.x_lat.tolist()
+    x_out, x_in = b.x_hold_out.tolist(), b.x_hold_in.tolist()
     last_f, first_b, last_b, first_f = b.last_f, b.first_b, b.last_b, b.first_f
     cap = b.cap.tolist()
     # gpipe/1f1b extra successors keyed by local task
@@ -414,7 +418,9 @@ def _run(problem: Problem, b: _Build, c: Compiled):
             link = a * D + c2
             t0 = max(now, link_free[link], nic_out[a], nic_in[c2])
             t1 = t0 + xdur[x]
-            link_free[link] = nic_out[a] = nic_in[c2] = t1
+            link_free[link] = t1
+            nic_out[a] = t0 + x_out[x]
+            nic_in[c2] = t0 + x_in[x]
             x_start[ident] = t0
             seq += 1
             push(events, (t1 + xlat[x], seq, _XARRIVE, ident))
@@ -518,15 +524,16 @@ def _report(p: Problem, c: Compiled, b: _Build, step: float, starts, x_starts, a
     link_util = link_busy / step if step > 0 else link_busy
     bottleneck = ""
     if step > 0:
-        d = int(np.argmax(dev_util))
+        comp_util = compute / step
+        d = int(np.argmax(comp_util))
         li = int(np.argmax(link_util))
         a, z = divmod(li, D)
-        if link_util.flat[li] > dev_util[d]:
+        if link_util.flat[li] > comp_util[d]:
             bottleneck = (f"link {names[a]}->{names[z]} (busy {link_util.flat[li]:.0%} "
                           f"of the step)")
         else:
-            bottleneck = (f"device {names[d]} (busy {dev_util[d]:.0%}, compute "
-                          f"{compute[d] / step:.0%} of the step)")
+            bottleneck = (f"device {names[d]} (compute {comp_util[d]:.0%}, busy "
+                          f"{dev_util[d]:.0%} of the step)")
     nz = np.argwhere(link_bytes > 0)
     bytes_per_link = {f"{names[a]}->{names[z]}": float(link_bytes[a, z]) for a, z in nz}
     used = b.used | (peak > 0)

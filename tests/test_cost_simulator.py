@@ -1,0 +1,295 @@
+"""Hand-computed answers for the event simulator (and the analytical model
+where its closed form is exact). Devices run at efficiency 1.0 and ops have
+no launch overhead, so every number below is arithmetic on the inputs."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from placer import Cluster, Device, Edge, Graph, Op, Plan
+from placer.cost import (Analytical, Problem, Simulator, get_cost_model, simulate)
+from placer.cost.collectives import allreduce, hierarchical_time, ring_time
+from placer.errors import PlanError, StrategyError
+
+RATE = 1e12
+
+
+def cluster(n=2, bw=1e9, lat=0.0, memory=1e12, sites=None, **links):
+    sites = sites or ["s"] * n
+    devices = [Device(f"d{i}", RATE, memory, site=sites[i], efficiency=1.0) for i in range(n)]
+    return Cluster.from_rules("test", devices, default=(bw, lat), **links)
+
+
+def problem(graph, clus, **options):
+    options.setdefault("op_overhead", 0.0)
+    return Problem(graph, clus, **options)
+
+
+def sim(graph, clus, plan, **options):
+    return Simulator().estimate(problem(graph, clus, **options), plan)
+
+
+def two_ops(training):
+    return Graph("two", [Op("a", flops=1e9), Op("b", flops=2e9)], [Edge("a", "b", 1e6)],
+                 training=training)
+
+
+def test_two_ops_one_transfer_inference():
+    # a: 1e9/1e12 = 1 ms; 1e6 B at 1e9 B/s = 1 ms + 0.5 ms latency; b: 2 ms
+    r = sim(two_ops(False), cluster(lat=5e-4), Plan({"a": ["d0"], "b": ["d1"]}))
+    assert r.step_time == pytest.approx(4.5e-3)
+    assert r.bytes_per_link == {"d0->d1": pytest.approx(1e6)}
+    assert r.compute["d0"] == pytest.approx(1e-3)
+    assert r.compute["d1"] == pytest.approx(2e-3)
+    assert r.comm["d0"] == pytest.approx(1e-3)          # sending, latency not held
+    assert r.busy["d0"] == pytest.approx(2e-3)
+    assert r.idle["d1"] == pytest.approx(4.5e-3 - 3e-3)
+    assert r.feasible
+
+
+def test_two_ops_one_transfer_training():
+    # forward 4.5 ms; backward: b 4 ms, gradient 1 ms + 0.5 ms, a 2 ms
+    clus = cluster(lat=5e-4)
+    plan = Plan({"a": ["d0"], "b": ["d1"]})
+    r = sim(two_ops(True), clus, plan)
+    assert r.step_time == pytest.approx(12e-3)
+    assert r.bytes_per_link == {"d0->d1": pytest.approx(1e6), "d1->d0": pytest.approx(1e6)}
+    a = Analytical().estimate(problem(two_ops(True), clus), plan)
+    assert a.step_time == pytest.approx(12e-3)
+
+
+def test_same_device_costs_no_transfer():
+    r = sim(two_ops(False), cluster(), Plan({"a": ["d0"], "b": ["d0"]}))
+    assert r.step_time == pytest.approx(3e-3)
+    assert r.bytes_per_link == {}
+
+
+def chain(S, flops=8e9, training=False, nbytes=0.0):
+    ops = [Op(f"o{i}", flops=flops) for i in range(S)]
+    edges = [Edge(f"o{i}", f"o{i + 1}", nbytes) for i in range(S - 1)]
+    return Graph("chain", ops, edges, training=training)
+
+
+@pytest.mark.parametrize("S,m", [(4, 8), (3, 1), (2, 5)])
+def test_gpipe_forward_pipeline(S, m):
+    # each stage: 8e9 FLOP / m per microbatch at 1e12 FLOP/s
+    t = 8e9 / m / RATE
+    plan = Plan({f"o{i}": [f"d{i}"] for i in range(S)}, microbatches=m, schedule="gpipe")
+    g, c = chain(S), cluster(S)
+    assert sim(g, c, plan).step_time == pytest.approx((m + S - 1) * t)
+    assert Analytical().estimate(problem(g, c), plan).step_time == pytest.approx((m + S - 1) * t)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_training_pipeline(schedule):
+    # forward t, backward 2t per microbatch and stage: (m + S - 1) * 3t
+    S, m = 4, 8
+    t = 8e9 / m / RATE
+    plan = Plan({f"o{i}": [f"d{i}"] for i in range(S)}, microbatches=m, schedule=schedule)
+    r = sim(chain(S, training=True), cluster(S), plan)
+    assert r.step_time == pytest.approx((m + S - 1) * 3 * t)
+
+
+def test_stashed_activations_gpipe_vs_1f1b():
+    # each op outputs 8 MB for the batch (1 MB per microbatch); the first of
+    # 4 stages keeps 8 microbatches under GPipe and 4 under 1F1B
+    S, m = 4, 8
+    ops = [Op(f"o{i}", flops=1e9, output_bytes=8e6) for i in range(S)]
+    edges = [Edge(f"o{i}", f"o{i + 1}", 8e6) for i in range(S - 1)]
+    g = Graph("c", ops, edges)
+    peaks = {}
+    for schedule in ("gpipe", "1f1b"):
+        plan = Plan({f"o{i}": [f"d{i}"] for i in range(S)}, microbatches=m, schedule=schedule)
+        peaks[schedule] = sim(g, cluster(S), plan).peak_memory
+    # d0: kept activations + workspace (its input 0 + output 1 MB per microbatch)
+    assert peaks["gpipe"]["d0"] == pytest.approx(8 * 1e6 + 1e6)
+    assert peaks["1f1b"]["d0"] == pytest.approx(4 * 1e6 + 1e6)
+    # d3: own output + received input, kept for 1 microbatch under 1F1B;
+    # workspace = input + output of one microbatch
+    assert peaks["1f1b"]["d3"] == pytest.approx(1 * 2e6 + 2e6)
+
+
+def test_ring_allreduce_formula():
+    P, k, bw, lat = 4e9, 4, 1e9, 1e-3
+    c = cluster(k, bw=bw, lat=lat)
+    p = problem(Graph("g", [Op("w")]), c)
+    expected = 2 * (k - 1) / k * P / bw + 2 * (k - 1) * lat
+    assert ring_time(list(range(k)), P, p.bandwidth, p.latency, p.nic_bandwidth) == \
+        pytest.approx(expected)
+    seconds, links, algo = allreduce(range(k), P, p.bandwidth, p.latency, p.nic_bandwidth,
+                                     p.site)
+    assert (seconds, algo) == (pytest.approx(expected), "ring")
+    assert len(links) == k and links[0][2] == pytest.approx(2 * (k - 1) / k * P)
+
+
+def test_data_parallel_allreduce_in_simulation():
+    # one op without compute, replicated on 4 devices: the step is its all-reduce
+    P, k, bw, lat = 4e9, 4, 1e9, 1e-3
+    g = Graph("g", [Op("w", param_bytes=P)])
+    r = sim(g, cluster(k, bw=bw, lat=lat), Plan({"w": [f"d{i}" for i in range(k)]}))
+    assert r.step_time == pytest.approx(2 * (k - 1) / k * P / bw + 2 * (k - 1) * lat)
+    assert r.bytes_per_link["d0->d1"] == pytest.approx(2 * (k - 1) / k * P)
+    assert r.extra["allreduces"][0]["algorithm"] == "ring"
+    a = Analytical().estimate(problem(g, cluster(k, bw=bw, lat=lat)),
+                              Plan({"w": [f"d{i}" for i in range(k)]}))
+    assert a.step_time == pytest.approx(r.step_time)
+
+
+def test_hierarchical_allreduce_across_sites():
+    # 2 sites x 2 devices; intra 1e10 B/s 10 us, inter 1e9 B/s 10 ms
+    P = 4e9
+    c = Cluster.from_rules(
+        "t", [Device(f"d{i}", RATE, 1e12, site=s, efficiency=1.0)
+              for i, s in enumerate("aabb")],
+        default=(1e10, 1e-5), sites=[("a", "b", 1e9, 1e-2)])
+    p = problem(Graph("g", [Op("w")]), c)
+    intra = 1 * (1e-5 + P / 2 / 1e10)               # reduce-scatter, then all-gather
+    inter = 2 * 1 * (1e-2 + P / 2 / 2 / 1e9)        # ring of 2 sites on P/2
+    seconds, links, algo = allreduce([0, 1, 2, 3], P, p.bandwidth, p.latency,
+                                     p.nic_bandwidth, p.site)
+    assert algo == "hierarchical"
+    assert seconds == pytest.approx(2 * intra + inter)
+    ring = 2 * 3 * (1e-2 + P / 4 / 1e9)
+    assert ring_time([0, 1, 2, 3], P, p.bandwidth, p.latency, p.nic_bandwidth) == \
+        pytest.approx(ring)
+    t, _ = hierarchical_time([[0, 1], [2, 3]], P, p.bandwidth, p.latency, p.nic_bandwidth)
+    assert t == pytest.approx(2 * intra + inter)
+
+
+def test_link_shared_by_two_transfers_takes_twice_as_long():
+    # two producers on d0 without compute send 1 GB each to one consumer on d1
+    B, bw = 1e9, 1e9
+    one = Graph("one", [Op("a1"), Op("b")], [Edge("a1", "b", B)], training=False)
+    two = Graph("two", [Op("a1"), Op("a2"), Op("b")],
+                [Edge("a1", "b", B), Edge("a2", "b", B)], training=False)
+    c = cluster(2, bw=bw)
+    r1 = sim(one, c, Plan({"a1": ["d0"], "b": ["d1"]}))
+    r2 = sim(two, c, Plan({"a1": ["d0"], "a2": ["d0"], "b": ["d1"]}))
+    assert r1.step_time == pytest.approx(B / bw)
+    assert r2.step_time == pytest.approx(2 * B / bw)
+    assert r2.bytes_per_link["d0->d1"] == pytest.approx(2 * B)
+    assert r2.bottleneck.startswith("link d0->d1")
+
+
+def test_fan_out_shares_the_network_interface():
+    # one output to two devices: two transfers on different links, one NIC
+    B = 1e9
+    g = Graph("fan", [Op("a"), Op("b"), Op("c")], [Edge("a", "b", B), Edge("a", "c", B)],
+              training=False)
+    plan = Plan({"a": ["d0"], "b": ["d1"], "c": ["d2"]})
+    assert sim(g, cluster(3), plan).step_time == pytest.approx(2 * B / 1e9)
+    assert sim(g, cluster(3), plan, nic="none").step_time == pytest.approx(B / 1e9)
+
+
+def test_output_sent_once_per_device():
+    B = 1e9
+    g = Graph("fan", [Op("a"), Op("b"), Op("c")], [Edge("a", "b", B), Edge("a", "c", B)],
+              training=False)
+    r = sim(g, cluster(2), Plan({"a": ["d0"], "b": ["d1"], "c": ["d1"]}))
+    assert r.step_time == pytest.approx(B / 1e9)
+    assert r.bytes_per_link == {"d0->d1": pytest.approx(B)}
+
+
+def test_memory_infeasible_plan():
+    # 3e8 parameter bytes, training with Adam: params + grads + 2 states = 1.2e9 > 1e9
+    g = Graph("big", [Op("w", flops=1e9, param_bytes=3e8), Op("x", flops=1e9)],
+              [Edge("w", "x", 0.0)])
+    c = cluster(2, memory=1e9)
+    plan = Plan({"w": ["d0"], "x": ["d1"]})
+    r = sim(g, c, plan)
+    assert not r.feasible
+    assert r.memory_excess == {"d0": pytest.approx(2e8)}
+    assert r.peak_memory["d0"] == pytest.approx(1.2e9)
+    assert r.objective > 1e9 > r.step_time
+    assert "d0" in r.summary() and "INFEASIBLE" in r.summary()
+    a = Analytical().estimate(problem(g, c), plan)
+    assert not a.feasible and a.memory_excess == {"d0": pytest.approx(2e8)}
+    # inference keeps only the parameters: fits
+    inf = Graph("big", [Op("w", flops=1e9, param_bytes=3e8)], training=False)
+    assert sim(inf, c, Plan({"w": ["d0"]})).feasible
+
+
+def test_recompute_trades_time_for_memory():
+    S, m = 2, 4
+    ops = [Op(f"o{i}", flops=4e9, output_bytes=4e8) for i in range(S)]
+    g = Graph("c", ops, [Edge("o0", "o1", 4e8)])
+    plan = Plan({"o0": ["d0"], "o1": ["d1"]}, microbatches=m, schedule="gpipe")
+    plain = sim(g, cluster(S, bw=1e12), plan)
+    again = sim(g, cluster(S, bw=1e12), plan, recompute=True)
+    assert again.step_time > plain.step_time
+    assert again.peak_memory["d0"] < plain.peak_memory["d0"]
+
+
+def test_chrome_trace_and_gantt(tmp_path):
+    S, m = 3, 4
+    plan = Plan({f"o{i}": [f"d{i}"] for i in range(S)}, microbatches=m, schedule="1f1b")
+    r = sim(chain(S, training=True, nbytes=1e6), cluster(S), plan)
+    path = tmp_path / "trace.json"
+    r.to_chrome_trace(path)
+    doc = json.loads(path.read_text())
+    names = {e["args"]["name"] for e in doc["traceEvents"]
+             if e["ph"] == "M" and e["name"] == "process_name"}
+    assert {"device d0", "device d2", "link d0->d1", "link d1->d0"} <= names
+    bars = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert sum(e["cat"] == "forward" for e in bars) == S * m
+    assert sum(e["cat"] == "transfer" for e in bars) == 2 * (S - 1) * m
+    assert max(e["ts"] + e["dur"] for e in bars) == pytest.approx(r.step_time * 1e6)
+    png = tmp_path / "gantt.png"
+    r.plot_gantt(png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_simulate_validates_the_plan():
+    g = two_ops(True)
+    with pytest.raises(PlanError):
+        simulate(g, cluster(), Plan({"a": ["d0"]}))
+    with pytest.raises(PlanError):
+        simulate(g, cluster(), Plan({"a": ["d0"], "b": ["nope"]}))
+    r = simulate(g, cluster(), Plan({"a": ["d0"], "b": ["d1"]}), op_overhead=0.0)
+    assert r.model == "simulator" and r.step_time > 0
+
+
+def test_registry_and_options():
+    assert isinstance(get_cost_model("simulator"), Simulator)
+    assert isinstance(get_cost_model("analytical"), Analytical)
+    with pytest.raises(StrategyError):
+        get_cost_model("nope")
+    with pytest.raises(StrategyError):
+        Problem(two_ops(True), cluster(), objective="nope")
+
+
+def test_op_overhead_makes_zero_flop_ops_cost():
+    g = Graph("z", [Op("a"), Op("b")], [Edge("a", "b", 0.0)], training=False)
+    r = Simulator().estimate(Problem(g, cluster(), op_overhead=1e-5),
+                             Plan({"a": ["d0"], "b": ["d0"]}))
+    assert r.step_time == pytest.approx(2e-5)
+
+
+def test_data_parallel_stage_splits_the_microbatch():
+    # o1 on two devices: each replica does half of the work; the 1 GB tensor
+    # is split, d0 keeps its half and sends the other half to d1
+    g = Graph("dp", [Op("o0", flops=2e9), Op("o1", flops=2e9)], [Edge("o0", "o1", 1e9)],
+              training=False)
+    r = sim(g, cluster(2), Plan({"o0": ["d0"], "o1": ["d0", "d1"]}))
+    # d0: o0 2 ms then o1 half 1 ms; d1 waits for 0.5 GB at 1 GB/s: 2 ms + 0.5 s + 1 ms
+    assert r.step_time == pytest.approx(2e-3 + 0.5 + 1e-3)
+    assert r.bytes_per_link == {"d0->d1": pytest.approx(5e8)}
+
+
+def test_deterministic_and_step_times_match():
+    S, m = 4, 4
+    g = chain(S, training=True, nbytes=1e7)
+    c = cluster(S, lat=1e-4)
+    p = problem(g, c)
+    plan = Plan({f"o{i}": [f"d{i % 2}"] for i in range(S)}, microbatches=m)
+    a = Simulator().estimate(p, plan)
+    b = Simulator().estimate(p, plan)
+    assert a.to_dict() == b.to_dict()
+    rows = np.array([[i % 2 for i in range(S)], [0] * S])
+    fast = Simulator().step_times(p, rows, microbatches=m, schedule="1f1b")
+    assert fast[0] == pytest.approx(a.step_time)
+    ana = Analytical().step_times(p, rows, microbatches=m)
+    assert ana.shape == (2,) and np.all(np.isfinite(ana))
+    assert math.isfinite(Analytical().estimate_many(p, [plan, plan])[1].step_time)
