@@ -123,14 +123,11 @@ def parse_yaml(text: str, file: str | None, error: type[PlacerError] = FormatErr
                     fix="fix the YAML syntax") from None
 
 
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not allowed")
-
-
 def parse_json(text: str, file: str | None, error: type[PlacerError] = FormatError) -> Any:
-    """Parse JSON strictly: NaN and Infinity literals are rejected."""
+    """Parse JSON. NaN/Infinity literals parse, so that the field check that
+    rejects them can name the field."""
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise error(f"invalid JSON: {exc.msg}", file=file,
                     field=f"line {exc.lineno} column {exc.colno}",
@@ -255,8 +252,32 @@ class Fields:
         return Fields(value, self._field(key), self.file, self.error)
 
     def extras(self, known: set[str]) -> dict:
-        """The keys this version of placer does not know: kept, ignored."""
-        return {k: v for k, v in self.data.items() if k not in known}
+        """The keys this version of placer does not know: kept, ignored (but
+        they must not hold NaN or infinities, which could not be saved)."""
+        out = {k: v for k, v in self.data.items() if k not in known}
+        for key, value in out.items():
+            bad = _non_finite_path(value)
+            if bad is not None:
+                self.fail(f"{key}{bad}", "holds NaN or an infinity",
+                          fix="use finite numbers or null")
+        return out
+
+
+def _non_finite_path(value: Any) -> str | None:
+    """Where inside ``value`` a non-finite float sits ('' for itself), or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return ""
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        inner = _non_finite_path(item)
+        if inner is not None:
+            return (f"[{key}]" if isinstance(key, int) else f".{key}") + inner
+    return None
 
 
 def to_number(value: Any) -> float | None:

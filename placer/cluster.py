@@ -50,6 +50,10 @@ class Device:
     nic_bandwidth: float | None = None
     extra: dict = field(default_factory=dict)
 
+    def __post_init__(self):
+        self.flops = float(self.flops)
+        self.memory = float(self.memory)
+
     def to_dict(self) -> dict:
         data = {"name": self.name, "flops": self.flops, "memory": self.memory,
                 "site": self.site}

@@ -51,8 +51,11 @@ class Op:
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        if self.bwd_flops is None:
-            self.bwd_flops = 2.0 * self.flops
+        # floats throughout, so fingerprints do not depend on 4096 vs 4096.0
+        self.flops = float(self.flops)
+        self.bwd_flops = 2.0 * self.flops if self.bwd_flops is None else float(self.bwd_flops)
+        self.param_bytes = float(self.param_bytes)
+        self.output_bytes = float(self.output_bytes)
 
     def to_dict(self) -> dict:
         data = {"id": self.id, "op": self.op, "flops": self.flops,
@@ -70,6 +73,9 @@ class Edge:
     dst: str
     bytes: float = 0.0
     extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.bytes = float(self.bytes)
 
     def to_dict(self) -> dict:
         data = {"src": self.src, "dst": self.dst, "bytes": self.bytes}

@@ -1,0 +1,20 @@
+import os
+import sys
+
+import pytest
+
+os.environ.setdefault("MPLBACKEND", "Agg")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+
+@pytest.fixture
+def tiny_graph():
+    from placer import Edge, Graph, Op
+    return Graph("tiny", [
+        Op("x", "input", output_bytes=4096),
+        Op("fc1", "linear", flops=2e9, param_bytes=4e6, output_bytes=8192),
+        Op("act", "relu", output_bytes=8192),
+        Op("fc2", "linear", flops=2e9, param_bytes=4e6, output_bytes=4096),
+    ], [Edge("x", "fc1", 4096), Edge("fc1", "act", 8192), Edge("act", "fc2", 8192)])
