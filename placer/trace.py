@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import io
+import logging
 import operator
 import sys
 import types
@@ -107,6 +109,7 @@ def trace(model: torch.nn.Module, example_inputs: Any, *, granularity: str = "op
     mode = _execution_mode(model, args, kwargs, device)
 
     failures: list[str] = []
+    captured_once = False
     for capture in _captures(model, args, kwargs, leaves, granularity):
         try:
             captured = capture()
@@ -117,12 +120,15 @@ def trace(model: torch.nn.Module, example_inputs: Any, *, granularity: str = "op
             run = _execute(model, captured, args, kwargs, mode, training)
         except _ExecutionFailed as exc:
             failures.append(exc.reason)
+            captured_once = True
             continue
         return _build_graph(model, captured, run, name or model_name, training, granularity)
-    hint = ('pass granularity="module" to run whole blocks without tracing inside them'
-            if granularity == "op" else
-            "pass leaf_modules=[...] naming the module with data-dependent control flow, "
-            "or fix the inputs")
+    if captured_once and not failures[0].startswith("torch.fx"):
+        hint = "check that example_inputs have the shapes and dtypes forward expects"
+    elif granularity == "op":
+        hint = 'pass granularity="module" to run whole blocks without tracing inside them'
+    else:
+        hint = "pass leaf_modules=[...] naming the module with data-dependent control flow"
     raise TraceError(f"cannot trace {model_name}: " + "; ".join(failures), fix=hint)
 
 
@@ -169,14 +175,24 @@ def _matches(module: torch.nn.Module, qualname: str, wanted: Sequence[type | str
     return False
 
 
-def _holds_stack(module: torch.nn.Module) -> bool:
-    """Whether ``module`` holds a stack of repeated blocks (not an MLP's layers)."""
-    for child in module.children():
-        if isinstance(child, _CONTAINERS):
-            kinds = [type(m) for m in child.children() if not _is_builtin_leaf(m)]
-            if len(kinds) >= 2 and len(set(kinds)) < len(kinds):
-                return True
-    return False
+def _is_custom(module: torch.nn.Module) -> bool:
+    return not type(module).__module__.startswith(("torch.nn", "torch.ao.nn"))
+
+
+def _is_stack(module: torch.nn.Module) -> bool:
+    """A container of repeated blocks of the user's own classes (GPT's ``h``)."""
+    if not isinstance(module, _CONTAINERS):
+        return False
+    kinds = [type(m) for m in module.children() if _is_custom(m)]
+    return len(kinds) >= 2 and len(set(kinds)) < len(kinds)
+
+
+def _descend(module: torch.nn.Module, deep: bool) -> bool:
+    if isinstance(module, _CONTAINERS) and not _is_custom(module):
+        # A Sequential of torch.nn layers (an MLP, conv-bn-relu) stays one block.
+        return any(_is_custom(m) or isinstance(m, _CONTAINERS) for m in module.children())
+    # The user's own module: a block, unless it holds the stack of blocks.
+    return deep and (_is_stack(module) or any(_is_stack(m) for m in module.children()))
 
 
 def _auto_blocks(model: torch.nn.Module, deep: bool) -> set[str]:
@@ -186,8 +202,7 @@ def _auto_blocks(model: torch.nn.Module, deep: bool) -> set[str]:
     def visit(module: torch.nn.Module, prefix: str) -> None:
         for child_name, child in module.named_children():
             qualname = prefix + child_name
-            if isinstance(child, _CONTAINERS) or (deep and _holds_stack(child)
-                                                  and not _is_builtin_leaf(child)):
+            if _descend(child, deep):
                 visit(child, qualname + ".")
             else:
                 blocks.add(qualname)
@@ -215,8 +230,7 @@ def _leaf_predicate(model, granularity, leaf_modules):
             continue
         seen.append(blocks)
         predicates.append(lambda module, qualname, blocks=blocks:
-                          qualname in blocks or (_is_builtin_leaf(module)
-                                                 and not isinstance(module, _CONTAINERS)))
+                          qualname in blocks or _is_builtin_leaf(module))
     return predicates
 
 
@@ -349,14 +363,32 @@ def _capture_fx(model, args, kwargs, is_leaf) -> _Captured:
     return _Captured(gm, "fx", values, names)
 
 
+@contextlib.contextmanager
+def _quiet_torch_logs():
+    """Silence torch's loggers and stderr: a failed export prints whole graphs."""
+    loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
+               if name == "torch" or name.startswith("torch.")]
+    saved = [(log, log.level, log.disabled) for log in loggers]
+    for log in loggers:
+        log.disabled = True
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        for log, level, disabled in saved:
+            log.setLevel(level)
+            log.disabled = disabled
+
+
 def _capture_export(model, args, kwargs) -> _Captured:
     state = list(model.parameters()) + list(model.buffers())
     if any(t.is_meta for t in state):
         args, kwargs = pytree.tree_map_only(
             torch.Tensor, lambda t: torch.empty_like(t, device="meta"), (args, kwargs))
     try:
-        exported = torch.export.export(model, tuple(args), dict(kwargs))
-        gm = exported.module()
+        with _quiet_torch_logs():
+            exported = torch.export.export(model, tuple(args), dict(kwargs))
+            gm = exported.module()
     except Exception as exc:
         raise _CaptureFailed(f"torch.export failed: {_first_line(exc)}") from None
     flat = torch.fx._pytree.tree_flatten_spec((tuple(args), dict(kwargs)),
@@ -660,6 +692,7 @@ def _build_graph(model, captured: _Captured, run: _Run, name: str, training: boo
     param_ids = set(param_names)
 
     ids: dict[torch.fx.Node, str] = {}
+    position: dict[str, int] = {}
     used_ids: set[str] = set()
     carries: dict[torch.fx.Node, dict[str, int]] = {}   # op id -> bytes a value brings
     scalars: dict[torch.fx.Node, set[str]] = {}         # ops a non-tensor value came from
@@ -715,6 +748,7 @@ def _build_graph(model, captured: _Captured, run: _Run, name: str, training: boo
                           if node.op == "placeholder"
                           else str(node.target) if node.op == "call_module" else node.name)
         ids[node] = op_id
+        position[op_id] = len(position)
         incoming: dict[str, int] = {}
         scalar_deps: set[str] = set()
         used_state: list[torch.Tensor] = []
@@ -757,7 +791,7 @@ def _build_graph(model, captured: _Captured, run: _Run, name: str, training: boo
             extra["bwd_estimated"] = True
         scalar_deps -= set(incoming) | {op_id}
         if scalar_deps:
-            extra["scalar_deps"] = sorted(scalar_deps, key=list(ids.values()).index)
+            extra["scalar_deps"] = sorted(scalar_deps, key=position.__getitem__)
         ops.append(Op(op_id, _op_kind(node, gm), flops=float(record.flops),
                       bwd_flops=float(record.bwd_flops) if training else 0.0,
                       param_bytes=float(param_bytes), output_bytes=float(record.bytes),

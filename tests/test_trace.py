@@ -285,6 +285,40 @@ def test_module_granularity_gpt_blocks():
     check_flops(model, (torch.randint(0, 100, (2, 16)),), graph)
 
 
+def test_module_granularity_block_rule():
+    class Cell(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.b(self.a(x).relu())
+
+    class Encoder(nn.Module):                # holds the stack: looked through
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([Cell(), Cell()])
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Sequential(nn.Linear(4, 8), nn.ReLU())   # torch.nn only: one block
+            self.encoder = Encoder()
+            self.head = nn.Sequential(Cell(), nn.Linear(8, 2))      # looked through
+
+        def forward(self, x):
+            return self.head(self.encoder(self.stem(x)))
+
+    graph = trace(Net(), torch.randn(3, 4), granularity="module")
+    assert graph.ids == ["x", "stem", "encoder.layers.0", "encoder.layers.1", "head.0", "head.1"]
+    assert graph.op("stem").op == "sequential" and graph.op("head.0").op == "cell"
+
+
 def test_leaf_modules_override():
     model = GPT(layers=2)
     idx = torch.randint(0, 100, (2, 16))
@@ -387,3 +421,22 @@ def test_meta_model_with_data_dependent_leaf_explains():
         model = GatedNet()
     with pytest.raises(TraceError, match="meta device"):
         trace(model, torch.randn(3, 4), granularity="module")
+
+
+def _gpt2_small_figures() -> None:
+    """Tracing time and size of a GPT-2-small-sized model (for the report)."""
+    import time
+
+    model = GPT(vocab=50257, d=768, layers=12, heads=12, seq=1024)
+    idx = torch.randint(0, 50257, (8, 1024))
+    for granularity in ("op", "module"):
+        start = time.perf_counter()
+        graph = trace(model, idx, granularity=granularity)
+        took = time.perf_counter() - start
+        print(f"{granularity:>6}: {took:6.2f} s  ops={len(graph)}  edges={len(graph.edges)}  "
+              f"flops={graph.total_flops():.4g}  bwd={graph.total_bwd_flops():.4g}  "
+              f"params={graph.total_param_bytes():.4g} B  exec={graph.meta['execution']}")
+
+
+if __name__ == "__main__":
+    _gpt2_small_figures()
