@@ -61,8 +61,9 @@ def make_graph(model: str, granularity: str, out: Path) -> Path:
     module, inputs = datasets.model(model)
     graph = placer.trace(module, inputs, granularity=granularity,
                          name=f"{model}.{granularity}")
-    graph.meta.setdefault("model", model)
-    graph.meta.setdefault("family", zoo.family(model))
+    batch, seq = zoo._batch_seq(zoo.entry(model), None, None, False)
+    graph.meta.update({"zoo_model": model, "family": zoo.family(model),
+                       "batch": batch, "seq": seq})
     path = out / f"{model}.{granularity}.json.gz"
     graph.save(path)
     return path
