@@ -128,13 +128,27 @@ def test_data_parallel_allreduce_in_simulation():
     # one op without compute, replicated on 4 devices: the step is its all-reduce
     P, k, bw, lat = 4e9, 4, 1e9, 1e-3
     g = Graph("g", [Op("w", param_bytes=P)])
-    r = sim(g, cluster(k, bw=bw, lat=lat), Plan({"w": [f"d{i}" for i in range(k)]}))
+    r = sim(g, cluster(k, bw=bw, lat=lat), Plan({"w": [f"d{i}" for i in range(k)]}),
+            bucket_bytes=1e12)
     assert r.step_time == pytest.approx(2 * (k - 1) / k * P / bw + 2 * (k - 1) * lat)
     assert r.bytes_per_link["d0->d1"] == pytest.approx(2 * (k - 1) / k * P)
     assert r.extra["allreduces"][0]["algorithm"] == "ring"
-    a = Analytical().estimate(problem(g, cluster(k, bw=bw, lat=lat)),
+    a = Analytical().estimate(problem(g, cluster(k, bw=bw, lat=lat), bucket_bytes=1e12),
                               Plan({"w": [f"d{i}" for i in range(k)]}))
     assert a.step_time == pytest.approx(r.step_time)
+
+
+def test_allreduce_in_buckets():
+    # 3 ops of 1 GB parameters each, buckets of 1 GB: three all-reduces, one
+    # after the other on the same interfaces, each paying the latency
+    k, bw, lat = 2, 1e9, 1e-2
+    g = Graph("g", [Op(f"w{i}", param_bytes=1e9) for i in range(3)],
+              [Edge("w0", "w1", 0.0), Edge("w1", "w2", 0.0)])
+    plan = Plan({f"w{i}": ["d0", "d1"] for i in range(3)})
+    r = sim(g, cluster(k, bw=bw, lat=lat), plan, bucket_bytes=1e9)
+    one = 2 * (k - 1) / k * 1e9 / bw + 2 * (k - 1) * lat
+    assert r.step_time == pytest.approx(3 * one)
+    assert len(r.extra["allreduces"]) == 3
 
 
 def test_hierarchical_allreduce_across_sites():

@@ -109,18 +109,27 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
                                                p.nic_bandwidth[None, :]))
     Lmb = L * per_mb[:, :, None]
     link_t = Lmb / speed[None]
-    nic_out = Lmb.sum(axis=2) / p.nic_bandwidth[None, :]
-    nic_in = Lmb.sum(axis=1) / p.nic_bandwidth[None, :]
     phases = 2.0 if training else 1.0
-    beta = np.maximum.reduce([comp.max(axis=1), phases * link_t.reshape(B, -1).max(axis=1),
-                              phases * nic_out.max(axis=1), phases * nic_in.max(axis=1)])
-    used_link = L > 0
+    # gradients of a->b tensors travel b->a: each link carries both directions' loads
+    both = Lmb + Lmb.transpose(0, 2, 1) if training else Lmb
+    nic_out = both.sum(axis=2) / p.nic_bandwidth[None, :]
+    nic_in = both.sum(axis=1) / p.nic_bandwidth[None, :]
+    beta = np.maximum.reduce([comp.max(axis=1), (both / speed[None]).reshape(B, -1).max(axis=1),
+                              nic_out.max(axis=1), nic_in.max(axis=1)])
     # --- fill: one microbatch through every stage -----------------------------
     gwork = (lf + lb) * per_mb / size[None, :]
     gtime = (gwork[:, :, None] * member[None] / p.rate[None, None, :]).max(axis=2) \
         + count / size[None, :] * ovh * phases
-    fill = gtime.sum(axis=1) + phases * (
-        (link_t + np.where(used_link, p.latency[None], 0.0)).reshape(B, -1).sum(axis=1))
+    # Plans cut the topological order into runs; each change of group along
+    # it is (about) one hop of a microbatch's critical path, paying latency.
+    rep = np.array([min(mem) for mem in groups], dtype=np.int64)
+    hops = p.latency[rep[A[:, :-1]], rep[A[:, 1:]]].sum(axis=1) if n > 1 else 0.0
+    fill = gtime.sum(axis=1) + phases * (link_t.reshape(B, -1).sum(axis=1) + hops)
+    # 1F1B lets the first of S devices hold S microbatches, so a round trip
+    # (about the fill time) must be shared by at most S microbatches
+    n_used = np.maximum((count @ (member > 0)) > 0, 0).sum(axis=1)
+    if training:
+        beta = np.where(gpipe, beta, np.maximum(beta, fill / np.maximum(n_used, 1)))
     step = (m - 1) * beta + fill
 
     # --- first op of each group and device (ops are in topological order) ----
@@ -137,7 +146,9 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
         dp = np.arange(G) >= D
         coef = np.array([_coefficients(p, tuple(groups[g])) if g >= D else (0, 0, 0, 0)
                          for g in range(G)])
-        ar = np.minimum(coef[:, 0] + coef[:, 1] * lp, coef[:, 2] + coef[:, 3] * lp)
+        buckets = np.maximum(np.ceil(lp / p.bucket_bytes), 1.0)
+        ar = np.minimum(coef[:, 0] * buckets + coef[:, 1] * lp,
+                        coef[:, 2] * buckets + coef[:, 3] * lp)
         ar = np.where((lp > 0) & dp[None, :], ar, 0.0)
         if ar.any():
             slow = (member / p.rate[None, :]).max(axis=1)
@@ -267,7 +278,7 @@ def _report(p: Problem, b: _Batch, i: int, c) -> Report:
     used = b.used[i] | (b.peak[i] > 0)
     idx = np.flatnonzero(used).tolist()
     comp = b.comp[i] * m
-    comm = (b.nic_out[i] + b.nic_in[i]) * m * b.phases
+    comm = (b.nic_out[i] + b.nic_in[i]) * m
     busy = np.minimum(np.maximum(comp, comm), step)
     L = b.L[i]
     nz = np.argwhere(L > 0).tolist()

@@ -74,13 +74,16 @@ class Problem:
       ``nic_bandwidth`` a network interface as fast as its fastest link, so
       fan-out from one device to many is serialised; ``"none"`` leaves such
       devices uncapped.
+    - ``bucket_bytes``: gradients of a data-parallel group are all-reduced in
+      buckets of about this many bytes, as soon as each is ready (PyTorch
+      DDP's default is 25 MB).
     """
 
     def __init__(self, graph: "Graph", cluster: "Cluster", *, objective: str = "step_time",
                  optimizer_bytes_per_param: float = 2.0,
                  gradient_bytes_per_param: float = 1.0, recompute: bool = False,
                  default_efficiency: float = 0.5, op_overhead: float = 5e-6,
-                 nic: str = "max_link"):
+                 nic: str = "max_link", bucket_bytes: float = 25e6):
         if objective not in OBJECTIVES:
             raise StrategyError(f"unknown objective {objective!r}",
                                 fix=f"use one of: {', '.join(OBJECTIVES)}")
@@ -102,6 +105,7 @@ class Problem:
         self.default_efficiency = float(default_efficiency)
         self.op_overhead = float(op_overhead)
         self.nic = nic
+        self.bucket_bytes = float(bucket_bytes)
         self.training = graph.training
         self._build_graph_arrays()
         self._build_cluster_arrays()

@@ -21,10 +21,10 @@ How a plan runs, as modelled here:
   is the r-th earliest of S devices starts a new microbatch only while fewer
   than ``S - r`` are between forward and backward on it.
 - Gradients of a data-parallel op are all-reduced (the cheaper of ring and
-  hierarchical, see :mod:`placer.cost.collectives`) in buckets, one per
-  backward segment, as soon as every replica finished that segment's
-  backward of the last microbatch; an all-reduce holds its devices' network
-  interfaces.
+  hierarchical, see :mod:`placer.cost.collectives`) in buckets of about
+  ``Problem.bucket_bytes`` (like PyTorch DDP), each as soon as every replica
+  finished the backward of the bucket's ops for the last microbatch; an
+  all-reduce holds its devices' network interfaces.
 """
 
 from __future__ import annotations
@@ -244,21 +244,27 @@ class _Build:
         self.ar = []   # (sources [(local B task, offset)], members, seconds, links)
         if training and NI > n:
             dp = np.flatnonzero((sizes > 1) & (p.param_bytes > 0))
-            buckets: dict[tuple[int, int], list[int]] = {}
+            by_group: dict[int, list[int]] = {}
             for op in dp.tolist():
-                i0 = op_first[op]
-                buckets.setdefault((int(g[op]), int(bseg[i0])), []).append(op)
-            for (gid, _), ops in buckets.items():
+                by_group.setdefault(int(g[op]), []).append(op)
+            cap = p.bucket_bytes
+            for gid, ops in by_group.items():
                 mem = c.groups[gid]
-                nbytes = float(p.param_bytes[ops].sum())
-                last = min(ops)     # the bucket's last op in backward order
-                sources = []
-                for k in range(len(mem)):
-                    i = op_first[last] + k
-                    sources.append((NF + int(bseg[i]), float(boff[i])))
-                seconds, links, algo = allreduce(mem, nbytes, p.bandwidth, p.latency,
-                                                 p.nic_bandwidth, p.site)
-                self.ar.append((sources, list(mem), seconds, links, algo, nbytes))
+                bucket: list[int] = []
+                nbytes = 0.0
+                for op in reversed(ops):            # backward order
+                    bucket.append(op)
+                    nbytes += float(p.param_bytes[op])
+                    if nbytes >= cap or op == ops[0]:
+                        last = op                   # the bucket's last op in backward
+                        sources = []
+                        for k in range(len(mem)):
+                            i = op_first[last] + k
+                            sources.append((NF + int(bseg[i]), float(boff[i])))
+                        seconds, links, algo = allreduce(mem, nbytes, p.bandwidth,
+                                                         p.latency, p.nic_bandwidth, p.site)
+                        self.ar.append((sources, list(mem), seconds, links, algo, nbytes))
+                        bucket, nbytes = [], 0.0
 
         # memory
         params = np.bincount(inst_dev, p.param_bytes[inst_op], minlength=D)
