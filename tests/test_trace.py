@@ -215,6 +215,7 @@ def test_inception_branches_and_concat():
     stats = model.bn.running_mean.clone()
     graph = trace(model, x, device="cpu")
     assert torch.equal(model.bn.running_mean, stats)      # the model is not modified
+    assert all(p.grad is None for p in model.parameters()) and model.training
     cat = next(op for op in graph if op.op == "cat")
     assert len(graph.predecessors(cat.id)) == 4
     assert cat.extra["shape"] == [2, 16, 12, 12]
