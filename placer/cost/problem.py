@@ -77,13 +77,16 @@ class Problem:
     - ``bucket_bytes``: gradients of a data-parallel group are all-reduced in
       buckets of about this many bytes, as soon as each is ready (PyTorch
       DDP's default is 25 MB).
+    - ``merge``: the simulator may start a run of ops on a device only when
+      the inputs of a later op in it arrived, if the run so far takes at most
+      this fraction of the device's time (0: never; fewer tasks, faster).
     """
 
     def __init__(self, graph: "Graph", cluster: "Cluster", *, objective: str = "step_time",
                  optimizer_bytes_per_param: float = 2.0,
                  gradient_bytes_per_param: float = 1.0, recompute: bool = False,
                  default_efficiency: float = 0.5, op_overhead: float = 5e-6,
-                 nic: str = "max_link", bucket_bytes: float = 25e6):
+                 nic: str = "max_link", bucket_bytes: float = 25e6, merge: float = 0.02):
         if objective not in OBJECTIVES:
             raise StrategyError(f"unknown objective {objective!r}",
                                 fix=f"use one of: {', '.join(OBJECTIVES)}")
@@ -106,6 +109,7 @@ class Problem:
         self.op_overhead = float(op_overhead)
         self.nic = nic
         self.bucket_bytes = float(bucket_bytes)
+        self.merge = float(merge)
         self.training = graph.training
         self._build_graph_arrays()
         self._build_cluster_arrays()

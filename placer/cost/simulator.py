@@ -46,18 +46,39 @@ if TYPE_CHECKING:
 _DONE, _XREADY, _XARRIVE = 0, 1, 2
 
 
-def _segments(dev: np.ndarray, head: np.ndarray, perm: np.ndarray, dur: np.ndarray):
-    """Cut instances (visited in ``perm`` order) into segments at ``head``
-    or a device change. Returns segment per instance, the end offset of each
-    instance inside its segment, segment devices and durations."""
+def _segments(dev: np.ndarray, head: np.ndarray, blocker: np.ndarray, perm: np.ndarray,
+              dur: np.ndarray, D: int, merge: float):
+    """Cut instances (visited in ``perm`` order) into segments at a device
+    change or at an instance receiving from another device (``head``).
+
+    A head is merged into the running segment when that segment sends
+    nothing to other devices (``blocker``: then nothing it waits for can
+    depend on it, so merging cannot deadlock) and has run for at most
+    ``merge`` of its device's time in this phase: the segment then waits for
+    the head's inputs before it starts, a small delay that saves many tasks.
+    Returns segment per instance, each instance's end offset inside its
+    segment, segment devices and durations."""
     n = len(perm)
     d_sorted = dev[perm]
-    h = head[perm].copy()
-    if n:
-        h[0] = True
-        h[1:] |= d_sorted[1:] != d_sorted[:-1]
-    seg_sorted = np.cumsum(h) - 1
     dur_sorted = dur[perm]
+    limit = (np.bincount(dev, dur, minlength=D) * merge).tolist()
+    h = np.zeros(n, dtype=bool)
+    heads = head[perm].tolist()
+    blocks = blocker[perm].tolist()
+    durs = dur_sorted.tolist()
+    prev = -1
+    run = 0.0
+    blocked = False
+    for pos, d in enumerate(d_sorted.tolist()):
+        if d != prev or (heads[pos] and (blocked or run > limit[d])):
+            h[pos] = True
+            run = 0.0
+            blocked = False
+            prev = d
+        run += durs[pos]
+        if blocks[pos]:
+            blocked = True
+    seg_sorted = np.cumsum(h) - 1
     cs = np.cumsum(dur_sorted)
     base = (cs - dur_sorted)[h]
     seg = np.empty(n, dtype=np.int64)
@@ -136,17 +157,18 @@ class _Build:
         ft = p.op_overhead + p.flops[inst_op] * frac / m / p.rate[inst_dev]
         has_in = np.zeros(NI, dtype=bool)
         has_in[iv] = True
+        has_out = np.zeros(NI, dtype=bool)
+        has_out[t_inst] = True
         permF = np.argsort(inst_dev, kind="stable")
-        fseg, foff, fdev, fdur = _segments(inst_dev, has_in, permF, ft)
+        fseg, foff, fdev, fdur = _segments(inst_dev, has_in, has_out, permF, ft, D, p.merge)
         NF = len(fdev)
         if training:
             bt = p.op_overhead + p.bwd_flops[inst_op] * frac / m / p.rate[inst_dev]
             if p.recompute:
                 bt = bt + ft
-            has_out = np.zeros(NI, dtype=bool)
-            has_out[t_inst] = True
             permB = np.lexsort((-inst_op, inst_dev))
-            bseg, boff, bdev, bdur = _segments(inst_dev, has_out, permB, bt)
+            bseg, boff, bdev, bdur = _segments(inst_dev, has_out, has_in, permB, bt, D,
+                                               p.merge)
         else:
             bseg = boff = None
             bdev = np.zeros(0, dtype=np.int64)
