@@ -23,7 +23,6 @@ _LAZY = {
     "trace": ("placer.trace", "trace"),
     "simulate": ("placer.api", "simulate"),
     "optimize": ("placer.api", "optimize"),
-    "run": ("placer.api", "run"),
     "strategies": ("placer.api", "strategies"),
     "Report": ("placer.cost", "Report"),
     "Problem": ("placer.cost", "Problem"),

@@ -1,0 +1,461 @@
+"""The ``placer`` command line.
+
+Every subcommand prints one line and exits with status 2 on bad input (a
+:class:`placer.errors.PlacerError`), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from . import __version__
+from .errors import PlacerError, TraceError
+
+EXIT_BAD_INPUT = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors exit 2 with one line (argparse's own style)."""
+
+
+def _formatter(prog: str) -> argparse.HelpFormatter:
+    return argparse.RawDescriptionHelpFormatter(prog, max_help_position=32)
+
+
+def _add(sub, name: str, help_text: str, example: str) -> argparse.ArgumentParser:
+    return sub.add_parser(name, help=help_text, description=help_text,
+                          epilog=f"example:\n  {example}", formatter_class=_formatter)
+
+
+# --- resolving what the user named ---------------------------------------------
+
+def _is_graph_file(text: str) -> bool:
+    return text.endswith((".json", ".json.gz")) or (os.path.sep in text and Path(text).is_file())
+
+
+def _parse_shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(x) for x in text.lower().replace("x", ",").split(",") if x)
+    except ValueError:
+        raise PlacerError(f"bad input shape {text!r}", field="--input-shape",
+                          fix="write sizes like 8,3,224,224 or 8x1024") from None
+    if not shape or min(shape) < 1:
+        raise PlacerError(f"bad input shape {text!r}", field="--input-shape",
+                          fix="sizes must be positive integers")
+    return shape
+
+
+def load_model(spec: str, input_shapes: list[str] | None = None, input_dtype: str = "float32",
+               batch: int | None = None, seq: int | None = None):
+    """``module:factory`` or a zoo name -> ``(module, example_inputs)``."""
+    import torch
+    from . import datasets
+
+    if ":" in spec:
+        module_name, _, attr = spec.partition(":")
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as exc:  # the user's module may raise anything on import
+            raise TraceError(f"cannot import {module_name!r}: {exc}", field="MODEL",
+                             fix="give MODULE:FACTORY importable from the current directory") from None
+        factory = getattr(module, attr, None)
+        if not callable(factory):
+            raise TraceError(f"{module_name!r} has no callable {attr!r}", field="MODEL",
+                             fix="FACTORY must be a function or class returning the model")
+        made = factory()
+        if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module):
+            return made
+        if not isinstance(made, torch.nn.Module):
+            raise TraceError(f"{spec} returned {type(made).__name__}, not a torch.nn.Module",
+                             field="MODEL", fix="return the model, or (model, example_inputs)")
+        if not input_shapes:
+            raise TraceError(f"{spec} returned only a model", field="--input-shape",
+                             fix="pass --input-shape (e.g. 8,3,224,224) or return (model, inputs)")
+        generator = torch.Generator().manual_seed(0)
+        dtype = getattr(torch, input_dtype, None)
+        if not isinstance(dtype, torch.dtype):
+            raise PlacerError(f"unknown dtype {input_dtype!r}", field="--input-dtype",
+                              fix="use e.g. float32 or int64")
+        inputs = []
+        for text in input_shapes:
+            shape = _parse_shape(text)
+            if dtype.is_floating_point:
+                inputs.append(torch.randn(shape, generator=generator, dtype=dtype))
+            else:
+                inputs.append(torch.randint(0, 2, shape, generator=generator, dtype=dtype))
+        return made, tuple(inputs)
+    if spec in datasets.models():
+        return datasets.model(spec, batch=batch, seq=seq)
+    raise PlacerError(f"unknown model {spec!r}", field="MODEL",
+                      fix="give MODULE:FACTORY, a graph file, or a zoo model: "
+                      + ", ".join(datasets.models()))
+
+
+def load_graph(spec: str, args: argparse.Namespace | None = None):
+    """A graph file, a shipped graph name, a zoo model or ``module:factory``."""
+    from . import datasets
+    from .graph import Graph
+
+    if _is_graph_file(spec):
+        return Graph.load(spec)
+    if ":" not in spec and spec in datasets.graphs():
+        return datasets.graph(spec)
+    granularity = getattr(args, "granularity", None) or "module"
+    if ":" not in spec and spec not in datasets.models():
+        try:
+            return datasets.graph(spec)  # synthetic names like layered-n100-w8-s0
+        except PlacerError:
+            pass
+    from .trace import trace
+    model, inputs = load_model(spec, getattr(args, "input_shape", None),
+                               getattr(args, "input_dtype", "float32"),
+                               getattr(args, "batch", None), getattr(args, "seq", None))
+    return trace(model, inputs, granularity=granularity, name=spec.rpartition(":")[2])
+
+
+def load_cluster(spec: str):
+    """A cluster file or a preset name."""
+    from .cluster import Cluster
+
+    if spec.endswith((".yaml", ".yml", ".json")) or os.path.sep in spec:
+        return Cluster.load(spec)
+    if spec == "local":
+        return Cluster.local()
+    return Cluster.preset(spec)
+
+
+def _emit(args, data: dict, text: str) -> None:
+    if getattr(args, "json", False):
+        print(json.dumps(data, indent=1, default=str))
+    else:
+        print(text)
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n:.0f} B"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def _fmt_rate(n: float, unit: str) -> str:
+    for prefix in ("", "K", "M", "G", "T", "P"):
+        if abs(n) < 1000 or prefix == "P":
+            return f"{n:.3g} {prefix}{unit}"
+        n /= 1000
+    return f"{n:.3g} P{unit}"
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+# --- commands ---------------------------------------------------------------------
+
+def cmd_trace(args) -> int:
+    start = time.perf_counter()
+    graph = load_graph(args.model, args)
+    elapsed = time.perf_counter() - start
+    if args.output:
+        graph.save(args.output)
+    totals = graph.totals()
+    _emit(args, {"output": args.output, "seconds": elapsed, **totals},
+          f"traced {graph.name}: {totals['ops']} ops, {totals['edges']} edges, "
+          f"{totals['flops']:.3g} FLOP forward, {totals['bwd_flops']:.3g} backward, "
+          f"{_fmt_bytes(totals['param_bytes'])} params in {elapsed:.1f} s"
+          + (f" -> {args.output}" if args.output else ""))
+    return 0
+
+
+def _detect(path: str) -> str:
+    from ._io import load_document
+    from .errors import FormatError
+    data = load_document(path, FormatError)
+    tag = data.get("format") if isinstance(data, dict) else None
+    if tag not in ("placer.graph/v1", "placer.cluster/v1", "placer.plan/v1"):
+        raise FormatError(f"unknown format {tag!r}", file=path, field="format",
+                          fix="expected a placer.graph/v1, placer.cluster/v1 or placer.plan/v1 file")
+    return tag
+
+
+def show_graph(graph) -> tuple[dict, str]:
+    """Summary of a graph: totals and the heaviest ops."""
+    totals = graph.totals()
+    path, cp = graph.critical_path()
+    heavy = sorted(graph, key=lambda op: op.flops + op.bwd_flops, reverse=True)[:8]
+    rows = [[op.id, op.op, f"{op.flops:.3g}", f"{op.bwd_flops:.3g}",
+             _fmt_bytes(op.param_bytes), _fmt_bytes(op.output_bytes), op.colocate or ""]
+            for op in heavy]
+    text = (f"graph {graph.name} ({'training' if graph.training else 'inference'}): "
+            f"{totals['ops']} ops, {totals['edges']} edges\n"
+            f"FLOPs forward {totals['flops']:.4g}, backward {totals['bwd_flops']:.4g}; "
+            f"params {_fmt_bytes(totals['param_bytes'])}; "
+            f"activations {_fmt_bytes(totals['output_bytes'])}\n"
+            f"critical path: {len(path)} ops, {cp:.4g} FLOP\n"
+            f"fingerprint {graph.fingerprint()[:16]}\n\nheaviest ops:\n"
+            + _table(rows, ["id", "op", "flops", "bwd_flops", "params", "output", "colocate"]))
+    return {"kind": "graph", "name": graph.name, "fingerprint": graph.fingerprint(),
+            "critical_path_ops": len(path), "critical_path_flops": cp, **totals}, text
+
+
+def show_cluster(cluster) -> tuple[dict, str]:
+    """Summary of a cluster: devices and the links between sites."""
+    rows: list[list[str]] = []
+    run: list = []
+    for d in cluster.devices + [None]:  # runs of identical devices share a row
+        same = run and d is not None and (d.kind, d.site, d.flops, d.memory) == \
+            (run[0].kind, run[0].site, run[0].flops, run[0].memory)
+        if run and not same:
+            label = run[0].name if len(run) == 1 else f"{run[0].name}..{run[-1].name}"
+            rows.append([label, str(len(run)), run[0].kind or "", run[0].site,
+                         _fmt_rate(run[0].flops, "FLOP/s"), _fmt_bytes(run[0].memory)])
+            run = []
+        if d is not None:
+            run.append(d)
+    sites = cluster.sites()
+    link_rows = []
+    names = list(sites)
+    for i, a in enumerate(names):
+        for b in names[i:]:
+            da, db = sites[a][0], (sites[b][1] if a == b and len(sites[b]) > 1 else sites[b][0])
+            if da == db:
+                continue
+            bw, lat = cluster.link(da, db)
+            link_rows.append([a, b, _fmt_rate(bw, "B/s"), f"{lat * 1e3:.3g} ms"])
+    text = (f"cluster {cluster.name}: {len(cluster)} devices in {len(sites)} site(s), "
+            f"{_fmt_rate(cluster.total_flops(), 'FLOP/s')}, "
+            f"{_fmt_bytes(cluster.total_memory())} memory\n\n"
+            + _table(rows, ["devices", "n", "kind", "site", "peak", "memory"])
+            + ("\n\nlinks (first device pair of each site pair):\n"
+               + _table(link_rows, ["site", "site", "bandwidth", "latency"]) if link_rows else ""))
+    return {"kind": "cluster", "name": cluster.name, "devices": cluster.names,
+            "sites": sites, "fingerprint": cluster.fingerprint()}, text
+
+
+def show_plan(plan) -> tuple[dict, str]:
+    """Summary of a plan: ops per device, pipeline settings, prediction."""
+    per_device: dict[str, int] = {}
+    replicated = 0
+    for devices in plan.placement.values():
+        replicated += len(devices) > 1
+        for d in devices:
+            per_device[d] = per_device.get(d, 0) + 1
+    rows = [[d, str(n)] for d, n in sorted(per_device.items())]
+    predicted = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                          for k, v in plan.predicted.items() if not isinstance(v, dict))
+    text = (f"plan by {plan.method}: {len(plan.placement)} ops on {len(per_device)} device(s), "
+            f"{replicated} data-parallel; {plan.microbatches} microbatch(es), {plan.schedule}\n"
+            + (f"predicted: {predicted}\n" if predicted else "") + "\n"
+            + _table(rows, ["device", "ops"]))
+    return {"kind": "plan", **plan.to_dict(), "ops_per_device": per_device}, text
+
+
+def cmd_show(args) -> int:
+    from .cluster import Cluster
+    from .graph import Graph
+    from .plan import Plan
+    tag = _detect(args.file)
+    if tag == "placer.graph/v1":
+        data, text = show_graph(Graph.load(args.file))
+    elif tag == "placer.cluster/v1":
+        data, text = show_cluster(Cluster.load(args.file))
+    else:
+        data, text = show_plan(Plan.load(args.file))
+    _emit(args, data, text)
+    return 0
+
+
+def cmd_datasets(args) -> int:
+    from . import datasets
+    from .cluster import Cluster
+    data = {"models": datasets.models(), "graphs": datasets.graphs(),
+            "clusters": Cluster.presets(), "splits": datasets.splits()}
+    text = "\n".join([
+        "models (placer.datasets.model):   " + ", ".join(data["models"]),
+        "graphs (placer.datasets.graph):   " + ", ".join(data["graphs"]),
+        "clusters (Cluster.preset):        " + ", ".join(data["clusters"]),
+        "splits: " + "; ".join(f"{k}: {len(v)} graphs" for k, v in data["splits"].items())])
+    _emit(args, data, text)
+    return 0
+
+
+def _outputs_next_to(path: str) -> str:
+    p = str(path)
+    for suffix in (".json.gz", ".json"):
+        if p.endswith(suffix):
+            return p[: -len(suffix)]
+    return p
+
+
+def cmd_plan(args) -> int:
+    from .api import optimize, simulate
+    graph = load_graph(args.model, args)
+    cluster = load_cluster(args.cluster)
+    options: dict[str, Any] = {}
+    if args.microbatches:
+        options["microbatches"] = args.microbatches
+    if args.schedule:
+        options["schedule"] = args.schedule
+    plan = optimize(graph, cluster, method=args.method, seed=args.seed,
+                    time_budget=args.time_budget, progress=not args.json and sys.stderr.isatty(),
+                    **options)
+    report = simulate(graph, cluster, plan)
+    plan.save(args.output)
+    stem = _outputs_next_to(args.output)
+    pictures = []
+    report.to_chrome_trace(stem + ".trace.json")
+    if not args.no_plots:
+        report.plot_gantt(stem + ".gantt.png", title=f"{graph.name} on {cluster.name} ({plan.method})")
+        pictures.append(stem + ".gantt.png")
+    data = {"plan": args.output, "trace": stem + ".trace.json", "pictures": pictures,
+            "method": plan.method, "microbatches": plan.microbatches,
+            "schedule": plan.schedule, "report": report.to_dict()}
+    _, plan_text = show_plan(plan)
+    text = (f"{graph.name} ({len(graph)} ops) on {cluster.name} ({len(cluster)} devices), "
+            f"method {plan.method}\n{report.summary()}\n\n{plan_text}\n\n"
+            f"wrote {args.output}, {stem}.trace.json"
+            + "".join(f", {p}" for p in pictures))
+    _emit(args, data, text)
+    return 0
+
+
+def cmd_simulate(args) -> int:
+    from .api import simulate
+    from .plan import Plan
+    graph = load_graph(args.graph, args)
+    cluster = load_cluster(args.cluster)
+    plan = Plan.load(args.plan)
+    plan.validate(graph, cluster, check_fingerprints=not args.ignore_fingerprints,
+                  file=args.plan)
+    report = simulate(graph, cluster, plan)
+    written = []
+    if args.trace:
+        report.to_chrome_trace(args.trace)
+        written.append(args.trace)
+    if args.gantt:
+        report.plot_gantt(args.gantt, title=f"{graph.name} on {cluster.name}")
+        written.append(args.gantt)
+    _emit(args, {"report": report.to_dict(), "written": written},
+          report.summary() + ("\nwrote " + ", ".join(written) if written else ""))
+    return 0
+
+
+def cmd_bench(args) -> int:
+    if args.what == "cost":
+        from .bench.cost import bench_cost
+        bench_cost(out=args.output or "bench-cost.json", quick=args.quick)
+    elif args.what == "search":
+        from .bench.search import bench_search
+        bench_search(out=args.output or "bench-search.json", quick=args.quick)
+    return 0
+
+
+# --- parser -----------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of the ``placer`` command."""
+    parser = _Parser(prog="placer", formatter_class=_formatter,
+                     description="Decide where every part of a model runs on a cluster, "
+                                 "then run it that way.",
+                     epilog="example:\n  placer plan gpt-125m --cluster two-sites -o plan.json")
+    parser.add_argument("--version", action="version", version=f"placer {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def model_options(p):
+        p.add_argument("--granularity", choices=["op", "module"], default=None,
+                       help="trace ops or whole modules (default: op for trace, "
+                            "module for plan)")
+        p.add_argument("--input-shape", action="append", metavar="SHAPE",
+                       help="shape of one example input, e.g. 8,3,224,224 (repeat per input)")
+        p.add_argument("--input-dtype", default="float32", help="dtype of the example inputs")
+        p.add_argument("--batch", type=int, help="batch size for zoo models")
+        p.add_argument("--seq", type=int, help="sequence length / image side for zoo models")
+
+    p = _add(sub, "trace", "Trace a PyTorch model into a placer.graph/v1 file.",
+             "placer trace mymodels:resnet --input-shape 8,3,224,224 -o resnet.json")
+    p.add_argument("model", metavar="MODEL", help="MODULE:FACTORY or a zoo model name")
+    p.add_argument("-o", "--output", help="graph file to write (.json or .json.gz)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    model_options(p)
+    p.set_defaults(func=cmd_trace, granularity="op")
+
+    p = _add(sub, "show", "Summarise a graph, cluster or plan file.",
+             "placer show plan.json")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_show)
+
+    p = _add(sub, "plan", "Search a placement for a model on a cluster and write the plan.",
+             "placer plan gpt-125m --cluster two-sites --method heft -o plan.json")
+    p.add_argument("model", metavar="MODEL",
+                   help="graph file, shipped graph, zoo model or MODULE:FACTORY")
+    p.add_argument("-c", "--cluster", required=True, help="cluster file or preset name")
+    p.add_argument("-m", "--method", default="evolution", help="strategy (see placer.strategies())")
+    p.add_argument("-o", "--output", default="plan.json", help="plan file to write")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--time-budget", type=float, default=30.0, help="seconds of search")
+    p.add_argument("--microbatches", type=int, help="fix the number of microbatches")
+    p.add_argument("--schedule", choices=["gpipe", "1f1b"], help="fix the pipeline schedule")
+    p.add_argument("--no-plots", action="store_true", help="do not write PNG pictures")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    model_options(p)
+    p.set_defaults(func=cmd_plan)
+
+    p = _add(sub, "simulate", "Simulate a plan and report step time, memory and traffic.",
+             "placer simulate graph.json two-sites plan.json --trace run.trace.json")
+    p.add_argument("graph", metavar="GRAPH")
+    p.add_argument("cluster", metavar="CLUSTER")
+    p.add_argument("plan", metavar="PLAN")
+    p.add_argument("--trace", help="write a Chrome/Perfetto trace here")
+    p.add_argument("--gantt", help="write a Gantt chart PNG here")
+    p.add_argument("--ignore-fingerprints", action="store_true",
+                   help="simulate even if the plan was made for another graph/cluster")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    model_options(p)
+    p.set_defaults(func=cmd_simulate)
+
+    p = _add(sub, "datasets", "List shipped models, graphs, cluster scenarios and splits.",
+             "placer datasets --json")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_datasets)
+
+    p = _add(sub, "bench", "Run a benchmark and write its JSON results.",
+             "placer bench cost -o bench-cost.json")
+    p.add_argument("what", choices=["cost", "search"])
+    p.add_argument("-o", "--output", help="JSON file to write")
+    p.add_argument("--quick", action="store_true", help="small sizes (seconds)")
+    p.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``placer`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_BAD_INPUT
+    try:
+        return args.func(args) or 0
+    except PlacerError as exc:
+        print(f"placer {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print(f"placer {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

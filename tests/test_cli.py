@@ -1,0 +1,81 @@
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from placer import Cluster, Plan
+from placer.cli import main
+
+
+def run_cli(*args):
+    """Run the CLI in a fresh interpreter, like a user would."""
+    return subprocess.run([sys.executable, "-m", "placer", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_version():
+    out = run_cli("--version")
+    assert out.returncode == 0 and out.stdout.startswith("placer ")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["show", "missing.json"], "missing.json: file not found"),
+    (["show", "BAD"], "BAD"),
+    (["trace", "no_such_module:make"], "cannot import 'no_such_module'"),
+    (["trace", "not-a-zoo-model"], "unknown model"),
+])
+def test_errors_are_one_line_exit_2(tmp_path, args, words):
+    if args[1] == "BAD":
+        bad = tmp_path / "bad.yaml"
+        bad.write_text("format: placer.cluster/v1\ndevices: [{name: a, flops: -1, memory: 1}]\n"
+                       "links: {default: {bandwidth: 1, latency: 0}}\n")
+        args = ["show", str(bad)]
+        words = "devices[0].flops: must be > 0"
+    out = run_cli(*args)
+    assert out.returncode == 2, out.stderr
+    assert words in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_show_each_format(tmp_path, tiny_graph, capsys):
+    cluster = Cluster.preset("two-sites")
+    gpath, cpath, ppath = tmp_path / "g.json", tmp_path / "c.yaml", tmp_path / "p.json"
+    tiny_graph.save(gpath)
+    cluster.save(cpath)
+    Plan({op.id: ["a0"] for op in tiny_graph}, method="manual").bind(tiny_graph, cluster).save(ppath)
+    for path, kind in ((gpath, "graph"), (cpath, "cluster"), (ppath, "plan")):
+        assert main(["show", str(path), "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert data["kind"] == kind
+    assert main(["show", str(gpath)]) == 0
+    text = capsys.readouterr().out
+    assert "4 ops" in text and "fc1" in text
+
+
+def test_trace_module_factory(tmp_path, monkeypatch, capsys):
+    (tmp_path / "mymodels.py").write_text(textwrap.dedent("""
+        import torch
+        def mlp():
+            return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                                       torch.nn.Linear(32, 4))
+        def with_inputs():
+            return mlp(), (torch.randn(2, 16),)
+    """))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["trace", "mymodels:mlp", "--input-shape", "8,16", "-o", "g.json", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["ops"] >= 4 and data["flops"] == 2 * 8 * (16 * 32 + 32 * 4)
+    assert (tmp_path / "g.json").exists()
+    assert main(["trace", "mymodels:with_inputs", "-o", "g2.json"]) == 0
+    assert main(["trace", "mymodels:mlp"]) == 2  # no input shape
+    assert "--input-shape" in capsys.readouterr().err
+
+
+def test_datasets_lists_presets(capsys):
+    assert main(["datasets", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert "two-sites" in data["clusters"] and "gpt-125m" in data["models"]
