@@ -81,29 +81,37 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     if p.n_edges:
         gu = A[:, p.edge_src]
         gv = A[:, p.edge_dst]
-        eff = gu != gv
-        if len(p.sibling_later):
-            match = (gv[:, p.sibling_later] == gv[:, p.sibling_earlier])
-            dup = np.zeros_like(eff)
-            dup[:, _sib_targets(p)] = np.logical_or.reduceat(match[:, _sib_order(p)],
-                                                             _sib_starts(p), axis=1)
-            eff &= ~dup
-        nbytes = np.where(eff, p.edge_bytes[None, :], 0.0)
-        single = (gu < D) & (gv < D)
-        rows = np.broadcast_to(np.arange(B)[:, None], gu.shape)
-        s_mask = eff & single
-        if s_mask.any():
-            keys = rows[s_mask] * (D * D) + gu[s_mask] * D + gv[s_mask]
-            L += np.bincount(keys, nbytes[s_mask], minlength=B * D * D).reshape(B, D * D)
-        d_mask = eff & ~single
-        if d_mask.any():
-            pk = gu[d_mask] * G + gv[d_mask]
-            uniq, inv = np.unique(pk, return_inverse=True)
-            W = np.stack([p.pair_traffic(tuple(groups[k // G]), tuple(groups[k % G])).ravel()
-                          for k in uniq.tolist()])
-            Q = np.bincount(rows[d_mask] * len(uniq) + inv, nbytes[d_mask],
-                            minlength=B * len(uniq)).reshape(B, len(uniq))
-            L += Q @ W
+        rows, cut = np.nonzero(gu != gv)            # few: only edges between groups
+        if len(rows):
+            cu, cv = gu[rows, cut], gv[rows, cut]
+            # an op's output goes once to each destination group: keep the
+            # largest edge per (plan, source op, destination group)
+            key = (rows * n + p.edge_src[cut]) * G + cv
+            uniq, first, inv = np.unique(key, return_index=True, return_inverse=True)
+            nb = np.zeros(len(uniq))
+            np.maximum.at(nb, inv, p.edge_bytes[cut])
+            rows, cu, cv = rows[first], cu[first], cv[first]
+            single = (cu < D) & (cv < D)
+            if single.any():
+                keys = rows[single] * (D * D) + cu[single] * D + cv[single]
+                L += np.bincount(keys, nb[single], minlength=B * D * D).reshape(B, D * D)
+            if not single.all():
+                dm = ~single
+                pk = cu[dm] * G + cv[dm]
+                upk, pinv = np.unique(pk, return_inverse=True)
+                # spread each (plan, group pair) total over that pair's links
+                sparse = [_pair_sparse(p, groups[k // G], groups[k % G])
+                          for k in upk.tolist()]
+                nnz = np.array([len(x[0]) for x in sparse])
+                ptr = np.r_[0, np.cumsum(nnz)]
+                links = np.concatenate([x[0] for x in sparse])
+                fracs = np.concatenate([x[1] for x in sparse])
+                reps = nnz[pinv]
+                pos = np.repeat(ptr[pinv] - np.r_[0, np.cumsum(reps)[:-1]], reps) \
+                    + np.arange(reps.sum())
+                L += np.bincount(np.repeat(rows[dm], reps) * (D * D) + links[pos],
+                                 np.repeat(nb[dm], reps) * fracs[pos],
+                                 minlength=B * D * D).reshape(B, D * D)
     L = L.reshape(B, D, D)
     speed = np.minimum(p.bandwidth, np.minimum(p.nic_bandwidth[:, None],
                                                p.nic_bandwidth[None, :]))
@@ -118,12 +126,17 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
                               nic_out.max(axis=1), nic_in.max(axis=1)])
     # --- fill: one microbatch through every stage -----------------------------
     gwork = (lf + lb) * per_mb / size[None, :]
-    gtime = (gwork[:, :, None] * member[None] / p.rate[None, None, :]).max(axis=2) \
-        + count / size[None, :] * ovh * phases
+    slow = (member / p.rate[None, :]).max(axis=1)
+    gtime = gwork * slow[None, :] + count / size[None, :] * ovh * phases
     # Plans cut the topological order into runs; each change of group along
     # it is (about) one hop of a microbatch's critical path, paying latency.
     rep = np.array([min(mem) for mem in groups], dtype=np.int64)
-    hops = p.latency[rep[A[:, :-1]], rep[A[:, 1:]]].sum(axis=1) if n > 1 else 0.0
+    hops = np.zeros(B)
+    hr, hc = np.nonzero(A[:, 1:] != A[:, :-1])
+    if n > 1:
+        if len(hr):
+            lat = p.latency.ravel()[rep[A[hr, hc]] * D + rep[A[hr, hc + 1]]]
+            hops = np.bincount(hr, lat, minlength=B)
     fill = gtime.sum(axis=1) + phases * (link_t.reshape(B, -1).sum(axis=1) + hops)
     # 1F1B lets the first of S devices hold S microbatches, so a round trip
     # (about the fill time) must be shared by at most S microbatches
@@ -133,11 +146,16 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     step = (m - 1) * beta + fill
 
     # --- first op of each group and device (ops are in topological order) ----
+    # a group's first op starts a run: only row starts and switches qualify
+    sr = np.r_[np.arange(B), hr]
+    sc = np.r_[np.zeros(B, dtype=np.int64), hc + 1]
     first_g = np.full(B * G, n, dtype=np.int64)
-    first_g[flat[::-1]] = np.tile(np.arange(n), B)[::-1]
+    np.minimum.at(first_g, sr * G + A[sr, sc], sc)
     first_g = first_g.reshape(B, G)
-    big = np.where(member[None] > 0, first_g[:, :, None], n)
-    first_d = big.min(axis=1)
+    first_d = first_g[:, :D].copy()
+    dp_rows, dp_dev, dp_gid = _dp_entries(groups, D, first_g[:, D:] < n)
+    if len(dp_rows):
+        np.minimum.at(first_d, (dp_rows, dp_dev), first_g[dp_rows, dp_gid])
     used = first_d < n
 
     # --- all-reduce of data-parallel groups ----------------------------------
@@ -151,7 +169,6 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
                         coef[:, 2] * buckets + coef[:, 3] * lp)
         ar = np.where((lp > 0) & dp[None, :], ar, 0.0)
         if ar.any():
-            slow = (member / p.rate[None, :]).max(axis=1)
             bgt = lb * per_mb / size[None, :] * slow[None, :]
             # backward of groups whose first op comes earlier ends later
             order = np.argsort(first_g, axis=1, kind="stable")
@@ -170,10 +187,16 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     params = lp @ member
     acts = gsum(p.output_bytes) @ share
     recv = L.sum(axis=1)
+    # max per group: write values in increasing order, the last write wins
+    ws_order = _ws_order(p)
     wsg = np.zeros(B * G)
-    np.maximum.at(wsg, flat, np.broadcast_to(p.workspace_bytes, (B, n)).ravel())
+    wsg[(A[:, ws_order] + (np.arange(B) * G)[:, None]).ravel()] = \
+        np.tile(p.workspace_bytes[ws_order], B)
     wsg = wsg.reshape(B, G) / size[None, :]
-    ws = (wsg[:, :, None] * member[None]).max(axis=1) * per_mb
+    ws = wsg[:, :D].copy()
+    if len(dp_rows):
+        np.maximum.at(ws, (dp_rows, dp_dev), wsg[dp_rows, dp_gid])
+    ws *= per_mb
     held_1f1b = inflight(p, first_d.astype(float), used, m[:, None], "1f1b")
     held_gp = inflight(p, first_d.astype(float), used, m[:, None], "gpipe")
     held = np.where(gpipe[:, None], held_gp, held_1f1b)
@@ -195,6 +218,43 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
         obj = (peak / p.memory[None, :]).max(axis=1)
     out.objective = np.where(out.feasible, obj, INFEASIBLE * (1.0 + np.maximum(ratio, 0)))
     return out
+
+
+def _dp_entries(groups, D: int, present: np.ndarray):
+    """(plan row, device, group id) for every member of every data-parallel
+    group a plan uses (``present``: (B, G - D) bool)."""
+    rows, cols = np.nonzero(present)
+    if not len(rows):
+        e = np.zeros(0, dtype=np.int64)
+        return e, e, e
+    sizes = np.array([len(groups[D + k]) for k in range(present.shape[1])])
+    pad = np.full((present.shape[1], sizes.max()), -1, dtype=np.int64)
+    for k in range(present.shape[1]):
+        pad[k, :sizes[k]] = groups[D + k]
+    devs = pad[cols]
+    keep = devs >= 0
+    return (np.broadcast_to(rows[:, None], devs.shape)[keep], devs[keep],
+            np.broadcast_to(cols[:, None] + D, devs.shape)[keep])
+
+
+def _ws_order(p: Problem) -> np.ndarray:
+    if getattr(p, "_ws_sorted", None) is None:
+        p._ws_sorted = np.argsort(p.workspace_bytes, kind="stable")
+    return p._ws_sorted
+
+
+def _pair_sparse(p: Problem, src, dst):
+    """Non-zero (link index a*D+b, fraction) of :meth:`Problem.pair_traffic`."""
+    cache = p.__dict__.setdefault("_pair_sparse", {})
+    key = (tuple(src), tuple(dst))
+    hit = cache.get(key)
+    if hit is None:
+        if len(cache) > 4096:
+            cache.clear()
+        w = p.pair_traffic(key[0], key[1]).ravel()
+        idx = np.flatnonzero(w)
+        hit = cache[key] = (idx, w[idx])
+    return hit
 
 
 def _sib_order(p: Problem) -> np.ndarray:

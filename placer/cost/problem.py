@@ -218,19 +218,21 @@ class Problem:
                 op_group = np.fromiter(map(dev.__getitem__, map(itemgetter(0), values)),
                                        dtype=np.int64, count=n)
             else:
-                out = []
-                for devices in values:
+                keys = list(map(tuple, values))
+                memo: dict = {}
+                for devices in dict.fromkeys(keys):
                     if len(devices) == 1:
-                        out.append(dev[devices[0]])
-                    else:
-                        key = tuple(sorted(dev[d] for d in devices))
-                        if len(set(key)) != len(key) or not key:
-                            raise PlanError(f"bad device list {list(devices)!r}",
-                                            field="placement")
-                        gid = groups.get(key)
-                        if gid is None:
-                            gid = groups[key] = self.n_devices + len(groups)
-                        out.append(gid)
+                        memo[devices] = dev[devices[0]]
+                        continue
+                    key = tuple(sorted(dev[d] for d in devices))
+                    if len(set(key)) != len(key) or not key:
+                        raise PlanError(f"bad device list {list(devices)!r}",
+                                        field="placement")
+                    gid = groups.get(key)
+                    if gid is None:
+                        gid = groups[key] = self.n_devices + len(groups)
+                    memo[devices] = gid
+                out = list(map(memo.__getitem__, keys))
                 op_group = np.array(out, dtype=np.int64)
         except (KeyError, IndexError):
             bad = next((d for v in values for d in (v or [None]) if d not in dev), None)
