@@ -118,12 +118,25 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     Lmb = L * per_mb[:, :, None]
     link_t = Lmb / speed[None]
     phases = 2.0 if training else 1.0
-    # gradients of a->b tensors travel b->a: each link carries both directions' loads
-    both = Lmb + Lmb.transpose(0, 2, 1) if training else Lmb
-    nic_out = both.sum(axis=2) / p.nic_bandwidth[None, :]
-    nic_in = both.sum(axis=1) / p.nic_bandwidth[None, :]
-    beta = np.maximum.reduce([comp.max(axis=1), (both / speed[None]).reshape(B, -1).max(axis=1),
-                              nic_out.max(axis=1), nic_in.max(axis=1)])
+    # gradients of a->b tensors travel b->a: under 1F1B each link carries
+    # both directions' loads at once; GPipe runs all forwards, then all
+    # backwards, so each phase has its own bottleneck
+    fwd_out = Lmb.sum(axis=2) / p.nic_bandwidth[None, :]
+    fwd_in = Lmb.sum(axis=1) / p.nic_bandwidth[None, :]
+    beta_f = np.maximum.reduce([cf.max(axis=1), link_t.reshape(B, -1).max(axis=1),
+                                fwd_out.max(axis=1), fwd_in.max(axis=1)])
+    if training:
+        both = Lmb + Lmb.transpose(0, 2, 1)
+        nic_out, nic_in = fwd_out + fwd_in, fwd_in + fwd_out
+        beta = np.maximum.reduce([comp.max(axis=1),
+                                  (both / speed[None]).reshape(B, -1).max(axis=1),
+                                  nic_out.max(axis=1), nic_in.max(axis=1)])
+        beta_b = np.maximum.reduce([cb.max(axis=1), link_t.reshape(B, -1).max(axis=1),
+                                    fwd_out.max(axis=1), fwd_in.max(axis=1)])
+        beta = np.where(gpipe, beta_f + beta_b, beta)
+    else:
+        nic_out, nic_in = fwd_out, fwd_in
+        beta = beta_f
     # --- fill: one microbatch through every stage -----------------------------
     gwork = (lf + lb) * per_mb / size[None, :]
     slow = (member / p.rate[None, :]).max(axis=1)
@@ -176,6 +189,8 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
             slack = np.empty_like(cum)
             np.put_along_axis(slack, order, cum - np.take_along_axis(bgt, order, axis=1),
                               axis=1)
+            # all buckets but the last overlap the group's own last backward
+            slack = slack + bgt * (buckets - 1) / buckets
             step = np.maximum(step, step + (ar - slack).max(axis=1))
     else:
         lp = gsum(p.param_bytes) if G > 0 else None

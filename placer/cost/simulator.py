@@ -21,9 +21,9 @@ How a plan runs, as modelled here:
   is the r-th earliest of S devices starts a new microbatch only while fewer
   than ``S - r`` are between forward and backward on it.
 - Gradients of a data-parallel op are all-reduced (the cheaper of ring and
-  hierarchical, see :mod:`placer.cost.collectives`) in buckets of about
+  hierarchical, see :mod:`placer.cost.collectives`) in buckets of
   ``Problem.bucket_bytes`` (like PyTorch DDP), each as soon as every replica
-  finished the backward of the bucket's ops for the last microbatch; an
+  finished the backward of the op holding its last byte (last microbatch); an
   all-reduce holds its devices' network interfaces.
 """
 
@@ -272,21 +272,24 @@ class _Build:
             cap = p.bucket_bytes
             for gid, ops in by_group.items():
                 mem = c.groups[gid]
-                bucket: list[int] = []
-                nbytes = 0.0
-                for op in reversed(ops):            # backward order
-                    bucket.append(op)
-                    nbytes += float(p.param_bytes[op])
-                    if nbytes >= cap or op == ops[0]:
-                        last = op                   # the bucket's last op in backward
-                        sources = []
-                        for k in range(len(mem)):
-                            i = op_first[last] + k
-                            sources.append((NF + int(bseg[i]), float(boff[i])))
-                        seconds, links, algo = allreduce(mem, nbytes, p.bandwidth,
-                                                         p.latency, p.nic_bandwidth, p.site)
-                        self.ar.append((sources, list(mem), seconds, links, algo, nbytes))
-                        bucket, nbytes = [], 0.0
+                back = ops[::-1]                    # backward order
+                cum = np.cumsum(p.param_bytes[back])
+                total = float(cum[-1])
+                count = max(1, int(np.ceil(total / cap - 1e-9)))
+                # bucket k holds bytes [k cap, (k+1) cap) and is ready when the
+                # op holding its last byte finished its backward
+                ends = np.minimum((np.arange(count) + 1) * cap, total)
+                lastpos = np.minimum(np.searchsorted(cum, ends - 1e-6 * cap), len(back) - 1)
+                sizes_b = np.diff(np.r_[0.0, ends])
+                for last_i, nbytes in zip(lastpos.tolist(), sizes_b.tolist()):
+                    last = back[last_i]
+                    sources = []
+                    for k in range(len(mem)):
+                        i = op_first[last] + k
+                        sources.append((NF + int(bseg[i]), float(boff[i])))
+                    seconds, links, algo = allreduce(mem, nbytes, p.bandwidth, p.latency,
+                                                     p.nic_bandwidth, p.site)
+                    self.ar.append((sources, list(mem), seconds, links, algo, nbytes))
 
         # memory
         params = np.bincount(inst_dev, p.param_bytes[inst_op], minlength=D)
