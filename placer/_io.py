@@ -30,6 +30,7 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; files should look normal
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
@@ -41,6 +42,12 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_text(path: PathLike, text: str) -> None:

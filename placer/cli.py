@@ -179,6 +179,11 @@ def cmd_trace(args) -> int:
     return 0
 
 
+def _preset_path(name: str) -> Path:
+    from ._paths import data_dir
+    return data_dir() / "clusters" / f"{name}.yaml"
+
+
 def _detect(path: str) -> str:
     from ._io import load_document
     from .errors import FormatError
@@ -266,7 +271,13 @@ def cmd_show(args) -> int:
     from .cluster import Cluster
     from .graph import Graph
     from .plan import Plan
+    from .cluster import Cluster as _Cluster
+    if not os.path.exists(args.file) and args.file in _Cluster.presets():
+        args.file = str(_preset_path(args.file))
     tag = _detect(args.file)
+    if tag == "placer.cluster/v1" and args.plot:
+        from .plots import plot_cluster
+        plot_cluster(Cluster.load(args.file), args.plot)
     if tag == "placer.graph/v1":
         data, text = show_graph(Graph.load(args.file))
     elif tag == "placer.cluster/v1":
@@ -317,8 +328,11 @@ def cmd_plan(args) -> int:
     pictures = []
     report.to_chrome_trace(stem + ".trace.json")
     if not args.no_plots:
+        from .plots import plot_placement
+        plot_placement(graph, plan, stem + ".placement.png",
+                       title=f"{graph.name} on {cluster.name}: placement by {plan.method}")
         report.plot_gantt(stem + ".gantt.png", title=f"{graph.name} on {cluster.name} ({plan.method})")
-        pictures.append(stem + ".gantt.png")
+        pictures += [stem + ".placement.png", stem + ".gantt.png"]
     data = {"plan": args.output, "trace": stem + ".trace.json", "pictures": pictures,
             "method": plan.method, "microbatches": plan.microbatches,
             "schedule": plan.schedule, "report": report.to_dict()}
@@ -391,9 +405,10 @@ def build_parser() -> argparse.ArgumentParser:
     model_options(p)
     p.set_defaults(func=cmd_trace, granularity="op")
 
-    p = _add(sub, "show", "Summarise a graph, cluster or plan file.",
-             "placer show plan.json")
+    p = _add(sub, "show", "Summarise a graph, cluster or plan file (or a preset name).",
+             "placer show two-sites --plot two-sites.png")
     p.add_argument("file", metavar="FILE")
+    p.add_argument("--plot", metavar="PNG", help="also draw a cluster as a picture")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_show)
 

@@ -1,0 +1,171 @@
+"""Pictures people would rather see than read: placements and clusters (PNG).
+
+matplotlib with the Agg backend, so they work on machines without a screen.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from typing import TYPE_CHECKING
+
+from ._io import PathLike, atomic_write_bytes
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
+    from .graph import Graph
+    from .plan import Plan
+
+MAX_DRAWN_OPS = 400
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _save(fig, path: PathLike) -> None:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    _pyplot().close(fig)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def device_colors(names: list[str]) -> dict[str, tuple]:
+    """A stable colour per device name (tab20, then hsv for large clusters)."""
+    plt = _pyplot()
+    cmap = plt.get_cmap("tab20" if len(names) <= 20 else "hsv")
+    count = max(len(names), 1)
+    return {n: cmap(i if len(names) <= 20 else i / count) for i, n in enumerate(names)}
+
+
+def plot_placement(graph: "Graph", plan: "Plan", path: PathLike, *,
+                   title: str | None = None) -> None:
+    """Draw the computation graph by depth, ops coloured by device (striped
+    grey for data-parallel ops), cross-device edges thick and red. Graphs
+    over 400 ops are coarsened first (groups take their majority device)."""
+    plt = _pyplot()
+    shown, placement = graph, plan.placement
+    if len(graph) > MAX_DRAWN_OPS:
+        shown = graph.coarsen(MAX_DRAWN_OPS)
+        placement = {}
+        for group, members in shown.subgraph_members().items():
+            votes: dict[tuple, float] = {}
+            for m in members:
+                key = tuple(plan.placement[m])
+                votes[key] = votes.get(key, 0.0) + graph.op(m).flops + 1.0
+            placement[group] = list(max(votes, key=votes.get))
+    depth = shown.depths()
+    by_depth: dict[int, list[str]] = {}
+    for op_id in shown.topological_order():
+        by_depth.setdefault(depth[op_id], []).append(op_id)
+    pos = {}
+    for d, ids in by_depth.items():
+        for k, op_id in enumerate(ids):
+            pos[op_id] = (d, k - (len(ids) - 1) / 2)
+    devices = sorted({d for ds in placement.values() for d in ds},
+                     key=lambda n: (len(n), n))
+    colors = device_colors(devices)
+    width = min(22, 4 + 0.12 * len(by_depth))
+    height = min(14, 3 + 0.35 * max(len(v) for v in by_depth.values()))
+    fig, ax = plt.subplots(figsize=(width, height))
+    cut = same = 0
+    for edge in shown.edges:
+        (x0, y0), (x1, y1) = pos[edge.src], pos[edge.dst]
+        crosses = placement[edge.src] != placement[edge.dst]
+        cut += crosses
+        same += not crosses
+        ax.plot([x0, x1], [y0, y1], color="#d62728" if crosses else "#bbbbbb",
+                lw=1.8 if crosses else 0.5, zorder=2 if crosses else 1)
+    size = max(12, min(120, 4000 / max(len(shown), 1)))
+    for op_id, (x, y) in pos.items():
+        ds = placement[op_id]
+        face = colors[ds[0]] if len(ds) == 1 else "#999999"
+        ax.scatter([x], [y], s=size, color=face, edgecolors="black", linewidths=0.3,
+                   hatch="///" if len(ds) > 1 else None, zorder=3)
+    handles = [plt.Line2D([], [], marker="o", ls="", color=colors[d], label=d)
+               for d in devices[:24]]
+    if any(len(ds) > 1 for ds in placement.values()):
+        handles.append(plt.Line2D([], [], marker="o", ls="", color="#999999",
+                                  label="data-parallel"))
+    handles.append(plt.Line2D([], [], color="#d62728", lw=1.8, label="cross-device edge"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8,
+              frameon=False)
+    ax.set_xlabel("depth (longest path from an input)")
+    ax.set_yticks([])
+    for spine in ("top", "right", "left"):
+        ax.spines[spine].set_visible(False)
+    note = f" (coarsened {len(graph)} -> {len(shown)} ops)" if shown is not graph else ""
+    ax.set_title((title or f"{graph.name}: placement by {plan.method}") + note
+                 + f"\n{cut} of {cut + same} edges cross devices", fontsize=10)
+    _save(fig, path)
+
+
+def plot_cluster(cluster: "Cluster", path: PathLike, *, title: str | None = None) -> None:
+    """Draw sites as circles of devices, with the bandwidth and latency of the
+    link between each pair of sites on the line joining them."""
+    plt = _pyplot()
+    sites = cluster.sites()
+    names = list(sites)
+    fig, ax = plt.subplots(figsize=(9, 9 if len(names) > 2 else 5))
+    largest_ring = 0.35 + 0.05 * max(len(m) for m in sites.values())
+    radius = 0.0 if len(names) == 1 else \
+        max(2.0, 1.3 * (largest_ring + 0.7) / math.sin(math.pi / len(names)))
+    centre = {}
+    for i, site in enumerate(names):
+        angle = 2 * math.pi * i / max(len(names), 1) + math.pi / 2
+        centre[site] = (radius * math.cos(angle), radius * math.sin(angle))
+    max_bw = max(cluster.link(sites[a][0], sites[b][0])[0]
+                 for a in names for b in names if a != b) if len(names) > 1 else 1.0
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            bw, lat = cluster.link(sites[a][0], sites[b][0])
+            (x0, y0), (x1, y1) = centre[a], centre[b]
+            ax.plot([x0, x1], [y0, y1], color="#1f77b4", alpha=0.6,
+                    lw=0.5 + 5 * bw / max_bw, zorder=1)
+            if len(names) <= 8:
+                ax.text((x0 + x1) / 2, (y0 + y1) / 2, f"{_rate(bw)}\n{lat * 1e3:.3g} ms",
+                        fontsize=7, ha="center", va="center",
+                        bbox=dict(fc="white", ec="none", alpha=0.8), zorder=2)
+    kinds = sorted({d.kind or "device" for d in cluster.devices})
+    kind_color = device_colors(kinds)
+    for site, members in sites.items():
+        cx, cy = centre[site]
+        ring = 0.35 + 0.05 * len(members)
+        for k, name in enumerate(members):
+            angle = 2 * math.pi * k / len(members)
+            device = cluster.device(name)
+            x, y = cx + ring * math.cos(angle), cy + ring * math.sin(angle)
+            ax.scatter([x], [y], s=30 + 60 * device.memory / max(cluster.total_memory() /
+                                                                   len(cluster), 1.0),
+                       color=kind_color[device.kind or "device"], edgecolors="black",
+                       linewidths=0.4, zorder=3)
+        inner = [m for m in members[1:2]]
+        label = site
+        if inner:
+            bw, lat = cluster.link(members[0], inner[0])
+            label += f"\n{len(members)} devices, {_rate(bw)} inside"
+        norm = math.hypot(cx, cy)
+        ux, uy = (cx / norm, cy / norm) if norm else (0.0, -1.0)
+        ax.text(cx + ux * (ring + 0.5), cy + uy * (ring + 0.5), label, fontsize=8,
+                ha="center" if abs(ux) < 0.3 else ("left" if ux > 0 else "right"),
+                va="center" if abs(uy) < 0.3 else ("bottom" if uy > 0 else "top"))
+    handles = [plt.Line2D([], [], marker="o", ls="", color=kind_color[k], label=k) for k in kinds]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8,
+              frameon=False, title="kind (size = memory)")
+    ax.set_aspect("equal")
+    ax.margins(0.25)
+    ax.axis("off")
+    ax.set_title(title or f"cluster {cluster.name}: {len(cluster)} devices, {len(names)} site(s)",
+                 pad=28)
+    _save(fig, path)
+
+
+def _rate(bytes_per_s: float) -> str:
+    bits = bytes_per_s * 8
+    for unit, scale in (("Tb/s", 1e12), ("Gb/s", 1e9), ("Mb/s", 1e6), ("kb/s", 1e3)):
+        if bits >= scale:
+            return f"{bits / scale:.3g} {unit}"
+    return f"{bits:.3g} b/s"
