@@ -151,13 +151,6 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
             lat = p.latency.ravel()[rep[A[hr, hc]] * D + rep[A[hr, hc + 1]]]
             hops = np.bincount(hr, lat, minlength=B)
     fill = gtime.sum(axis=1) + phases * (link_t.reshape(B, -1).sum(axis=1) + hops)
-    # 1F1B lets the first of S devices hold S microbatches, so a round trip
-    # (about the fill time) must be shared by at most S microbatches
-    n_used = np.maximum((count @ (member > 0)) > 0, 0).sum(axis=1)
-    if training:
-        beta = np.where(gpipe, beta, np.maximum(beta, fill / np.maximum(n_used, 1)))
-    step = (m - 1) * beta + fill
-
     # --- first op of each group and device (ops are in topological order) ----
     # a group's first op starts a run: only row starts and switches qualify
     sr = np.r_[np.arange(B), hr]
@@ -170,6 +163,14 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     if len(dp_rows):
         np.minimum.at(first_d, (dp_rows, dp_dev), first_g[dp_rows, dp_gid])
     used = first_d < n
+    # 1F1B lets the first of S devices hold S microbatches, so a round trip
+    # (about the fill time) is shared by at most S microbatches
+    held_1f1b = inflight(p, first_d.astype(float), used, m[:, None], "1f1b")
+    if training:
+        n_used = used.sum(axis=1)
+        beta = np.where(gpipe, beta, np.maximum(beta, fill / np.maximum(n_used, 1)))
+    step = (m - 1) * beta + fill
+
 
     # --- all-reduce of data-parallel groups ----------------------------------
     if training and G > D:
@@ -212,7 +213,6 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     if len(dp_rows):
         np.maximum.at(ws, (dp_rows, dp_dev), wsg[dp_rows, dp_gid])
     ws *= per_mb
-    held_1f1b = inflight(p, first_d.astype(float), used, m[:, None], "1f1b")
     held_gp = inflight(p, first_d.astype(float), used, m[:, None], "gpipe")
     held = np.where(gpipe[:, None], held_gp, held_1f1b)
     peak = peak_memory(p, params, acts, recv, ws, held, m[:, None])

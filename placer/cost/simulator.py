@@ -23,8 +23,9 @@ How a plan runs, as modelled here:
 - Gradients of a data-parallel op are all-reduced (the cheaper of ring and
   hierarchical, see :mod:`placer.cost.collectives`) in buckets of
   ``Problem.bucket_bytes`` (like PyTorch DDP), each as soon as every replica
-  finished the backward of the op holding its last byte (last microbatch); an
-  all-reduce holds its devices' network interfaces.
+  finished the backward of the op holding its last byte (last microbatch);
+  a device's all-reduces run one after another on a collective stream of
+  their own, beside (not sharing) the point-to-point transfers.
 """
 
 from __future__ import annotations
@@ -341,6 +342,7 @@ def _run(problem: Problem, b: _Build, c: Compiled):
     link_free = [0.0] * (D * D)
     nic_out = [0.0] * D
     nic_in = [0.0] * D
+    coll = [0.0] * D
     ready_q: list[list] = [[] for _ in range(D)]
     idle = [True] * D
     events: list = []
@@ -392,13 +394,13 @@ def _run(problem: Problem, b: _Build, c: Compiled):
                     ar_ready[k] = t
                 ar_pending[k] -= 1
                 if ar_pending[k] == 0:
-                    # all-reduce: holds the members' interfaces, both ways
+                    # all-reduces of a device run one at a time on its own
+                    # collective stream (as NCCL's), beside point-to-point traffic
                     mem, seconds = b.ar[k][1], b.ar[k][2]
-                    s0 = max([ar_ready[k]] + [nic_out[x] for x in mem]
-                             + [nic_in[x] for x in mem])
+                    s0 = max([ar_ready[k]] + [coll[x] for x in mem])
                     e0 = s0 + seconds
                     for x in mem:
-                        nic_out[x] = nic_in[x] = e0
+                        coll[x] = e0
                     ar_times[k] = (s0, e0)
 
     for d in range(D):
