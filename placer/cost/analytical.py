@@ -78,6 +78,11 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
 
     # --- tensors crossing devices -----------------------------------------
     L = np.zeros((B, D * D))
+    speed = np.minimum(p.bandwidth, np.minimum(p.nic_bandwidth[:, None],
+                                               p.nic_bandwidth[None, :]))
+    # transfer time of one microbatch's tensors when each goes alone; the
+    # replicas of a data-parallel group send and receive in parallel
+    xfer = np.zeros(B)
     if p.n_edges:
         gu = A[:, p.edge_src]
         gv = A[:, p.edge_dst]
@@ -95,6 +100,9 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
             if single.any():
                 keys = rows[single] * (D * D) + cu[single] * D + cv[single]
                 L += np.bincount(keys, nb[single], minlength=B * D * D).reshape(B, D * D)
+                xfer += np.bincount(rows[single],
+                                    nb[single] / speed.ravel()[cu[single] * D + cv[single]],
+                                    minlength=B)
             if not single.all():
                 dm = ~single
                 pk = cu[dm] * G + cv[dm]
@@ -102,6 +110,8 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
                 # spread each (plan, group pair) total over that pair's links
                 sparse = [_pair_sparse(p, groups[k // G], groups[k % G])
                           for k in upk.tolist()]
+                worst = np.array([x[2] for x in sparse])
+                xfer += np.bincount(rows[dm], nb[dm] * worst[pinv], minlength=B)
                 nnz = np.array([len(x[0]) for x in sparse])
                 ptr = np.r_[0, np.cumsum(nnz)]
                 links = np.concatenate([x[0] for x in sparse])
@@ -113,8 +123,6 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
                                  np.repeat(nb[dm], reps) * fracs[pos],
                                  minlength=B * D * D).reshape(B, D * D)
     L = L.reshape(B, D, D)
-    speed = np.minimum(p.bandwidth, np.minimum(p.nic_bandwidth[:, None],
-                                               p.nic_bandwidth[None, :]))
     Lmb = L * per_mb[:, :, None]
     link_t = Lmb / speed[None]
     phases = 2.0 if training else 1.0
@@ -150,7 +158,7 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
         if len(hr):
             lat = p.latency.ravel()[rep[A[hr, hc]] * D + rep[A[hr, hc + 1]]]
             hops = np.bincount(hr, lat, minlength=B)
-    fill = gtime.sum(axis=1) + phases * (link_t.reshape(B, -1).sum(axis=1) + hops)
+    fill = gtime.sum(axis=1) + phases * (xfer * per_mb[:, 0] + hops)
     # --- first op of each group and device (ops are in topological order) ----
     # a group's first op starts a run: only row starts and switches qualify
     sr = np.r_[np.arange(B), hr]
@@ -259,7 +267,8 @@ def _ws_order(p: Problem) -> np.ndarray:
 
 
 def _pair_sparse(p: Problem, src, dst):
-    """Non-zero (link index a*D+b, fraction) of :meth:`Problem.pair_traffic`."""
+    """Non-zero (link index a*D+b, fraction) of :meth:`Problem.pair_traffic`,
+    and the slowest of those links' seconds per byte sent between the groups."""
     cache = p.__dict__.setdefault("_pair_sparse", {})
     key = (tuple(src), tuple(dst))
     hit = cache.get(key)
@@ -268,7 +277,10 @@ def _pair_sparse(p: Problem, src, dst):
             cache.clear()
         w = p.pair_traffic(key[0], key[1]).ravel()
         idx = np.flatnonzero(w)
-        hit = cache[key] = (idx, w[idx])
+        speed = np.minimum(p.bandwidth, np.minimum(p.nic_bandwidth[:, None],
+                                                   p.nic_bandwidth[None, :])).ravel()
+        worst = float((w[idx] / speed[idx]).max()) if len(idx) else 0.0
+        hit = cache[key] = (idx, w[idx], worst)
     return hit
 
 
