@@ -279,7 +279,14 @@ def _pair_sparse(p: Problem, src, dst):
         idx = np.flatnonzero(w)
         speed = np.minimum(p.bandwidth, np.minimum(p.nic_bandwidth[:, None],
                                                    p.nic_bandwidth[None, :])).ravel()
-        worst = float((w[idx] / speed[idx]).max()) if len(idx) else 0.0
+        worst = 0.0
+        if len(idx):
+            # replicas send in parallel, but each interface takes its share in turn
+            D = p.n_devices
+            w2 = w.reshape(D, D)
+            worst = max(float((w[idx] / speed[idx]).max()),
+                        float((w2.sum(axis=1) / p.nic_bandwidth).max()),
+                        float((w2.sum(axis=0) / p.nic_bandwidth).max()))
         hit = cache[key] = (idx, w[idx], worst)
     return hit
 
