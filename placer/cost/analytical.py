@@ -173,10 +173,16 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     used = first_d < n
     # 1F1B lets the first of S devices hold S microbatches, so a round trip
     # (about the fill time) is shared by at most S microbatches
-    held_1f1b = inflight(p, first_d.astype(float), used, m[:, None], "1f1b")
+    run = np.zeros((B, n), dtype=np.int64)
+    if n > 1:
+        np.cumsum(A[:, 1:] != A[:, :-1], axis=1, out=run[:, 1:])
+    runs = run[:, -1:] + 1
+    run_first = np.take_along_axis(run, np.minimum(first_d, n - 1), axis=1)
+    held_1f1b = inflight(p, run_first, runs, used, m[:, None], "1f1b")
     if training:
-        n_used = used.sum(axis=1)
-        beta = np.where(gpipe, beta, np.maximum(beta, fill / np.maximum(n_used, 1)))
+        # the first device holds R microbatches (R runs), so a round trip
+        # (about the fill time) is shared by at most R of them
+        beta = np.where(gpipe, beta, np.maximum(beta, fill / runs[:, 0]))
     step = (m - 1) * beta + fill
 
 
@@ -221,7 +227,7 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     if len(dp_rows):
         np.maximum.at(ws, (dp_rows, dp_dev), wsg[dp_rows, dp_gid])
     ws *= per_mb
-    held_gp = inflight(p, first_d.astype(float), used, m[:, None], "gpipe")
+    held_gp = inflight(p, run_first, runs, used, m[:, None], "gpipe")
     held = np.where(gpipe[:, None], held_gp, held_1f1b)
     peak = peak_memory(p, params, acts, recv, ws, held, m[:, None])
 

@@ -8,23 +8,26 @@ import numpy as np
 from .problem import Problem
 
 
-def inflight(problem: Problem, first_op: np.ndarray, used: np.ndarray, microbatches: int,
-             schedule: str) -> np.ndarray:
+def inflight(problem: Problem, run_first: np.ndarray, runs, used: np.ndarray,
+             microbatches, schedule: str) -> np.ndarray:
     """Microbatches whose activations a device keeps at once, shape like
-    ``first_op`` (``(..., D)``): GPipe keeps all of them; 1F1B lets the
-    device whose first op is r-th earliest among the S used devices hold at
-    most ``S - r``. ``first_op`` is the topological index of a device's
-    first op (large where ``used`` is False)."""
+    ``run_first`` (``(..., D)``).
+
+    The topological order of a plan is cut into *runs* of consecutive ops on
+    the same devices (pipeline stages, plus extra runs where an op sits
+    apart). GPipe keeps every microbatch. 1F1B lets a device start a new
+    microbatch only while fewer than ``runs - run_first`` are between forward
+    and backward on it, where ``run_first`` is the run of its first op: the
+    stages from it to the end, as in the classic ``S - r`` warm-up (counting
+    runs rather than devices gives data-parallel replicas the cap of their
+    stage, and a device that also holds a late stage its longer round trip).
+    """
     m = microbatches
     if not problem.training:
-        return np.zeros(first_op.shape)
+        return np.zeros(np.shape(run_first))
     if schedule == "gpipe":
         return np.where(used, m * 1.0, 0.0)
-    # rank of each device by first op (ties by device index): stable argsort twice
-    order = np.argsort(first_op, axis=-1, kind="stable")
-    rank = np.argsort(order, axis=-1, kind="stable")
-    stages = used.sum(axis=-1, keepdims=True)
-    return np.where(used, np.minimum(m, np.maximum(stages - rank, 1)), 0.0).astype(float)
+    return np.where(used, np.minimum(m, np.maximum(runs - run_first, 1)), 0.0).astype(float)
 
 
 def peak_memory(problem: Problem, params, acts, recv, workspace, held,

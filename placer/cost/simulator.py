@@ -17,9 +17,10 @@ How a plan runs, as modelled here:
   back the same way.
 - Schedules: a device picks among its ready tasks by priority. ``gpipe``:
   forwards first, and no backward before the device finished the forward of
-  every microbatch. ``1f1b``: backwards first, and the device whose first op
-  is the r-th earliest of S devices starts a new microbatch only while fewer
-  than ``S - r`` are between forward and backward on it.
+  every microbatch. ``1f1b``: backwards first, and a device starts a new
+  microbatch only while fewer than its cap are between forward and backward
+  on it (the number of pipeline runs from its first op to the end, see
+  :func:`placer.cost.memory.inflight`).
 - Gradients of a data-parallel op are all-reduced (the cheaper of ring and
   hierarchical, see :mod:`placer.cost.collectives`) in buckets of
   ``Problem.bucket_bytes`` (like PyTorch DDP), each as soon as every replica
@@ -246,7 +247,10 @@ class _Build:
         used = first_op < n
         self.used = used
         self.first_op = first_op
-        self.held = inflight(p, first_op.astype(float), used, m, c.schedule)
+        run = np.r_[0, np.cumsum(g[1:] != g[:-1])] if n else np.zeros(0, dtype=np.int64)
+        runs = int(run[-1]) + 1 if n else 0
+        run_first = run[np.minimum(first_op, max(n - 1, 0))] if n else np.zeros(D)
+        self.held = inflight(p, run_first, runs, used, m, c.schedule)
         self.cap = self.held.astype(np.int64)
 
         # transfer resources
