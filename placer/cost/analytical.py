@@ -151,13 +151,16 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     gtime = gwork * slow[None, :] + count / size[None, :] * ovh * phases
     # Plans cut the topological order into runs; each change of group along
     # it is (about) one hop of a microbatch's critical path, paying latency.
-    rep = np.array([min(mem) for mem in groups], dtype=np.int64)
     hops = np.zeros(B)
     hr, hc = np.nonzero(A[:, 1:] != A[:, :-1])
-    if n > 1:
-        if len(hr):
-            lat = p.latency.ravel()[rep[A[hr, hc]] * D + rep[A[hr, hc + 1]]]
-            hops = np.bincount(hr, lat, minlength=B)
+    if len(hr):
+        # slowest latency between the two groups' devices
+        pad = _padded(groups, D)
+        lat_ext = np.zeros((D + 1, D + 1))
+        lat_ext[:D, :D] = p.latency
+        mu, mv = pad[A[hr, hc]], pad[A[hr, hc + 1]]
+        lat = lat_ext[mu[:, :, None], mv[:, None, :]].max(axis=(1, 2))
+        hops = np.bincount(hr, lat, minlength=B)
     fill = gtime.sum(axis=1) + phases * (xfer * per_mb[:, 0] + hops)
     # --- first op of each group and device (ops are in topological order) ----
     # a group's first op starts a run: only row starts and switches qualify
@@ -247,6 +250,15 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
         obj = (peak / p.memory[None, :]).max(axis=1)
     out.objective = np.where(out.feasible, obj, INFEASIBLE * (1.0 + np.maximum(ratio, 0)))
     return out
+
+
+def _padded(groups, D: int) -> np.ndarray:
+    """(G, K) device indices of each group, padded with D."""
+    width = max(len(g) for g in groups)
+    pad = np.full((len(groups), width), D, dtype=np.int64)
+    for gid, mem in enumerate(groups):
+        pad[gid, :len(mem)] = mem
+    return pad
 
 
 def _dp_entries(groups, D: int, present: np.ndarray):
