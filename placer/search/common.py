@@ -1,0 +1,352 @@
+"""Pieces the heuristics share: per-problem arrays, colocation, a
+conservative memory ledger, contiguous splits, coarsening and picking the
+microbatch count and schedule with the cost model.
+
+Everything works on *assignments*: an int array indexed like
+``problem.ids`` (topological order) whose values are device indices, or
+``D + k`` for the k-th data-parallel group of a candidate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from ..cost import Problem
+
+if TYPE_CHECKING:
+    from ..cost import CostModel, Report
+    from ..graph import Graph
+    from ..plan import Plan
+    from .base import Budget, Strategy
+
+
+class Context:
+    """Arrays of one problem that the heuristics need, built once per problem
+    (see :func:`context`)."""
+
+    def __init__(self, p: Problem):
+        self.p = p
+        n, D = p.n_ops, p.n_devices
+        self.n, self.D = n, D
+        self.phases = 2.0 if p.training else 1.0
+        self.work = p.flops + (p.bwd_flops if p.training else 0.0)
+        if p.training and p.recompute:
+            self.work = self.work + p.flops
+        # compute seconds of each op on each device, one whole training step
+        self.time = self.work[:, None] / p.rate[None, :] + p.op_overhead * self.phases
+        src, dst, b = p.edge_src, p.edge_dst, p.edge_bytes
+        order = np.argsort(dst, kind="stable")
+        self.pred_ptr = np.r_[0, np.cumsum(np.bincount(dst, minlength=n))].astype(np.int64)
+        self.pred_idx = src[order]
+        self.pred_bytes = b[order]
+        order = np.argsort(src, kind="stable")
+        self.succ_ptr = np.r_[0, np.cumsum(np.bincount(src, minlength=n))].astype(np.int64)
+        self.succ_idx = dst[order]
+        self.succ_bytes = b[order]
+        self.in_bytes = np.bincount(dst, b, minlength=n) if len(b) else np.zeros(n)
+        # memory that stays with an op on its device for the whole step
+        if p.training:
+            self.state = p.param_bytes * (1.0 + p.gradient_bytes_per_param
+                                          + p.optimizer_bytes_per_param)
+            self.act = np.zeros(n) if p.recompute else p.output_bytes.copy()
+        else:
+            self.state = p.param_bytes.copy()
+            self.act = np.zeros(n)
+        self.ws = p.workspace_bytes
+        speed = np.minimum(p.bandwidth, np.minimum(p.nic_bandwidth[:, None],
+                                                   p.nic_bandwidth[None, :]))
+        self.inv_bw = 1.0 / speed
+        np.fill_diagonal(self.inv_bw, 0.0)
+        self.latency = p.latency
+        # colocation groups as index arrays
+        index = p.index
+        self.coloc: list[np.ndarray] = []
+        self.coloc_of = np.full(n, -1, dtype=np.int64)
+        for members in p.graph.colocation_groups().values():
+            if len(members) > 1:
+                idx = np.array(sorted(index[m] for m in members), dtype=np.int64)
+                self.coloc_of[idx] = len(self.coloc)
+                self.coloc.append(idx)
+        self.coloc_state = np.array([self.state[g].sum() for g in self.coloc])
+        self._blevel = None
+
+    def preds(self, i: int):
+        a, b = self.pred_ptr[i], self.pred_ptr[i + 1]
+        return self.pred_idx[a:b], self.pred_bytes[a:b]
+
+    def succs(self, i: int):
+        a, b = self.succ_ptr[i], self.succ_ptr[i + 1]
+        return self.succ_idx[a:b], self.succ_bytes[a:b]
+
+    def comm_from(self, src_dev: int, nbytes: float) -> np.ndarray:
+        """Seconds (both phases) to send ``nbytes`` from ``src_dev`` to every device."""
+        return self.phases * np.where(np.arange(self.D) == src_dev, 0.0,
+                                      self.latency[src_dev] + nbytes * self.inv_bw[src_dev])
+
+    def mean_comm(self) -> tuple[float, float]:
+        """Mean latency and mean seconds per byte over distinct device pairs."""
+        D = self.D
+        if D < 2:
+            return 0.0, 0.0
+        off = ~np.eye(D, dtype=bool)
+        return float(self.latency[off].mean()), float(self.inv_bw[off].mean())
+
+    def blevel(self) -> np.ndarray:
+        """HEFT's upward rank: mean compute time plus the longest path of mean
+        compute and communication times to an exit op."""
+        if self._blevel is None:
+            lat, inv = self.mean_comm()
+            w = self.time.mean(axis=1)
+            rank = np.zeros(self.n)
+            for i in range(self.n - 1, -1, -1):
+                s, b = self.succs(i)
+                tail = (rank[s] + self.phases * (lat + b * inv)).max() if len(s) else 0.0
+                rank[i] = w[i] + tail
+            self._blevel = rank
+        return self._blevel
+
+
+def context(problem: Problem) -> Context:
+    """The cached :class:`Context` of ``problem``."""
+    ctx = problem.__dict__.get("_search_ctx")
+    if ctx is None:
+        ctx = problem.__dict__["_search_ctx"] = Context(problem)
+    return ctx
+
+
+def problem_like(problem: Problem, graph: "Graph") -> Problem:
+    """A problem over ``graph`` with ``problem``'s cluster and options."""
+    return Problem(graph, problem.cluster, objective=problem.objective,
+                   optimizer_bytes_per_param=problem.optimizer_bytes_per_param,
+                   gradient_bytes_per_param=problem.gradient_bytes_per_param,
+                   recompute=problem.recompute, default_efficiency=problem.default_efficiency,
+                   op_overhead=problem.op_overhead, nic=problem.nic)
+
+
+class Coarse:
+    """``problem`` coarsened to at most ``max_nodes`` ops (or itself when
+    small enough); :meth:`expand` maps an assignment back."""
+
+    def __init__(self, problem: Problem, max_nodes: int | None):
+        self.fine = problem
+        if max_nodes is None or problem.n_ops <= max_nodes:
+            self.problem, self.graph, self.members = problem, None, None
+            return
+        self.graph = problem.graph.coarsen(int(max_nodes))
+        self.problem = problem_like(problem, self.graph)
+        index = problem.index
+        groups = self.graph.subgraph_members()
+        self.members = [np.array([index[m] for m in groups[g]], dtype=np.int64)
+                        for g in self.problem.ids]
+
+    def expand(self, assign: np.ndarray) -> np.ndarray:
+        """An assignment over the coarse problem's ops -> over the fine ones."""
+        if self.members is None:
+            return np.asarray(assign, dtype=np.int64)
+        out = np.empty(self.fine.n_ops, dtype=np.int64)
+        for j, idx in enumerate(self.members):
+            out[idx] = assign[j]
+        return out
+
+
+def fix_colocation(ctx: Context, assign: np.ndarray) -> np.ndarray:
+    """Put every colocation group where most of its compute (then its first
+    op) already is; returns the (copied) assignment."""
+    if not ctx.coloc:
+        return assign
+    assign = np.array(assign, dtype=np.int64)
+    for idx in ctx.coloc:
+        values = assign[idx]
+        weight: dict[int, float] = {}
+        for v, w in zip(values.tolist(), (ctx.work[idx] + 1.0).tolist()):
+            weight[v] = weight.get(v, 0.0) + w
+        best = max(weight, key=lambda v: (weight[v], -list(values).index(v)))
+        assign[idx] = best
+    return assign
+
+
+class MemoryLedger:
+    """Bytes committed per device while ops are placed one at a time on
+    single devices, an upper bound of the cost models' peak memory: every
+    op's parameter state and whole-batch activations, every input received
+    from another device, and the largest op workspace. A plan built within
+    the ledger is feasible under either cost model."""
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.cap = ctx.p.memory.astype(float)
+        self.used = np.zeros(ctx.D)
+        self.ws = np.zeros(ctx.D)
+        self.placed_groups: set[int] = set()
+
+    def demand(self, i: int, dev: np.ndarray) -> np.ndarray:
+        """Bytes op ``i`` would add on each device (given where its
+        predecessors are, ``dev``), the rest of its colocation group's state
+        included when it is the group's first op."""
+        c = self.ctx
+        preds, nbytes = c.preds(i)
+        local = np.bincount(dev[preds], nbytes, minlength=c.D) if len(preds) else np.zeros(c.D)
+        recv = c.in_bytes[i] - local
+        g = c.coloc_of[i]
+        state = c.coloc_state[g] if g >= 0 and g not in self.placed_groups else \
+            (0.0 if g >= 0 else c.state[i])
+        return state + c.act[i] + recv + np.maximum(self.ws, c.ws[i]) - self.ws
+
+    def fits(self, i: int, dev: np.ndarray) -> np.ndarray:
+        """Bool per device: op ``i`` fits there."""
+        return self.used + self.demand(i, dev) <= self.cap * (1 - 1e-9)
+
+    def add(self, i: int, d: int, dev: np.ndarray) -> None:
+        self.used[d] += self.demand(i, dev)[d]
+        self.ws[d] = max(self.ws[d], self.ctx.ws[i])
+        g = self.ctx.coloc_of[i]
+        if g >= 0:
+            self.placed_groups.add(int(g))
+
+    def free(self) -> np.ndarray:
+        return self.cap - self.used
+
+
+def op_memory(ctx: Context) -> np.ndarray:
+    """Conservative bytes per op when each op may receive all its inputs from
+    another device (for contiguous splits)."""
+    return ctx.state + ctx.act + ctx.in_bytes
+
+
+def contiguous_split(work: np.ndarray, mem: np.ndarray, rate: np.ndarray,
+                     cap: np.ndarray) -> np.ndarray:
+    """Cut a sequence of ops into contiguous runs on devices ``0..S-1`` in
+    order, minimising the largest ``work / rate`` of a device while each
+    run's ``mem`` fits its ``cap`` (memory is ignored if it cannot fit).
+    Returns the device of each op; later devices may stay empty.
+
+    >>> contiguous_split(np.ones(6), np.zeros(6), np.array([1.0, 2.0]),
+    ...                  np.array([1.0, 1.0])).tolist()
+    [0, 0, 1, 1, 1, 1]
+    """
+    n, S = len(work), len(rate)
+    cw = np.r_[0.0, np.cumsum(work)]
+    cm = np.r_[0.0, np.cumsum(mem)]
+
+    def pack(T: float, use_mem: bool):
+        ends = []
+        s = 0
+        for k in range(S):
+            e_time = int(np.searchsorted(cw, cw[s] + T * rate[k] * (1 + 1e-12), side="right")) - 1
+            e = e_time
+            if use_mem:
+                e_mem = int(np.searchsorted(cm, cm[s] + cap[k], side="right")) - 1
+                e = min(e, e_mem)
+            e = max(e, s)
+            ends.append(e)
+            s = e
+            if s >= n:
+                break
+        return ends if s >= n else None
+
+    for use_mem in (True, False):
+        hi = cw[-1] / rate.min() + 1e-300
+        if pack(hi, use_mem) is None:
+            continue
+        lo = 0.0
+        for _ in range(60):
+            mid = 0.5 * (lo + hi)
+            if pack(mid, use_mem) is not None:
+                hi = mid
+            else:
+                lo = mid
+            if hi - lo <= 1e-9 * hi:
+                break
+        ends = pack(hi, use_mem)
+        out = np.empty(n, dtype=np.int64)
+        s = 0
+        for k, e in enumerate(ends):
+            out[s:e] = k
+            s = e
+        return out
+    return np.minimum(np.arange(n) * S // max(n, 1), S - 1)
+
+
+def device_order(problem: Problem) -> list[int]:
+    """Devices grouped by site (sites by total sustained FLOP/s, fastest
+    first), fastest devices first inside a site; so a prefix of this order
+    is a good set of devices to use, and neighbours share fast links."""
+    rate = problem.rate
+    sites: dict[int, list[int]] = {}
+    for d in range(problem.n_devices):
+        sites.setdefault(int(problem.site[d]), []).append(d)
+    ordered = sorted(sites.values(), key=lambda ds: -rate[ds].sum())
+    return [d for ds in ordered for d in sorted(ds, key=lambda d: -rate[d])]
+
+
+@dataclass
+class Candidate:
+    """An assignment to score: ``groups`` are the data-parallel groups
+    (device index tuples) that values ``>= D`` refer to; ``microbatches``
+    restricts the counts tried."""
+
+    assign: np.ndarray
+    groups: list = field(default_factory=list)
+    microbatches: list | None = None
+    label: str = ""
+
+
+def choose(strategy: "Strategy", problem: Problem, cost_model: "CostModel",
+           budget: "Budget", candidates: Sequence[Candidate], *,
+           first: Sequence[tuple[int, str]] | None = None, keep: int = 2,
+           progress=None) -> tuple["Plan", "Report", Candidate]:
+    """Score ``candidates`` with the cost model and return the best as a
+    plan with its report, choosing microbatches and schedule.
+
+    First every candidate is scored at the settings ``first`` (default: a
+    middle microbatch count under the first schedule); then the best
+    ``keep`` candidates at every allowed count and schedule. Stops early when
+    the budget is spent (the first score is always made).
+    """
+    ms_all = strategy.microbatch_choices(problem)
+    scheds = strategy.schedule_choices()
+    D = problem.n_devices
+
+    def settings(c: Candidate):
+        ms = [m for m in ms_all if c.microbatches is None or m in c.microbatches] or \
+            list(c.microbatches or ms_all)
+        return ms, scheds
+
+    def middle(ms):
+        return 4 if 4 in ms else ms[len(ms) // 2]
+
+    scores: dict[tuple[int, int, str], float] = {}
+
+    def score(ci: int, m: int, s: str) -> None:
+        if (ci, m, s) in scores or budget.allow(1) < 1:
+            return
+        c = candidates[ci]
+        value = cost_model.step_times(problem, c.assign[None, :], groups=c.groups,
+                                      microbatches=m, schedule=s)
+        scores[(ci, m, s)] = float(value[0])
+
+    for ci, c in enumerate(candidates):
+        ms, ss = settings(c)
+        combos = [(m, s) for m, s in (first or [(middle(ms), ss[0])]) if m in ms and s in ss] \
+            or [(middle(ms), ss[0])]
+        for m, s in combos:
+            score(ci, m, s)
+    ranked = sorted({ci for ci, _, _ in scores},
+                    key=lambda ci: min(v for k, v in scores.items() if k[0] == ci))
+    for ci in ranked[:keep]:
+        ms, ss = settings(candidates[ci])
+        for s in ss:
+            for m in ms:
+                score(ci, m, s)
+    (ci, m, s), _ = min(scores.items(), key=lambda kv: (kv[1], kv[0][0], kv[0][1]))
+    c = candidates[ci]
+    compiled = problem.compile_array(c.assign, c.groups, microbatches=m, schedule=s)
+    plan = problem.to_plan(compiled, strategy.name)
+    report = cost_model.estimate(problem, plan)
+    if progress is not None:
+        strategy.report(progress, budget, report, c.label)
+    return plan, report, c
+

@@ -1,0 +1,329 @@
+"""``pipeline_dp``: Alpa-style inter-operator dynamic programming (Zheng et
+al., OSDI 2022, Sec. 5.2) over contiguous stages and device blocks.
+
+The space: the topological order is cut into ``L`` *layers* (contiguous
+runs of about equal compute, at most ``max_layers``); devices are taken in
+:func:`placer.search.common.device_order`. A plan is a sequence of stages,
+stage j running layers ``s_j..e_j`` data-parallel on the next ``k_j``
+devices of that order (block sizes from ``sizes``: all of 1..D for up to 8
+devices, else powers of two); devices after the last block stay unused.
+
+Each stage has a time per microbatch (:meth:`Space.stage_time`): forward
+and backward compute of one replica's share on the block's slowest device,
+plus receiving its inputs from earlier stages over the link from the
+previous device (latency + bytes / bandwidth, both phases), plus the
+all-reduce of its parameters spread over the microbatches; a stage that
+overflows memory (parameter state and the whole batch's activations per
+replica, a conservative bound) is impossible. A plan costs Alpa's
+
+    T = sum_j t_j + (m - 1) * max_j t_j
+
+and the DP finds the minimum exactly: for each candidate ``t_max`` (every
+distinct stage time, ascending, stopping once ``m * t_max`` cannot beat the
+best; a grid of ``tmax_candidates`` of them when there are more), it
+minimises ``sum t_j`` with every ``t_j <= t_max``. This is done for every
+allowed microbatch count; the cost model then picks among the optima and
+the schedules.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..cost.collectives import allreduce_coefficients
+from .base import Strategy, register_strategy
+from .common import Candidate, choose, context, device_order, fix_colocation
+
+
+class Space:
+    """The stages of one problem: layers, device order and stage times.
+
+    ``stage_time(s, e, p, k, m)`` is the time per microbatch of layers
+    ``s..e`` on devices ``order[p:p+k]`` with ``m`` microbatches (``inf``
+    when it does not fit in memory); :meth:`objective` prices a whole plan.
+    """
+
+    def __init__(self, problem, max_layers: int = 24, sizes=None):
+        ctx = context(problem)
+        self.problem, self.ctx = problem, ctx
+        n = problem.n_ops
+        self.order = device_order(problem)
+        D = self.D = problem.n_devices
+        if sizes is None:
+            sizes = list(range(1, D + 1)) if D <= 8 else \
+                [k for k in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if k <= D]
+        self.sizes = sorted(set(int(k) for k in sizes if 1 <= k <= D))
+        # layers: contiguous runs of the topological order with similar compute
+        L = max(1, min(max_layers, n))
+        cw = np.cumsum(ctx.work + 1e-30)
+        cuts = np.searchsorted(cw, cw[-1] * np.arange(1, L) / L, side="left") + 1
+        bounds = np.unique(np.r_[0, np.clip(cuts, 1, n - 1), n]) if n > 1 else np.array([0, n])
+        self.bounds = bounds
+        self.L = len(bounds) - 1
+        self.layer_of = np.repeat(np.arange(self.L), np.diff(bounds))
+        L = self.L
+        lay = self.layer_of
+
+        def per_layer(x):
+            return np.bincount(lay, x, minlength=L)
+
+        self.work = per_layer(ctx.work)
+        self.count = np.bincount(lay, minlength=L).astype(float)
+        self.state = per_layer(ctx.state)
+        self.params = per_layer(problem.param_bytes)
+        self.act = per_layer(ctx.act)
+        self.ws = np.zeros(L)
+        np.maximum.at(self.ws, lay, ctx.ws)
+        # bytes from layer a into layer b (a < b)
+        C = np.zeros((L, L))
+        if problem.n_edges:
+            np.add.at(C, (lay[problem.edge_src], lay[problem.edge_dst]), problem.edge_bytes)
+        np.fill_diagonal(C, 0.0)
+        self.cross = C
+        o = np.array(self.order)
+        self.rate = problem.rate[o]
+        self.memory = problem.memory[o]
+        self.lat = problem.latency[np.ix_(o, o)]
+        self.inv_bw = ctx.inv_bw[np.ix_(o, o)]
+        self._ar: dict = {}
+
+    # --- stage costs ------------------------------------------------------------
+    def bytes_in(self, s: int, e: int) -> float:
+        """Bytes layers ``s..e`` receive from layers before ``s``."""
+        return float(self.cross[:s, s:e + 1].sum())
+
+    def allreduce(self, p: int, k: int, nbytes: float) -> float:
+        """All-reduce seconds of ``nbytes`` over devices ``order[p:p+k]``."""
+        if k < 2 or nbytes <= 0 or not self.problem.training:
+            return 0.0
+        key = (p, k)
+        coef = self._ar.get(key)
+        if coef is None:
+            pr = self.problem
+            devices = tuple(sorted(self.order[p:p + k]))
+            coef = self._ar[key] = allreduce_coefficients(devices, pr.bandwidth, pr.latency,
+                                                          pr.nic_bandwidth, pr.site)
+        return float(min(coef[0] + coef[1] * nbytes, coef[2] + coef[3] * nbytes))
+
+    def stage_time(self, s: int, e: int, p: int, k: int, m: int) -> float:
+        """Seconds per microbatch of stage (layers ``s..e``, devices
+        ``order[p:p+k]``) with ``m`` microbatches; ``inf`` if over memory."""
+        ctx = self.ctx
+        sl = slice(s, e + 1)
+        block = slice(p, p + k)
+        rin = self.bytes_in(s, e)
+        mem = self.state[sl].sum() + (self.act[sl].sum() + rin) / k + self.ws[sl].max()
+        if mem > self.memory[block].min():
+            return float("inf")
+        comp = self.work[sl].sum() / (m * k * self.rate[block].min()) \
+            + self.count[sl].sum() * self.problem.op_overhead * ctx.phases
+        comm = 0.0
+        if rin > 0 and p > 0:
+            comm = ctx.phases * (self.lat[p - 1, block].max()
+                                 + rin / (m * k) * self.inv_bw[p - 1, block].max())
+        return comp + comm + self.allreduce(p, k, self.params[sl].sum()) / m
+
+    def _parts(self):
+        """Stage times as ``A + B / m`` for every (s, e, p, size index), and
+        which stages fit in memory; computed once, vectorised over blocks."""
+        if getattr(self, "_ab", None) is not None:
+            return self._ab
+        L, D, Q = self.L, self.D, len(self.sizes)
+        ctx = self.ctx
+        k = np.array(self.sizes, dtype=float)
+        P = np.arange(D)[:, None]
+        ok = P + k[None, :].astype(int) <= D                        # (D, Q)
+        rmin = np.full((D, Q), np.inf)
+        mmin = np.full((D, Q), 0.0)
+        lat_in = np.zeros((D, Q))
+        inv_in = np.zeros((D, Q))
+        ar = np.zeros((D, Q, 4))
+        for p in range(D):
+            for q, size in enumerate(self.sizes):
+                if p + size > D:
+                    continue
+                block = slice(p, p + size)
+                rmin[p, q] = self.rate[block].min()
+                mmin[p, q] = self.memory[block].min()
+                if p > 0:
+                    lat_in[p, q] = self.lat[p - 1, block].max()
+                    inv_in[p, q] = self.inv_bw[p - 1, block].max()
+                if size > 1 and self.problem.training:
+                    pr = self.problem
+                    devices = tuple(sorted(self.order[p:p + size]))
+                    ar[p, q] = allreduce_coefficients(devices, pr.bandwidth, pr.latency,
+                                                      pr.nic_bandwidth, pr.site)
+        cwork = np.r_[0.0, np.cumsum(self.work)]
+        ccount = np.r_[0.0, np.cumsum(self.count)]
+        cstate = np.r_[0.0, np.cumsum(self.state)]
+        cparams = np.r_[0.0, np.cumsum(self.params)]
+        cact = np.r_[0.0, np.cumsum(self.act)]
+        A = np.full((L, L, D, Q), np.inf)
+        B = np.full((L, L, D, Q), np.inf)
+        ovh = self.problem.op_overhead * ctx.phases
+        first = (P > 0).astype(float)
+        for s in range(L):
+            ws = 0.0
+            for e in range(s, L):
+                ws = max(ws, self.ws[e])
+                rin = self.bytes_in(s, e)
+                work = cwork[e + 1] - cwork[s]
+                mem = (cstate[e + 1] - cstate[s]) + (cact[e + 1] - cact[s] + rin) / k + ws
+                fits = ok & (mem[None, :] <= mmin)
+                params = cparams[e + 1] - cparams[s]
+                if params > 0 and self.problem.training:
+                    arr = np.minimum(ar[..., 0] + ar[..., 1] * params,
+                                     ar[..., 2] + ar[..., 3] * params)
+                else:
+                    arr = 0.0
+                a = (ccount[e + 1] - ccount[s]) * ovh + (
+                    ctx.phases * lat_in * first if rin > 0 else 0.0)
+                b = work / (k[None, :] * rmin) + arr + (
+                    ctx.phases * rin / k[None, :] * inv_in * first if rin > 0 else 0.0)
+                A[s, e] = np.where(fits, a, np.inf)
+                B[s, e] = np.where(fits, b, np.inf)
+        self._ab = (A, B)
+        return self._ab
+
+    def table(self, m: int) -> np.ndarray:
+        """All stage times for ``m``: shape (L, L, D, len(sizes)) indexed
+        [s, e, p, size index]; ``inf`` where impossible (e < s, p + k > D,
+        over memory). Equals :meth:`stage_time` element by element."""
+        A, B = self._parts()
+        return A + B / m
+
+    @staticmethod
+    def objective(times, m: int) -> float:
+        """Alpa's pipeline latency ``sum t + (m - 1) max t``."""
+        times = list(times)
+        return float(sum(times) + (m - 1) * max(times)) if times else float("inf")
+
+    # --- the dynamic program ------------------------------------------------------
+    def solve(self, m: int, tmax_candidates: int = 256):
+        """Best stages for ``m`` microbatches: ``(objective, [(s, e, p, k), ...])``
+        (``(inf, [])`` when nothing fits)."""
+        T = self.table(m)
+        L, D = self.L, self.D
+        finite = T[np.isfinite(T)]
+        if not len(finite):
+            return float("inf"), []
+        values = np.unique(finite)
+        # the smallest feasible t_max (feasibility is monotone in t_max)
+        lo, hi = 0, len(values) - 1
+        if not self._dp(T, values[hi])[1]:
+            return float("inf"), []
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._dp(T, values[mid])[1]:
+                hi = mid
+            else:
+                lo = mid + 1
+        best, best_stages = float("inf"), []
+
+        def run(tmax):
+            nonlocal best, best_stages
+            stages = self._dp(T, tmax)[1]
+            if stages:
+                obj = self.objective([T[s, e, p, self.sizes.index(k)]
+                                      for s, e, p, k in stages], m)
+                if obj < best - 1e-15 * abs(obj):
+                    best, best_stages = obj, stages
+
+        run(values[lo])
+        # only t_max < best / m can still win
+        top = int(np.searchsorted(values, best / m, side="left"))
+        window = np.arange(lo + 1, max(top, lo + 1))
+        if len(window) > tmax_candidates:
+            window = window[np.unique(np.linspace(0, len(window) - 1,
+                                                  tmax_candidates).astype(int))]
+        for i in window.tolist():
+            if m * values[i] >= best:
+                break
+            run(values[i])
+        return best, best_stages
+
+    def _dp(self, T: np.ndarray, tmax: float):
+        """min sum of stage times, every stage <= tmax; stages list."""
+        L, D = self.L, self.D
+        sizes = np.array(self.sizes)
+        G = np.full((L + 1, D + 1), np.inf)
+        G[L, :] = 0.0
+        choice = np.full((L, D + 1, 2), -1, dtype=np.int64)
+        Tm = np.where(T <= tmax, T, np.inf)
+        nxt_p = np.arange(D)[:, None] + sizes[None, :]            # (D, Q)
+        valid = nxt_p <= D
+        nxt_c = np.minimum(nxt_p, D)
+        for s in range(L - 1, -1, -1):
+            # cand[e, p, q] = T[s, e, p, q] + G[e + 1, p + k_q]
+            tail = G[s + 1:L + 1][:, nxt_c]                       # (L-s, D, Q)
+            cand = Tm[s, s:] + np.where(valid[None], tail, np.inf)
+            flat = cand.reshape(L - s, D, -1).transpose(1, 0, 2).reshape(D, -1)
+            arg = np.argmin(flat, axis=1)
+            G[s, :D] = flat[np.arange(D), arg]
+            choice[s, :D, 0] = s + arg // len(sizes)
+            choice[s, :D, 1] = arg % len(sizes)
+        if not np.isfinite(G[0, 0]):
+            return float("inf"), []
+        stages, s, p = [], 0, 0
+        while s < L:
+            e, q = choice[s, p]
+            k = int(sizes[q])
+            stages.append((s, int(e), p, k))
+            s, p = int(e) + 1, p + k
+        return float(G[0, 0]), stages
+
+    def assignment(self, stages) -> Candidate:
+        """The candidate (op -> group) of a list of stages."""
+        D = self.D
+        groups: list[tuple] = []
+        layer_group = np.empty(self.L, dtype=np.int64)
+        for s, e, p, k in stages:
+            devs = tuple(sorted(self.order[p:p + k]))
+            if k == 1:
+                gid = devs[0]
+            else:
+                if devs not in groups:
+                    groups.append(devs)
+                gid = D + groups.index(devs)
+            layer_group[s:e + 1] = gid
+        return Candidate(layer_group[self.layer_of], groups)
+
+
+@register_strategy
+class PipelineDP(Strategy):
+    """Alpa-style inter-operator DP over contiguous stages x device blocks
+    with a data-parallel degree per stage (see the module doc). Options:
+    ``max_layers`` (default 24), ``sizes`` (allowed block sizes),
+    ``tmax_candidates`` (default 256)."""
+
+    name = "pipeline_dp"
+
+    def __init__(self, *, max_layers: int = 24, sizes=None, tmax_candidates: int = 256,
+                 **options):
+        super().__init__(**options)
+        self.max_layers, self.sizes = int(max_layers), sizes
+        self.tmax_candidates = int(tmax_candidates)
+
+    def search(self, problem, cost_model, budget, seed=0, progress=None):
+        space = Space(problem, self.max_layers, self.sizes)
+        ctx = context(problem)
+        cands = []
+        for m in self.microbatch_choices(problem):
+            if cands and budget.exhausted():
+                break
+            value, stages = space.solve(m, self.tmax_candidates)
+            if not stages:
+                continue
+            c = space.assignment(stages)
+            c.assign = fix_colocation(ctx, c.assign)
+            c.microbatches = [m]
+            c.label = f"m={m}: {len(stages)} stages, DP objective {value:.4g}s"
+            cands.append(c)
+        if not cands:   # nothing fits even spread out: use every device, by speed
+            space_all = Space(problem, self.max_layers, [problem.n_devices])
+            c = space_all.assignment([(0, space_all.L - 1, 0, problem.n_devices)])
+            c.assign = fix_colocation(ctx, c.assign)
+            cands.append(c)
+        plan, report, _ = choose(self, problem, cost_model, budget, cands, keep=len(cands),
+                                 progress=progress)
+        return self.finalize(problem, cost_model, budget, plan, report, progress=progress)

@@ -1,0 +1,80 @@
+"""``optimize``: build the problem, run a strategy, re-score with the
+simulator and bind the plan to its graph and cluster."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..cost import Problem, get_cost_model
+from ..errors import StrategyError
+from .base import (Budget, Strategy, _check_plan, get_strategy, predicted_figures,
+                   progress_callback)
+
+if TYPE_CHECKING:
+    from ..cluster import Cluster
+    from ..graph import Graph
+    from ..plan import Plan
+
+
+def optimize(graph: "Graph", cluster: "Cluster", method: "str | Strategy" = "evolution",
+             seed: int = 0, time_budget: float | None = 30.0, *,
+             evaluations: int | None = None, cost_model: Any = "analytical",
+             final_cost_model: Any = "simulator",
+             progress: "bool | Callable | None" = None, microbatches=None,
+             schedule: str | None = None, problem_options: dict | None = None,
+             initial=None, **strategy_options: Any) -> "Plan":
+    """Search a plan for ``graph`` on ``cluster`` with strategy ``method``.
+
+    - ``time_budget`` (seconds) and/or ``evaluations`` (plans scored) bound
+      the search (None: unbounded);
+    - ``cost_model`` scores candidates during the search,
+      ``final_cost_model`` (the event simulator) scores the result, whose
+      figures fill ``plan.predicted`` (``step_time``, ``feasible``,
+      ``peak_memory``, ...; the search model's figures under ``"search"``);
+    - ``progress``: None (quiet), True (a line per report on stderr) or a
+      callable taking a :class:`placer.search.Progress`;
+    - ``microbatches`` (an int or a list of candidates) and ``schedule`` fix
+      what the strategy would otherwise choose;
+    - ``problem_options`` go to :class:`placer.cost.Problem` (objective,
+      recompute, ...); ``initial`` plans warm-start the strategy; other
+      keywords are options of the strategy.
+
+    The plan is bound to ``graph`` and ``cluster`` (fingerprints) and its
+    ``method`` is the strategy's name. Raises
+    :class:`placer.errors.StrategyError` for an unknown method or bad
+    options.
+
+    >>> import placer
+    >>> g = placer.datasets.layered(40, width=4, seed=0)
+    >>> plan = optimize(g, placer.Cluster.preset("two-sites"), "even_pipeline")
+    >>> plan.method, plan.predicted["feasible"]
+    ('even_pipeline', True)
+    """
+    problem = Problem(graph, cluster, **(problem_options or {}))
+    if isinstance(method, Strategy):
+        if strategy_options or microbatches is not None or schedule is not None or initial:
+            raise StrategyError("options given with a strategy instance", field="method",
+                                fix="pass a strategy name, or set the options on the instance")
+        strategy = method
+    else:
+        strategy = get_strategy(method, microbatches=microbatches, schedule=schedule,
+                                initial=initial, **strategy_options)
+    search_model = get_cost_model(cost_model)
+    final_model = get_cost_model(final_cost_model)
+    budget = Budget(time_budget, evaluations)
+    metered = budget.meter(search_model)
+    callback = progress_callback(progress)
+    plan = strategy.search(problem, metered, budget, seed, callback)
+    _check_plan(problem, plan)
+    if isinstance(microbatches, int) and plan.microbatches != microbatches:
+        plan.microbatches = microbatches
+    if schedule is not None and plan.schedule != schedule:
+        plan.schedule = schedule
+    search = dict(plan.predicted)
+    search.setdefault("evaluations", budget.used)
+    search.setdefault("search_seconds", budget.elapsed)
+    report = final_model.estimate(problem, plan)
+    plan.predicted = predicted_figures(report)
+    plan.predicted["search"] = search
+    plan.method = strategy.name
+    return plan.bind(graph, cluster)
