@@ -201,12 +201,10 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
         ar = np.where((lp > 0) & dp[None, :], ar, 0.0)
         if ar.any():
             bgt = lb * per_mb / size[None, :] * slow[None, :]
-            # backward of groups whose first op comes earlier ends later
-            order = np.argsort(first_g, axis=1, kind="stable")
-            cum = np.cumsum(np.take_along_axis(bgt, order, axis=1), axis=1)
-            slack = np.empty_like(cum)
-            np.put_along_axis(slack, order, cum - np.take_along_axis(bgt, order, axis=1),
-                              axis=1)
+            # after a group's last backward, the microbatch's backward still
+            # has to drain through the ops before it: about that share of the
+            # backward half of the fill
+            slack = (fill / phases)[:, None] * np.minimum(first_g, n) / n
             # all buckets but the last overlap the group's own last backward
             slack = slack + bgt * (buckets - 1) / buckets
             step = np.maximum(step, step + (ar - slack).max(axis=1))
