@@ -1,1 +1,13 @@
-"""Genomes, operators and evolutionary placement searches on deap."""
+"""Evolutionary searches on deap: genomes, operators, the memetic GA
+(``method="evolution"``), the decentralized bi-level scheduler of Yuan et
+al. (``method="dtfm"``) and the Optuna search of the structured space
+(``method="optuna"``).
+
+Importing this package registers the strategies; ``placer.search`` knows
+them by name and imports this package on first use.
+"""
+
+from .genome import GroupTable, LayoutGenome, OpGenome, Space
+from .search import Evolution
+
+__all__ = ["Evolution", "GroupTable", "LayoutGenome", "OpGenome", "Space"]

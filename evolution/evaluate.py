@@ -1,0 +1,142 @@
+"""Scoring genomes in batches: the cost model's ``step_times`` fast path,
+a cache, the search budget and optional worker processes.
+
+Results never depend on the number of workers: a batch is split into
+contiguous chunks, each scored by the same pure function, and joined in
+order.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ProcessPoolExecutor
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from placer.cost import get_cost_model
+
+from .genome import OpGenome, Space
+
+if TYPE_CHECKING:
+    from placer.cost import CostModel, Problem
+
+# per-process state of pool workers (set by _init_worker)
+_WORKER: dict = {}
+
+
+def _init_worker(problem, model_name: str) -> None:
+    _WORKER["problem"] = problem
+    _WORKER["model"] = get_cost_model(model_name)
+    # one BLAS thread per worker: the workers are the parallelism
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def _score_chunk(A: np.ndarray, groups: list, microbatches: int, schedule: str) -> np.ndarray:
+    return _WORKER["model"].step_times(_WORKER["problem"], A, groups=groups,
+                                       microbatches=microbatches, schedule=schedule)
+
+
+def compact(A: np.ndarray, space: Space) -> tuple[np.ndarray, list[tuple]]:
+    """Renumber the data-parallel group ids used in ``A`` to ``D, D+1, ...``
+    so the cost model sees only the groups this batch uses."""
+    D = space.n_devices
+    used = np.unique(A[A >= D])
+    if not len(used):
+        return A, []
+    lookup = np.arange(int(A.max()) + 1, dtype=np.int64)
+    lookup[used] = D + np.arange(len(used))
+    return lookup[A], [space.table.devices(g) for g in used.tolist()]
+
+
+class Evaluator:
+    """Objective values of genomes under ``model`` (a metered cost model,
+    so every fresh score is charged to the search budget).
+
+    ``workers`` > 1 scores large batches on that many processes (``model``
+    must then be a registered cost model; the pool starts on first use and
+    is closed by :meth:`close`). Scores are cached by genome identity.
+    """
+
+    def __init__(self, space: Space, model: "CostModel", budget=None, *, workers: int = 0,
+                 chunk: int = 64):
+        self.space = space
+        self.problem: "Problem" = space.problem
+        self.model = model
+        self.budget = budget
+        self.workers = int(workers or 0)
+        self.chunk = max(1, int(chunk))
+        self.cache: dict[bytes, float] = {}
+        self.fresh = 0
+        self._pool: ProcessPoolExecutor | None = None
+
+    def close(self) -> None:
+        """Stop the worker processes, if any."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self) -> "Evaluator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def allow(self, n: int) -> int:
+        return n if self.budget is None else self.budget.allow(n)
+
+    def __call__(self, genomes: Sequence[OpGenome]) -> np.ndarray:
+        """Scores of ``genomes`` (``inf`` for those the budget did not allow)."""
+        out = np.full(len(genomes), np.inf)
+        todo: dict[bytes, list[int]] = {}
+        keys = []
+        for i, g in enumerate(genomes):
+            k = g.key()
+            keys.append(k)
+            hit = self.cache.get(k)
+            if hit is not None:
+                out[i] = hit
+            else:
+                todo.setdefault(k, []).append(i)
+        if not todo:
+            return out
+        fresh = list(todo)
+        fresh = fresh[:self.allow(len(fresh))]
+        by_setting: dict[tuple, list[bytes]] = {}
+        for k in fresh:
+            g = genomes[todo[k][0]]
+            by_setting.setdefault((int(g.microbatches), g.schedule), []).append(k)
+        for (m, schedule), ks in by_setting.items():
+            A = np.stack([genomes[todo[k][0]].assign for k in ks])
+            scores = self._score(A, m, schedule)
+            for k, s in zip(ks, scores.tolist()):
+                s = float(s) if np.isfinite(s) else float("inf")
+                self.cache[k] = s
+                for i in todo[k]:
+                    out[i] = s
+        self.fresh += len(fresh)
+        return out
+
+    def _score(self, A: np.ndarray, m: int, schedule: str) -> np.ndarray:
+        A, groups = compact(A, self.space)
+        if self.workers > 1 and len(A) >= 2 * self.chunk and getattr(self.model, "name", ""):
+            if self.budget is not None:
+                self.budget.charge(len(A))
+            pool = self._get_pool()
+            parts = [A[i:i + self.chunk] for i in range(0, len(A), self.chunk)]
+            futures = [pool.submit(_score_chunk, part, groups, m, schedule) for part in parts]
+            return np.concatenate([f.result() for f in futures])
+        return np.asarray(self.model.step_times(self.problem, A, groups=groups,
+                                                microbatches=m, schedule=schedule), dtype=float)
+
+    def _get_pool(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            import multiprocessing
+            ctx = multiprocessing.get_context("spawn" if os.name == "nt" else "fork")
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=ctx,
+                                             initializer=_init_worker,
+                                             initargs=(self.problem, self.model.name))
+        return self._pool
+
+
+__all__ = ["Evaluator", "compact"]

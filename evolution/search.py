@@ -1,0 +1,426 @@
+"""``method="evolution"``: a memetic genetic algorithm over op-level placements.
+
+The population starts from the heuristics' plans (HEFT, m-SCT,
+pipeline_dp, ...), balanced stage/replica layouts of several shapes and any
+``initial`` plans (e.g. an RL policy's samples, as ``hybrid`` does), and is
+filled with mutants of them. Each generation breeds offspring by tournament
+selection, segment crossover and topology-aware mutation
+(:mod:`evolution.operators`), scores them in one batch with the *screening*
+cost model (analytical by default; optionally on worker processes), keeps
+the best distinct genomes (mu + lambda, elitist) and polishes the best with
+a local search (:mod:`evolution.memetic`). It stops when the budget is spent
+or after ``patience`` generations without improvement. The best few
+distinct plans and the best seed of each heuristic are then ranked by the
+cost model the search was given (the simulator in ``placer.optimize``), so
+the result is never worse than the heuristics that seeded it.
+
+Graphs larger than ``coarsen_above`` ops are coarsened first and the plan
+expanded back. The search uses deap's toolbox, fitness, hall of fame and
+logbook, built inside :meth:`Evolution.search`; every random choice comes
+from one ``numpy.random.Generator`` seeded by ``seed``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+from deap import base, tools
+
+from placer.cost import get_cost_model
+from placer.errors import PlacerError, StrategyError
+from placer.plan import Plan
+from placer.search.base import Budget, Progress, Strategy, get_strategy, register_strategy
+
+from .evaluate import Evaluator
+from .genome import LayoutGenome, OpGenome, Space
+from .memetic import local_search
+from .operators import crossover, mutate
+
+if TYPE_CHECKING:
+    from placer.cost import CostModel, Problem
+
+#: heuristics whose plans seed the population by default
+DEFAULT_SEEDS = ("even_pipeline", "heft", "m_sct", "pipeline_dp", "m_etf", "partition",
+                 "m_topo", "single")
+
+
+class _Fitness(base.Fitness):
+    """deap fitness: one objective, minimised (a plain subclass, so no
+    ``creator`` classes are made at import)."""
+
+    weights = (-1.0,)
+
+
+class Evolution(Strategy):
+    """Memetic GA over op-level placements (see the module doc).
+
+    Options (constructor keywords, besides :class:`Strategy`'s ``initial``,
+    ``microbatches`` and ``schedule``):
+
+    - ``population`` (48), ``offspring`` (48 per generation),
+      ``tournament`` (3), ``crossover`` (probability, 0.6),
+      ``mutation_rate`` (mean operators per child, 1.5);
+    - ``seeds``: heuristic names whose plans seed the population, and
+      ``seed_share`` of the budget they may use (0.3);
+    - ``memetic_every`` (5 generations; 0 turns it off), ``memetic_rounds``;
+    - ``patience`` (25 generations without improvement), ``generations``
+      (a cap, None: none);
+    - ``screen``: cost model name for the inner loop (``"analytical"``; None
+      uses the given cost model); ``final_k`` (4) best distinct plans
+      re-ranked by the given cost model;
+    - ``workers`` (0): processes for scoring large batches;
+    - ``coarsen_above`` (1500) / ``coarsen_to`` (400) ops;
+    - ``initial_plans``: an alias of ``initial``;
+    - ``progress_bar``: draw a tqdm bar with the best step time so far.
+    """
+
+    name = "evolution"
+
+    def __init__(self, *, population: int = 48, offspring: int | None = None,
+                 tournament: int = 3, crossover: float = 0.6, mutation_rate: float = 1.5,
+                 mutation_weights: dict | None = None,
+                 seeds: Sequence[str] | None = DEFAULT_SEEDS, seed_share: float = 0.3,
+                 memetic_every: int = 5, memetic_rounds: int = 3, patience: int = 25,
+                 generations: int | None = None, screen: str | None = "analytical",
+                 final_k: int = 4, workers: int = 0, coarsen_above: int = 1500,
+                 coarsen_to: int = 400, layouts: bool = True,
+                 initial_plans: Plan | Sequence[Plan] | None = None,
+                 progress_bar: bool = False, **common):
+        if initial_plans is not None:
+            extra = [initial_plans] if isinstance(initial_plans, Plan) else list(initial_plans)
+            init = common.pop("initial", None) or []
+            common["initial"] = ([init] if isinstance(init, Plan) else list(init)) + extra
+        super().__init__(**common)
+        checks = {"population": (population, 2), "tournament": (tournament, 1),
+                  "patience": (patience, 1), "final_k": (final_k, 1),
+                  "coarsen_to": (coarsen_to, 2)}
+        for label, (value, low) in checks.items():
+            if int(value) != value or value < low:
+                raise StrategyError(f"{label} must be a whole number >= {low}, got {value!r}",
+                                    field=label)
+        for label, value in (("crossover", crossover), ("seed_share", seed_share)):
+            if not 0 <= value <= 1:
+                raise StrategyError(f"{label} must be in [0, 1], got {value!r}", field=label)
+        self.population = int(population)
+        self.offspring = int(offspring or population)
+        self.tournament = int(tournament)
+        self.cx = float(crossover)
+        self.mutation_rate = float(mutation_rate)
+        self.mutation_weights = dict(mutation_weights or {})
+        self.seeds = list(seeds or [])
+        self.seed_share = float(seed_share)
+        self.memetic_every = int(memetic_every)
+        self.memetic_rounds = int(memetic_rounds)
+        self.patience = int(patience)
+        self.generations = None if generations is None else int(generations)
+        self.screen = screen
+        self.final_k = int(final_k)
+        self.workers = int(workers)
+        self.coarsen_above = int(coarsen_above)
+        self.coarsen_to = int(coarsen_to)
+        self.layouts = bool(layouts)
+        self.progress_bar = bool(progress_bar)
+
+    # --- the search ---------------------------------------------------------------
+    def search(self, problem: "Problem", cost_model: "CostModel", budget: Budget,
+               seed: int = 0, progress=None) -> Plan:
+        from placer.search.common import Coarse
+        rng = np.random.default_rng([int(seed), 0x5EED, 7])
+        coarse = Coarse(problem, self.coarsen_to if problem.n_ops > self.coarsen_above
+                        else None)
+        inner = coarse.problem
+        space = Space(inner, self.microbatch_choices(inner), self.schedule_choices())
+        screen = cost_model if self.screen is None else get_cost_model(self.screen)
+        if getattr(screen, "name", None) == getattr(cost_model, "name", None) \
+                and self.screen is not None:
+            screen = cost_model
+        metered = budget.meter(screen)
+        bar = _Bar(self.progress_bar, budget)
+        with Evaluator(space, metered, budget, workers=self.workers) as evaluate:
+            seeds = self._seed_genomes(space, screen, budget, seed, coarse)
+            best, hof, logbook = self._evolve(space, evaluate, seeds, rng, budget, progress,
+                                              bar)
+        bar.close()
+        # final ranking of the best distinct plans and each origin's best seed
+        finalists: list[OpGenome] = [g for g in hof]
+        by_origin: dict[str, OpGenome] = {}
+        for g in seeds:
+            if not np.isfinite(g.fitness.values[0]):
+                continue
+            cur = by_origin.get(g.origin)
+            if cur is None or g.fitness.values[0] < cur.fitness.values[0]:
+                by_origin[g.origin] = g
+        seen = {g.key() for g in finalists}
+        for g in by_origin.values():
+            if g.key() not in seen:
+                seen.add(g.key())
+                finalists.append(g)
+        plans = [self._expand(space, coarse, g) for g in finalists]
+        if screen is cost_model and coarse.members is None:
+            scores = [g.fitness.values[0] for g in finalists]
+            i = int(np.argmin(scores))
+            plan = plans[i]
+            report = cost_model.estimate(problem, plan)
+        else:
+            reports = cost_model.estimate_many(problem, plans)
+            i = int(np.argmin([r.objective for r in reports]))
+            plan, report = plans[i], reports[i]
+        plan.extra["search"] = {"generations": len(logbook), "origin": finalists[i].origin,
+                                "coarsened": coarse.members is not None}
+        return self.finalize(problem, cost_model, budget, plan, report, progress=progress)
+
+    def _expand(self, space: Space, coarse, g: OpGenome) -> Plan:
+        plan = g.to_plan(space, self.name)
+        if coarse.members is not None:
+            plan = plan.expand(coarse.graph)
+            plan.method = self.name
+        return plan
+
+    # --- population ---------------------------------------------------------------
+    def _seed_genomes(self, space: Space, screen, budget: Budget, seed: int,
+                      coarse) -> list[OpGenome]:
+        """Genomes of the heuristic plans, the balanced layouts and ``initial``."""
+        out: list[OpGenome] = []
+        inner = space.problem
+        names = [s for s in self.seeds if s != self.name]
+        share = self.seed_share / max(len(names), 1)
+        for name in names:
+            if budget.exhausted():
+                break
+            try:
+                strategy = get_strategy(name, microbatches=self.microbatches,
+                                        schedule=self.schedule)
+            except PlacerError:
+                continue
+            sub = _sub_budget(budget, share)
+            try:
+                plan = strategy.search(inner, screen, sub, seed=seed)
+            except PlacerError:
+                continue
+            finally:
+                budget.charge(sub.used)
+            try:
+                out.append(OpGenome.from_plan(space, plan, origin=name))
+            except (KeyError, PlacerError):
+                continue
+        for plan in self.initial:
+            try:
+                if coarse.members is not None:
+                    plan = _project(plan, coarse)
+                out.append(OpGenome.from_plan(space, plan, origin="initial"))
+            except (KeyError, PlacerError):
+                continue
+        if self.layouts or not out:
+            out.extend(layout_seeds(space))
+        return out
+
+    def _evolve(self, space: Space, evaluate: Evaluator, seeds: list[OpGenome],
+                rng: np.random.Generator, budget: Budget, progress, bar):
+        toolbox = base.Toolbox()
+        toolbox.register("mate", crossover, space, rng=rng)
+        toolbox.register("mutate", mutate, space, rng=rng, rate=self.mutation_rate,
+                         weights=self.mutation_weights)
+        toolbox.register("select", _tournament, rng=rng, k=self.tournament)
+        toolbox.register("evaluate", evaluate)
+        hof = tools.HallOfFame(self.final_k, similar=lambda a, b: a.key() == b.key())
+        logbook = tools.Logbook()
+        logbook.header = ["gen", "evals", "best", "median"]
+
+        def score(genomes):
+            values = toolbox.evaluate(genomes)
+            for g, v in zip(genomes, values.tolist()):
+                g.fitness = _Fitness((v,))
+            return values
+
+        score(seeds)
+        pop = _unique(seeds)
+        # fill the population with mutants of the seeds
+        fill = []
+        while len(pop) + len(fill) < self.population and pop:
+            parent = pop[int(rng.integers(len(pop)))]
+            fill.append(toolbox.mutate(parent.copy()))
+        if fill:
+            score(fill)
+            pop = _unique(pop + fill)
+        pop = _best(pop, self.population)
+        hof.update(pop)
+        best = pop[0].fitness.values[0]
+        stale = 0
+        gen = 0
+        self._emit(progress, budget, best, gen, bar)
+        while not budget.exhausted():
+            gen += 1
+            if self.generations is not None and gen > self.generations:
+                break
+            fits = np.array([g.fitness.values[0] for g in pop])
+            children = []
+            while len(children) < self.offspring:
+                a = pop[toolbox.select(fits)].copy()
+                b = pop[toolbox.select(fits)].copy()
+                if rng.random() < self.cx:
+                    a, b = toolbox.mate(a, b)
+                children.append(toolbox.mutate(a))
+                if len(children) < self.offspring:
+                    children.append(toolbox.mutate(b))
+            for c in children:
+                c.origin = c.origin or "evolution"
+            score(children)
+            children = [c for c in children if np.isfinite(c.fitness.values[0])]
+            pop = _best(_unique(pop + children), self.population)
+            if self.memetic_every and gen % self.memetic_every == 0 and not budget.exhausted():
+                top = pop[0]
+                polished, s = local_search(space, evaluate, top, top.fitness.values[0], rng,
+                                           rounds=self.memetic_rounds)
+                if polished is not top:
+                    polished.fitness = _Fitness((s,))
+                    pop = _best(_unique([polished] + pop), self.population)
+            hof.update(pop)
+            fits = [g.fitness.values[0] for g in pop]
+            logbook.record(gen=gen, evals=budget.used, best=fits[0],
+                           median=float(np.median(fits)))
+            if fits[0] < best * (1 - 1e-6):
+                best, stale = fits[0], 0
+            else:
+                stale += 1
+            self._emit(progress, budget, best, gen, bar)
+            if stale >= self.patience:
+                break
+        return pop[0], hof, logbook
+
+    def _emit(self, progress, budget: Budget, best: float, gen: int, bar) -> None:
+        bar.update(best, gen)
+        if progress is not None:
+            progress(Progress(self.name, budget.used, budget.elapsed, float(best),
+                              float(best) if best < 1e9 else None, bool(best < 1e9),
+                              f"generation {gen}"))
+
+
+# --- helpers -------------------------------------------------------------------------
+
+def _tournament(fits: np.ndarray, rng: np.random.Generator, k: int) -> int:
+    """Index of the best of ``k`` uniformly drawn individuals."""
+    idx = rng.integers(len(fits), size=k)
+    return int(idx[np.argmin(fits[idx])])
+
+
+def _unique(genomes: list[OpGenome]) -> list[OpGenome]:
+    seen = set()
+    out = []
+    for g in genomes:
+        k = g.key()
+        if k not in seen:
+            seen.add(k)
+            out.append(g)
+    return out
+
+
+def _best(genomes: list[OpGenome], k: int) -> list[OpGenome]:
+    """The ``k`` best (stable: earlier genomes win ties)."""
+    fits = np.array([g.fitness.values[0] for g in genomes])
+    order = np.argsort(fits, kind="stable")[:k]
+    return [genomes[i] for i in order.tolist()]
+
+
+def _sub_budget(budget: Budget, share: float) -> Budget:
+    """A budget for one seeding heuristic: ``share`` of what is left."""
+    t = budget.remaining_time
+    e = budget.remaining_evaluations
+    time = None if math.isinf(t) else max(t * share, 1e-3)
+    evals = None if math.isinf(e) else max(int(e * share), 1)
+    if time is None and evals is None:
+        time = 10.0
+    return Budget(time=time, evaluations=evals)
+
+
+def _project(plan: Plan, coarse) -> Plan:
+    """A plan over the fine graph -> over the coarse one (each group on the
+    devices of its first member)."""
+    groups = coarse.graph.subgraph_members()
+    placement = {g: list(plan.placement[m[0]]) for g, m in groups.items()}
+    return Plan(placement, plan.microbatches, plan.schedule, plan.method)
+
+
+def device_chain(space: Space) -> list[int]:
+    """All devices in one chain: from the fastest, each next the nearest
+    unvisited (so consecutive devices share fast links)."""
+    D = space.n_devices
+    start = int(space.by_speed[0])
+    chain = [start]
+    seen = {start}
+    while len(chain) < D:
+        nxt = next((int(d) for d in space.near[chain[-1]] if int(d) not in seen), None)
+        if nxt is None:
+            nxt = next(d for d in range(D) if d not in seen)
+        chain.append(nxt)
+        seen.add(nxt)
+    return chain
+
+
+def layout_seeds(space: Space, limit: int = 12) -> list[OpGenome]:
+    """Balanced stage/replica layouts: stage counts 1, 2, 4, ... times
+    replica counts, devices taken along :func:`device_chain`."""
+    D, n = space.n_devices, space.n_ops
+    chain = device_chain(space)
+    ms = space.microbatch_choices
+    out: list[OpGenome] = []
+    shapes = []
+    pp = 1
+    while pp <= min(D, n):
+        dp = 1
+        while pp * dp <= D:
+            shapes.append((pp, dp))
+            dp *= 2
+        pp *= 2
+    if (min(D, n), 1) not in shapes:
+        shapes.append((min(D, n), 1))
+    # prefer shapes using more devices, then fewer replicas
+    shapes.sort(key=lambda s: (-s[0] * s[1], s[1]))
+    for pp, dp in shapes[:limit]:
+        stages = [tuple(chain[s * dp:(s + 1) * dp]) for s in range(pp)]
+        m = max([x for x in ms if x <= max(2 * pp, 1)] or [ms[0]])
+        genome = LayoutGenome.balanced(space, stages, m, space.schedule_choices[0],
+                                       origin=f"layout-{pp}x{dp}").decode(space)
+        out.append(genome)
+    return out
+
+
+class _Bar:
+    """A tqdm progress bar over the time (or evaluation) budget with the
+    best objective so far; does nothing unless enabled."""
+
+    def __init__(self, enabled: bool, budget: Budget):
+        self.bar = None
+        if not enabled:
+            return
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:
+            return
+        self.budget = budget
+        total = budget.evaluations if budget.evaluations is not None else budget.time
+        self.by_evals = budget.evaluations is not None
+        self.bar = tqdm(total=total, desc="evolution", unit="eval" if self.by_evals else "s",
+                        leave=False)
+        self._last = 0.0
+
+    def update(self, best: float, gen: int) -> None:
+        if self.bar is None:
+            return
+        now = self.budget.used if self.by_evals else self.budget.elapsed
+        if self.bar.total is not None:
+            now = min(now, self.bar.total)
+        self.bar.update(now - self._last)
+        self._last = now
+        self.bar.set_postfix_str(f"gen {gen} best {best * 1e3:.4g} ms"
+                                 if best < 1e9 else f"gen {gen} infeasible")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+register_strategy(Evolution)
+
+__all__ = ["DEFAULT_SEEDS", "Evolution", "device_chain", "layout_seeds"]
