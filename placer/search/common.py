@@ -320,8 +320,13 @@ def choose(strategy: "Strategy", problem: Problem, cost_model: "CostModel",
 
     scores: dict[tuple[int, int, str], float] = {}
 
+    # keep one evaluation for the final report and one per initial plan
+    reserve = 1 + len(strategy.initial)
+
     def score(ci: int, m: int, s: str) -> None:
-        if (ci, m, s) in scores or budget.allow(1) < 1:
+        if (ci, m, s) in scores:
+            return
+        if scores and budget.allow(reserve + 1) < reserve + 1:
             return
         c = candidates[ci]
         value = cost_model.step_times(problem, c.assign[None, :], groups=c.groups,
@@ -350,3 +355,50 @@ def choose(strategy: "Strategy", problem: Problem, cost_model: "CostModel",
         strategy.report(progress, budget, report, c.label)
     return plan, report, c
 
+
+
+def repair_memory(ctx: Context, assign: np.ndarray) -> np.ndarray:
+    """Move ops off devices over their memory (by the conservative
+    per-op bound of :func:`op_memory`) onto the device whose ops they talk
+    to most and that has room, else the one with the most room; colocation
+    groups move together. Single-device assignments only; returns a copy."""
+    assign = np.array(assign, dtype=np.int64)
+    D = ctx.D
+    mem = op_memory(ctx)
+    cap = ctx.p.memory - ctx.ws.max()
+    used = np.bincount(assign, mem, minlength=D)
+    units: list[np.ndarray] = []
+    seen = set()
+    for i in range(ctx.n):
+        g = int(ctx.coloc_of[i])
+        if g < 0:
+            units.append(np.array([i]))
+        elif g not in seen:
+            seen.add(g)
+            units.append(ctx.coloc[g])
+    for d in np.argsort(-(used - cap)).tolist():
+        if used[d] <= cap[d]:
+            continue
+        mine = [u for u in units if assign[u[0]] == d]
+        # the biggest units go first, so few moves are needed
+        mine.sort(key=lambda u: (-mem[u].sum(), int(u[0])))
+        for u in mine:
+            if used[d] <= cap[d]:
+                break
+            need = mem[u].sum()
+            room = cap - used
+            room[d] = -np.inf
+            if not (room >= need).any():
+                continue
+            talk = np.zeros(D)
+            for i in u.tolist():
+                for nb, b in zip(*ctx.preds(i)):
+                    talk[assign[nb]] += b
+                for nb, b in zip(*ctx.succs(i)):
+                    talk[assign[nb]] += b
+            ok = room >= need
+            target = int(np.argmax(np.where(ok, talk + 1e-9 * room / max(room.max(), 1), -np.inf)))
+            assign[u] = target
+            used[d] -= need
+            used[target] += need
+    return assign

@@ -47,14 +47,33 @@ class Single(Strategy):
 @register_strategy
 class RoundRobin(Strategy):
     """Op i of the topological order on device ``i mod D`` (colocation
-    groups kept together): the classic placement baseline."""
+    groups kept together): the classic placement baseline. A device where
+    the op would overflow memory (conservative ledger) is skipped."""
 
     name = "round_robin"
 
     def search(self, problem, cost_model, budget, seed=0, progress=None):
         ctx = context(problem)
-        assign = np.arange(problem.n_ops, dtype=np.int64) % problem.n_devices
-        assign = fix_colocation(ctx, assign)
+        n, D = problem.n_ops, problem.n_devices
+        ledger = MemoryLedger(ctx)
+        assign = np.full(n, -1, dtype=np.int64)
+        group_dev: dict[int, int] = {}
+        turn = 0
+        for i in range(n):
+            g = int(ctx.coloc_of[i])
+            if g in group_dev:
+                d = group_dev[g]
+            else:
+                fits = ledger.fits(i, assign)
+                ring = (turn + np.arange(D)) % D
+                ok = ring[fits[ring]]
+                d = int(ok[0]) if len(ok) else int(np.argmax(ledger.free()
+                                                             - ledger.demand(i, assign)))
+                turn = (d + 1) % D
+                if g >= 0:
+                    group_dev[g] = d
+            ledger.add(i, d, assign)
+            assign[i] = d
         plan, report, _ = choose(self, problem, cost_model, budget, [Candidate(assign)],
                                  progress=progress)
         return self.finalize(problem, cost_model, budget, plan, report, progress=progress)

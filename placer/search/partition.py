@@ -16,7 +16,9 @@ keeping the split balanced and within memory. Two refinements:
 
 Several device counts (powers of two, and all devices, taking devices in
 :func:`placer.search.common.device_order`) are tried and the cost model
-picks. Graphs larger than ``max_nodes`` (default 1000) are coarsened first.
+picks. Devices left over memory (by a conservative per-op bound) shed ops
+to the devices they exchange most data with. Graphs larger than
+``max_nodes`` (default 1000) are coarsened first.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import numpy as np
 from ..errors import StrategyError
 from .base import Strategy, register_strategy
 from .common import (Candidate, Coarse, choose, context, device_order, fix_colocation,
-                     op_memory)
+                     op_memory, repair_memory)
 from .heuristics import stage_counts
 
 
@@ -58,7 +60,7 @@ class Partition(Strategy):
             if cands and budget.exhausted():
                 break
             devices = order[:k]
-            assign = self.partition(cp, devices, rng)
+            assign = repair_memory(context(cp), self.partition(cp, devices, rng))
             assign = fix_colocation(context(problem), coarse.expand(assign))
             cands.append(Candidate(assign, label=f"{k} parts"))
         plan, report, _ = choose(self, problem, cost_model, budget, cands, keep=2,

@@ -2,11 +2,13 @@
 al., OSDI 2022, Sec. 5.2) over contiguous stages and device blocks.
 
 The space: the topological order is cut into ``L`` *layers* (contiguous
-runs of about equal compute, at most ``max_layers``); devices are taken in
+runs of about equal compute, at most ``max_layers``, by default 8 to 64 so the DP stays
+fast on large clusters); devices are taken in
 :func:`placer.search.common.device_order`. A plan is a sequence of stages,
 stage j running layers ``s_j..e_j`` data-parallel on the next ``k_j``
 devices of that order (block sizes from ``sizes``: all of 1..D for up to 8
-devices, else powers of two); devices after the last block stay unused.
+devices, else powers of two); the first block may start anywhere, and
+devices before the first and after the last block stay unused.
 
 Each stage has a time per microbatch (:meth:`Space.stage_time`): forward
 and backward compute of one replica's share on the block's slowest device,
@@ -14,13 +16,14 @@ plus receiving its inputs from earlier stages over the link from the
 previous device (latency + bytes / bandwidth, both phases), plus the
 all-reduce of its parameters spread over the microbatches; a stage that
 overflows memory (parameter state and the whole batch's activations per
-replica, a conservative bound) is impossible. A plan costs Alpa's
+replica under 1F1B, a conservative bound) is impossible. A plan costs Alpa's
 
     T = sum_j t_j + (m - 1) * max_j t_j
 
 and the DP finds the minimum exactly: for each candidate ``t_max`` (every
-distinct stage time, ascending, stopping once ``m * t_max`` cannot beat the
-best; a grid of ``tmax_candidates`` of them when there are more), it
+distinct stage time from the smallest feasible one, ascending, stopping
+once ``m * t_max`` cannot beat the best; an even subsample of
+``tmax_candidates`` of them when there are more, the only inexact case), it
 minimises ``sum t_j`` with every ``t_j <= t_max``. This is done for every
 allowed microbatch count; the cost model then picks among the optima and
 the schedules.
@@ -43,7 +46,7 @@ class Space:
     when it does not fit in memory); :meth:`objective` prices a whole plan.
     """
 
-    def __init__(self, problem, max_layers: int = 24, sizes=None):
+    def __init__(self, problem, max_layers: int | None = None, sizes=None):
         ctx = context(problem)
         self.problem, self.ctx = problem, ctx
         n = problem.n_ops
@@ -53,6 +56,9 @@ class Space:
             sizes = list(range(1, D + 1)) if D <= 8 else \
                 [k for k in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if k <= D]
         self.sizes = sorted(set(int(k) for k in sizes if 1 <= k <= D))
+        if max_layers is None:
+            # the DP costs about layers^2 x positions x sizes per t_max
+            max_layers = int(np.clip(np.sqrt(4e5 / (D * len(self.sizes))), 8, 64))
         # layers: contiguous runs of the topological order with similar compute
         L = max(1, min(max_layers, n))
         cw = np.cumsum(ctx.work + 1e-30)
@@ -105,6 +111,12 @@ class Space:
                                                           pr.nic_bandwidth, pr.site)
         return float(min(coef[0] + coef[1] * nbytes, coef[2] + coef[3] * nbytes))
 
+    def held(self, p, m: int):
+        """Fraction of the batch's activations a stage starting at device
+        position ``p`` keeps under 1F1B: at most one microbatch per stage
+        from it to the end, and there are at most ``D - p`` of those."""
+        return np.minimum(m, self.D - np.asarray(p)) / m
+
     def stage_time(self, s: int, e: int, p: int, k: int, m: int) -> float:
         """Seconds per microbatch of stage (layers ``s..e``, devices
         ``order[p:p+k]``) with ``m`` microbatches; ``inf`` if over memory."""
@@ -112,7 +124,8 @@ class Space:
         sl = slice(s, e + 1)
         block = slice(p, p + k)
         rin = self.bytes_in(s, e)
-        mem = self.state[sl].sum() + (self.act[sl].sum() + rin) / k + self.ws[sl].max()
+        mem = self.state[sl].sum() + (self.act[sl].sum() + rin) / k * self.held(p, m) \
+            + self.ws[sl].max()
         if mem > self.memory[block].min():
             return float("inf")
         comp = self.work[sl].sum() / (m * k * self.rate[block].min()) \
@@ -160,6 +173,8 @@ class Space:
         cact = np.r_[0.0, np.cumsum(self.act)]
         A = np.full((L, L, D, Q), np.inf)
         B = np.full((L, L, D, Q), np.inf)
+        M0 = np.zeros((L, L))
+        M1 = np.zeros((L, L, Q))
         ovh = self.problem.op_overhead * ctx.phases
         first = (P > 0).astype(float)
         for s in range(L):
@@ -168,8 +183,8 @@ class Space:
                 ws = max(ws, self.ws[e])
                 rin = self.bytes_in(s, e)
                 work = cwork[e + 1] - cwork[s]
-                mem = (cstate[e + 1] - cstate[s]) + (cact[e + 1] - cact[s] + rin) / k + ws
-                fits = ok & (mem[None, :] <= mmin)
+                M0[s, e] = (cstate[e + 1] - cstate[s]) + ws
+                M1[s, e] = (cact[e + 1] - cact[s] + rin) / k
                 params = cparams[e + 1] - cparams[s]
                 if params > 0 and self.problem.training:
                     arr = np.minimum(ar[..., 0] + ar[..., 1] * params,
@@ -180,17 +195,19 @@ class Space:
                     ctx.phases * lat_in * first if rin > 0 else 0.0)
                 b = work / (k[None, :] * rmin) + arr + (
                     ctx.phases * rin / k[None, :] * inv_in * first if rin > 0 else 0.0)
-                A[s, e] = np.where(fits, a, np.inf)
-                B[s, e] = np.where(fits, b, np.inf)
-        self._ab = (A, B)
+                A[s, e] = np.where(ok, a, np.inf)
+                B[s, e] = np.where(ok, b, np.inf)
+        self._ab = (A, B, M0, M1, mmin)
         return self._ab
 
     def table(self, m: int) -> np.ndarray:
         """All stage times for ``m``: shape (L, L, D, len(sizes)) indexed
         [s, e, p, size index]; ``inf`` where impossible (e < s, p + k > D,
         over memory). Equals :meth:`stage_time` element by element."""
-        A, B = self._parts()
-        return A + B / m
+        A, B, M0, M1, mmin = self._parts()
+        h = self.held(np.arange(self.D), m)                       # (D,)
+        mem = M0[:, :, None, None] + M1[:, :, None, :] * h[None, None, :, None]
+        return np.where(mem <= mmin[None, None], A + B / m, np.inf)
 
     @staticmethod
     def objective(times, m: int) -> float:
@@ -262,15 +279,16 @@ class Space:
             G[s, :D] = flat[np.arange(D), arg]
             choice[s, :D, 0] = s + arg // len(sizes)
             choice[s, :D, 1] = arg % len(sizes)
-        if not np.isfinite(G[0, 0]):
+        p0 = int(np.argmin(G[0, :D]))
+        if not np.isfinite(G[0, p0]):
             return float("inf"), []
-        stages, s, p = [], 0, 0
+        stages, s, p = [], 0, p0
         while s < L:
             e, q = choice[s, p]
             k = int(sizes[q])
             stages.append((s, int(e), p, k))
             s, p = int(e) + 1, p + k
-        return float(G[0, 0]), stages
+        return float(G[0, p0]), stages
 
     def assignment(self, stages) -> Candidate:
         """The candidate (op -> group) of a list of stages."""
@@ -293,15 +311,15 @@ class Space:
 class PipelineDP(Strategy):
     """Alpa-style inter-operator DP over contiguous stages x device blocks
     with a data-parallel degree per stage (see the module doc). Options:
-    ``max_layers`` (default 24), ``sizes`` (allowed block sizes),
+    ``max_layers`` (default: 8 to 64 by cluster size), ``sizes`` (allowed block sizes),
     ``tmax_candidates`` (default 256)."""
 
     name = "pipeline_dp"
 
-    def __init__(self, *, max_layers: int = 24, sizes=None, tmax_candidates: int = 256,
-                 **options):
+    def __init__(self, *, max_layers: int | None = None, sizes=None,
+                 tmax_candidates: int = 256, **options):
         super().__init__(**options)
-        self.max_layers, self.sizes = int(max_layers), sizes
+        self.max_layers, self.sizes = max_layers, sizes
         self.tmax_candidates = int(tmax_candidates)
 
     def search(self, problem, cost_model, budget, seed=0, progress=None):
