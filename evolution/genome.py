@@ -141,9 +141,11 @@ class LayoutGenome:
     @classmethod
     def balanced(cls, space: "Space", stages: Sequence[Sequence[int]], microbatches: int = 1,
                  schedule: str = "1f1b", origin: str = "") -> "LayoutGenome":
-        """Cut the order so each stage's work is proportional to its speed
-        (sum of its devices' sustained FLOP/s)."""
-        speed = np.array([space.problem.rate[list(s)].sum() for s in stages], dtype=float)
+        """Cut the order so each stage's work is proportional to its speed:
+        replicas split the batch evenly, so a stage runs at its slowest
+        device's FLOP/s times its number of replicas."""
+        rate = space.problem.rate
+        speed = np.array([rate[list(s)].min() * len(s) for s in stages], dtype=float)
         return cls(space.cuts_for(speed), [tuple(int(d) for d in s) for s in stages],
                    microbatches, schedule, origin)
 

@@ -1,0 +1,533 @@
+"""``method="dtfm"``: the decentralized bi-level scheduler of Yuan et al.,
+"Decentralized Training of Foundation Models in Heterogeneous Environments"
+(NeurIPS 2022).
+
+The model is split into ``D_pp`` pipeline stages, each replicated on
+``D_dp`` devices (data parallelism). The scheduler decides
+
+1. a balanced *partition* of the devices into ``D_pp`` data-parallel groups
+   of ``D_dp`` (each group all-reduces one stage's gradients, so groups
+   joined by fast links are cheap), and
+2. the *pipeline order* of the groups: an open-loop travelling-salesman
+   path over the groups whose edge cost is the time to send a stage's
+   activations between them (each replica talks to its counterpart, so the
+   slowest pair of links counts),
+
+and searches (1) with a genetic algorithm (topology-aware swaps of devices
+between groups, a crossover that transplants whole groups, a local search
+of swaps) while (2) is solved exactly (Held-Karp) for up to 9 groups and
+by nearest neighbour + 2-opt beyond. Unlike the paper's closed-form cost
+the fitness is the screening cost model's step time of the resulting plan
+(layers split in proportion to each group's speed), and the shape
+(``D_pp``, ``D_dp``), the number of microbatches and the schedule are genes
+too. The even, Megatron-style allocation (devices in rank order) is kept
+as a reference in the plan's ``extra["dtfm"]``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+from deap import base, tools
+
+from placer.cost import get_cost_model
+from placer.errors import PlacerError, StrategyError
+from placer.plan import Plan
+from placer.search.base import (Budget, Progress, Strategy, get_strategy,
+                                register_strategy)
+
+from .evaluate import Evaluator
+from .genome import LayoutGenome, OpGenome, Space
+from .memetic import local_search
+from .search import _Bar, _Fitness, _tournament, device_chain
+
+if TYPE_CHECKING:
+    from placer.cost import CostModel, Problem
+
+
+@dataclass
+class Partition:
+    """A device permutation read as ``pp`` groups of ``dp`` consecutive
+    devices (devices past ``pp * dp`` are unused), plus microbatches and
+    schedule."""
+
+    perm: np.ndarray
+    pp: int
+    dp: int
+    microbatches: int = 1
+    schedule: str = "1f1b"
+    origin: str = ""
+    fitness: object = field(default=None, repr=False, compare=False)
+
+    def copy(self) -> "Partition":
+        return Partition(self.perm.copy(), self.pp, self.dp, self.microbatches, self.schedule,
+                         self.origin)
+
+    def groups(self) -> list[tuple]:
+        return [tuple(sorted(int(d) for d in self.perm[s * self.dp:(s + 1) * self.dp]))
+                for s in range(self.pp)]
+
+    def key(self) -> tuple:
+        return (tuple(sorted(self.groups())), self.microbatches, self.schedule)
+
+
+class Scheduler:
+    """The bi-level cost pieces of one problem: data-parallel cost of a group
+    and the pipeline path over groups."""
+
+    def __init__(self, space: Space):
+        self.space = space
+        p = space.problem
+        self.p = p
+        speed = np.minimum(p.bandwidth, np.minimum(p.nic_bandwidth[:, None],
+                                                   p.nic_bandwidth[None, :]))
+        self.inv_bw = 1.0 / speed
+        np.fill_diagonal(self.inv_bw, 0.0)
+        # bytes crossing a stage boundary: the largest tensor of the graph
+        self.act = float(p.edge_bytes.max()) if p.n_edges else float(p.output_bytes.max())
+        self.phases = 2.0 if p.training else 1.0
+
+    def link_cost(self, a: tuple, b: tuple, dp: int, m: int) -> float:
+        """Seconds to move one step's activations (and gradients) from group
+        ``a`` to ``b``: the i-th replicas (by device index, like the cost
+        model) pair up; the slowest pair counts."""
+        nbytes = self.act / max(dp, 1)
+        worst = 0.0
+        for x, y in zip(a, b):
+            worst = max(worst, m * self.p.latency[x, y] + nbytes * self.inv_bw[x, y])
+        return self.phases * worst
+
+    def dp_cost(self, group: tuple, nbytes: float) -> float:
+        """Ring all-reduce of ``nbytes`` over the group, in the group's order."""
+        k = len(group)
+        if k < 2:
+            return 0.0
+        worst = 0.0
+        for i in range(k):
+            x, y = group[i], group[(i + 1) % k]
+            worst = max(worst, self.p.latency[x, y] + nbytes / k * self.inv_bw[x, y])
+        return 2 * (k - 1) * worst
+
+    def order(self, groups: list[tuple], dp: int, m: int) -> list[int]:
+        """The pipeline order of ``groups``: an open TSP path."""
+        S = len(groups)
+        if S <= 2:
+            return list(range(S))
+        C = np.array([[self.link_cost(a, b, dp, m) if a != b else 0.0 for b in groups]
+                      for a in groups])
+        C = np.maximum(C, C.T)
+        return tsp_path(C)
+
+
+def tsp_path(C: np.ndarray) -> list[int]:
+    """A cheapest Hamiltonian path (any ends) over cost matrix ``C``: exact
+    (Held-Karp) up to 12 nodes, else nearest neighbour from every start plus
+    2-opt."""
+    S = len(C)
+    if S <= 2:
+        return list(range(S))
+    if S <= 9:
+        full = 1 << S
+        dp = np.full((full, S), np.inf)
+        parent = np.full((full, S), -1, dtype=np.int64)
+        for i in range(S):
+            dp[1 << i, i] = 0.0
+        for mask in range(1, full):
+            row = dp[mask]
+            ends = [i for i in range(S) if mask >> i & 1 and np.isfinite(row[i])]
+            for i in ends:
+                base_cost = row[i]
+                for j in range(S):
+                    if mask >> j & 1:
+                        continue
+                    nm = mask | 1 << j
+                    c = base_cost + C[i, j]
+                    if c < dp[nm, j]:
+                        dp[nm, j] = c
+                        parent[nm, j] = i
+        mask = full - 1
+        j = int(np.argmin(dp[mask]))
+        path = [j]
+        while parent[mask, j] >= 0:
+            i = int(parent[mask, j])
+            mask ^= 1 << j
+            j = i
+            path.append(j)
+        return path[::-1]
+    best, best_cost = None, np.inf
+    for start in range(S):
+        path = [start]
+        left = set(range(S)) - {start}
+        while left:
+            nxt = min(left, key=lambda j: (C[path[-1], j], j))
+            path.append(nxt)
+            left.remove(nxt)
+        path = _two_opt(path, C)
+        cost = sum(C[path[k], path[k + 1]] for k in range(S - 1))
+        if cost < best_cost - 1e-15:
+            best, best_cost = path, cost
+    return best
+
+
+def _two_opt(path: list[int], C: np.ndarray) -> list[int]:
+    S = len(path)
+    improved = True
+    while improved:
+        improved = False
+        for i in range(S - 1):
+            for j in range(i + 2, S + 1):
+                # reverse path[i+1:j]: edges (i, i+1) and (j-1, j) change
+                a, b = path[i], path[i + 1]
+                c = path[j - 1]
+                d = path[j] if j < S else None
+                old = C[a, b] + (C[c, d] if d is not None else 0.0)
+                new = C[a, c] + (C[b, d] if d is not None else 0.0)
+                if new < old - 1e-15:
+                    path[i + 1:j] = path[i + 1:j][::-1]
+                    improved = True
+    return path
+
+
+def shapes_for(D: int, n_ops: int) -> list[tuple[int, int]]:
+    """(D_pp, D_dp) candidates with ``D_pp <= n_ops`` and ``D_pp * D_dp <= D``:
+    every factorisation of ``D`` (all devices busy) and, since slow links
+    can make extra replicas or stages cost more than they give, smaller
+    shapes with powers of two (or the largest fitting count) on each axis."""
+    def axis(limit: int) -> list[int]:
+        vals = {1, limit}
+        v = 2
+        while v <= limit:
+            vals.add(v)
+            v *= 2
+        return sorted(x for x in vals if 1 <= x <= limit)
+    out = {(D // dp, dp) for dp in range(1, D + 1) if D % dp == 0 and D // dp <= n_ops}
+    for dp in axis(D):
+        for pp in axis(min(n_ops, D // dp)):
+            out.add((pp, dp))
+    return sorted(out)
+
+
+class DTFM(Strategy):
+    """Bi-level scheduler of Yuan et al. 2022 (see the module doc).
+
+    Options: ``shapes`` (list of ``(D_pp, D_dp)``; None: every factorisation
+    of the device count), ``population`` (32), ``tournament`` (3),
+    ``crossover`` (0.7), ``patience`` (30 generations), ``generations``
+    (cap), ``local_every`` (5), ``screen`` (``"analytical"``),
+    ``coarsen_above`` (1500) / ``coarsen_to`` (400), ``progress_bar``,
+    ``seeds`` (heuristics whose plans compete in the final ranking, so the
+    result is never worse than them: ``even_pipeline``, ``pipeline_dp``),
+    ``polish_rounds`` (8: local search of stage boundaries on the winner);
+    plus :class:`Strategy`'s ``initial``, ``microbatches``, ``schedule``.
+    """
+
+    name = "dtfm"
+
+    def __init__(self, *, shapes: Sequence[Sequence[int]] | None = None, population: int = 32,
+                 tournament: int = 3, crossover: float = 0.7, patience: int = 30,
+                 generations: int | None = None, local_every: int = 5,
+                 screen: str | None = "analytical", coarsen_above: int = 1500,
+                 coarsen_to: int = 400, progress_bar: bool = False,
+                 seeds: Sequence[str] | None = ("even_pipeline", "pipeline_dp"),
+                 polish_rounds: int = 8, **common):
+        super().__init__(**common)
+        self.seeds = list(seeds or [])
+        self.polish_rounds = int(polish_rounds)
+        if population < 2 or int(population) != population:
+            raise StrategyError(f"population must be a whole number >= 2, got {population!r}",
+                                field="population")
+        self.shapes = None if shapes is None else [(int(a), int(b)) for a, b in shapes]
+        self.population = int(population)
+        self.tournament = int(tournament)
+        self.cx = float(crossover)
+        self.patience = int(patience)
+        self.generations = generations
+        self.local_every = int(local_every)
+        self.screen = screen
+        self.coarsen_above = int(coarsen_above)
+        self.coarsen_to = int(coarsen_to)
+        self.progress_bar = bool(progress_bar)
+
+    def search(self, problem: "Problem", cost_model: "CostModel", budget: Budget,
+               seed: int = 0, progress=None) -> Plan:
+        from placer.search.common import Coarse
+        rng = np.random.default_rng([int(seed), 0xD7F, 5])
+        coarse = Coarse(problem, self.coarsen_to if problem.n_ops > self.coarsen_above
+                        else None)
+        inner = coarse.problem
+        space = Space(inner, self.microbatch_choices(inner), self.schedule_choices())
+        D = space.n_devices
+        shapes = self.shapes or shapes_for(D, space.n_ops)
+        shapes = [(pp, dp) for pp, dp in shapes if 1 <= pp <= space.n_ops and pp * dp <= D]
+        if not shapes:
+            raise StrategyError(f"no (D_pp, D_dp) shape fits {D} devices and "
+                                f"{space.n_ops} ops", field="shapes")
+        screen = cost_model if self.screen is None else get_cost_model(self.screen)
+        sched = Scheduler(space)
+        self._cache: dict = {}
+        bar = _Bar(self.progress_bar, budget)
+        with Evaluator(space, budget.meter(screen), budget) as evaluate:
+            def score(parts: list[Partition]) -> np.ndarray:
+                genomes = [self.decode(space, sched, x) for x in parts]
+                values = evaluate(genomes)
+                for x, v in zip(parts, values.tolist()):
+                    x.fitness = _Fitness((v,))
+                return values
+
+            seeds = self._seeds(space, shapes, rng)
+            score(seeds)
+            baseline = {f"{x.pp}x{x.dp}": x.fitness.values[0] for x in seeds
+                        if x.origin == "even"}
+            pop = _best(_unique(seeds), self.population)
+            best_part = self._evolve(space, sched, pop, shapes, score, rng, budget, progress,
+                                     bar, evaluate)
+            genome = self.decode(space, sched, best_part)
+            if self.polish_rounds and not budget.exhausted():
+                genome, _ = local_search(space, evaluate, genome, best_part.fitness.values[0],
+                                         rng, rounds=self.polish_rounds)
+            rivals = self._rivals(inner, screen, budget, seed, space)
+        bar.close()
+        candidates = [genome.to_plan(space, self.name)] + rivals
+        if coarse.members is not None:
+            candidates = [c.expand(coarse.graph) for c in candidates]
+        reports = cost_model.estimate_many(problem, candidates)
+        k = int(np.argmin([r.objective for r in reports]))
+        plan, report = candidates[k], reports[k]
+        plan.method = self.name
+        even = min(baseline.values()) if baseline else None
+        plan.extra["dtfm"] = {"winner": "bi-level" if k == 0 else candidates[k].extra.get("from"),
+            "stages": best_part.pp, "replicas": best_part.dp,
+            "groups": [[space.problem.devices[d] for d in g]
+                       for g in self._ordered(space, sched, best_part)],
+            "even_allocation_step_time": even if even is None or even < 1e9 else None,
+            "screen_step_time": float(best_part.fitness.values[0])}
+        return self.finalize(problem, cost_model, budget, plan, report, progress=progress)
+
+    def _rivals(self, inner, screen, budget: Budget, seed: int, space: Space) -> list[Plan]:
+        """Plans of the ``seeds`` heuristics (on the inner problem)."""
+        from .search import _sub_budget
+        out = []
+        for name in self.seeds:
+            try:
+                strategy = get_strategy(name, microbatches=self.microbatches,
+                                        schedule=self.schedule)
+                sub = _sub_budget(budget, 0.1)
+                plan = strategy.search(inner, screen, sub, seed=seed)
+                budget.charge(sub.used)
+            except PlacerError:
+                continue
+            plan.extra["from"] = name
+            out.append(plan)
+        return out
+
+    # --- decoding ---------------------------------------------------------------
+    def _ordered(self, space: Space, sched: Scheduler, x: Partition) -> list[tuple]:
+        groups = x.groups()
+        order = sched.order(groups, x.dp, x.microbatches)
+        return [groups[i] for i in order]
+
+    def decode(self, space: Space, sched: Scheduler, x: Partition) -> OpGenome:
+        """The plan of a partition: groups in TSP order, layers balanced."""
+        key = ("ordered",) + x.key()
+        ordered = self._cache.get(key)
+        if ordered is None:
+            ordered = self._cache[key] = self._ordered(space, sched, x)
+        return LayoutGenome.balanced(space, ordered, x.microbatches, x.schedule,
+                                     x.origin).decode(space)
+
+    # --- population ---------------------------------------------------------------
+    def _seeds(self, space: Space, shapes, rng) -> list[Partition]:
+        D = space.n_devices
+        chain = np.array(device_chain(space), dtype=np.int64)
+        ident = np.arange(D, dtype=np.int64)
+        ms = space.microbatch_choices
+        scheds = space.schedule_choices
+        out = []
+        for pp, dp in shapes:
+            m = max([v for v in ms if v <= max(4 * pp, 1)] or [ms[0]])
+            used = pp * dp
+            # rank order: the even, Megatron-style allocation
+            out.append(Partition(ident.copy(), pp, dp, m, scheds[0], "even"))
+            # groups of nearby devices (data parallelism on fast links)
+            out.append(Partition(chain.copy(), pp, dp, m, scheds[0], "near-groups"))
+            # groups strided across the chain (pipelines on fast links)
+            strided = np.r_[chain[:used].reshape(dp, pp).T.ravel(), chain[used:]]
+            out.append(Partition(strided.astype(np.int64), pp, dp, m, scheds[0],
+                                 "near-pipelines"))
+            out.append(Partition(rng.permutation(D).astype(np.int64), pp, dp, m, scheds[0],
+                                 "random"))
+        return out
+
+    def _evolve(self, space, sched, pop, shapes, score, rng, budget, progress, bar, evaluate):
+        toolbox = base.Toolbox()
+        toolbox.register("mate", self._mate, rng=rng)
+        toolbox.register("mutate", self._mutate, space, shapes, rng=rng)
+        toolbox.register("select", _tournament, rng=rng, k=self.tournament)
+        logbook = tools.Logbook()
+        best = pop[0].fitness.values[0]
+        stale = gen = 0
+        self._emit(progress, budget, best, gen, bar)
+        while not budget.exhausted():
+            gen += 1
+            if self.generations is not None and gen > self.generations:
+                break
+            fits = np.array([x.fitness.values[0] for x in pop])
+            children = []
+            while len(children) < self.population:
+                a = pop[toolbox.select(fits)].copy()
+                if rng.random() < self.cx:
+                    b = pop[toolbox.select(fits)]
+                    a = toolbox.mate(a, b)
+                children.append(toolbox.mutate(a))
+            score(children)
+            pop = _best(_unique(pop + children), self.population)
+            if self.local_every and gen % self.local_every == 0 and not budget.exhausted():
+                polished = self._local(space, sched, pop[0], score, rng)
+                if polished is not None:
+                    pop = _best(_unique([polished] + pop), self.population)
+            logbook.record(gen=gen, best=pop[0].fitness.values[0])
+            if pop[0].fitness.values[0] < best * (1 - 1e-6):
+                best, stale = pop[0].fitness.values[0], 0
+            else:
+                stale += 1
+            self._emit(progress, budget, best, gen, bar)
+            if stale >= self.patience:
+                break
+        return pop[0]
+
+    def _emit(self, progress, budget, best, gen, bar):
+        bar.update(best, gen)
+        if progress is not None:
+            progress(Progress(self.name, budget.used, budget.elapsed, float(best),
+                              float(best) if best < 1e9 else None, bool(best < 1e9),
+                              f"generation {gen}"))
+
+    # --- operators ------------------------------------------------------------------
+    def _mate(self, a: Partition, b: Partition, rng) -> Partition:
+        """Transplant one of ``b``'s groups into ``a`` (same shape only),
+        swapping the displaced devices to where the incoming ones were."""
+        if (a.pp, a.dp) != (b.pp, b.dp):
+            return a
+        s = int(rng.integers(b.pp))
+        target = int(rng.integers(a.pp))
+        incoming = b.perm[s * b.dp:(s + 1) * b.dp]
+        pos = {int(d): i for i, d in enumerate(a.perm.tolist())}
+        lo = target * a.dp
+        for k, d in enumerate(incoming.tolist()):
+            i, j = pos[d], lo + k
+            if i != j:
+                x, y = int(a.perm[i]), int(a.perm[j])
+                a.perm[i], a.perm[j] = y, x
+                pos[x], pos[y] = j, i
+        if rng.random() < 0.5:
+            a.microbatches, a.schedule = b.microbatches, b.schedule
+        return a
+
+    def _mutate(self, space: Space, shapes, x: Partition, rng) -> Partition:
+        D = space.n_devices
+        used = x.pp * x.dp
+        r = rng.random()
+        if r < 0.55 and x.pp > 1:
+            # move a device next to its nearest peers: swap it into the group
+            # of a near device, the displaced device going back
+            i = int(rng.integers(used))
+            d = int(x.perm[i])
+            k = int(min(rng.geometric(0.3) - 1, len(space.near[d]) - 1))
+            e = int(space.near[d][k])
+            j = int(np.flatnonzero(x.perm == e)[0])
+            if j // x.dp != i // x.dp:
+                group = range((j // x.dp) * x.dp, (j // x.dp + 1) * x.dp)
+                cand = [g for g in group if g != j] if x.dp > 1 else [j]
+                t = int(rng.choice(cand))
+                x.perm[i], x.perm[t] = x.perm[t], x.perm[i]
+        elif r < 0.7:
+            i, j = rng.integers(D, size=2)
+            x.perm[i], x.perm[j] = x.perm[j], x.perm[i]
+        elif r < 0.85 and len(shapes) > 1:
+            k = shapes.index((x.pp, x.dp)) if (x.pp, x.dp) in shapes else 0
+            k = min(max(k + (1 if rng.random() < 0.5 else -1), 0), len(shapes) - 1)
+            x.pp, x.dp = shapes[k]
+        else:
+            ms = space.microbatch_choices
+            if len(space.schedule_choices) > 1 and rng.random() < 0.3:
+                x.schedule = [s for s in space.schedule_choices if s != x.schedule][0]
+            elif len(ms) > 1:
+                i = ms.index(x.microbatches) if x.microbatches in ms else 0
+                x.microbatches = ms[min(max(i + (1 if rng.random() < 0.5 else -1), 0),
+                                        len(ms) - 1)]
+        x.origin = "dtfm"
+        return x
+
+    def _local(self, space, sched, x: Partition, score, rng, tries: int = 64):
+        """One batch of single swaps between groups (and with unused
+        devices); returns the best if it improves ``x``."""
+        D = space.n_devices
+        used = x.pp * x.dp
+        cands = []
+        pairs = [(i, j) for i in range(used) for j in range(i + 1, D)
+                 if j >= used or i // x.dp != j // x.dp]
+        if not pairs:
+            return None
+        pick = rng.choice(len(pairs), size=min(tries, len(pairs)), replace=False)
+        for k in np.sort(pick).tolist():
+            i, j = pairs[k]
+            c = x.copy()
+            c.perm[i], c.perm[j] = c.perm[j], c.perm[i]
+            c.origin = "dtfm"
+            cands.append(c)
+        values = score(cands)
+        k = int(np.argmin(values))
+        return cands[k] if values[k] < x.fitness.values[0] * (1 - 1e-9) else None
+
+
+def _unique(parts: list) -> list:
+    seen = set()
+    out = []
+    for x in parts:
+        k = x.key()
+        if k not in seen:
+            seen.add(k)
+            out.append(x)
+    return out
+
+
+def _best(parts: list, k: int) -> list:
+    fits = np.array([x.fitness.values[0] for x in parts])
+    return [parts[i] for i in np.argsort(fits, kind="stable")[:k].tolist()]
+
+
+def even_allocation(problem: "Problem", pp: int, dp: int, microbatches: int = 1,
+                    schedule: str = "1f1b", order: Sequence[int] | None = None) -> Plan:
+    """The even, Megatron-style plan: devices in ``order`` (rank order by
+    default) cut into ``pp`` groups of ``dp``, layers split evenly by work."""
+    space = Space(problem, [microbatches], [schedule])
+    order = list(range(problem.n_devices)) if order is None else list(order)
+    stages = [tuple(order[s * dp:(s + 1) * dp]) for s in range(pp)]
+    genome = LayoutGenome.balanced(space, stages, microbatches, schedule, "even").decode(space)
+    return genome.to_plan(space, "even")
+
+
+def scale_batch(graph, factor: float, name: str | None = None):
+    """``graph`` with a ``factor`` times larger batch: FLOPs, activations and
+    edge bytes scale, parameters do not (e.g. the paper's large global
+    batch from a traced batch of 8)."""
+    from placer.graph import Edge, Graph, Op
+    f = float(factor)
+    ops = [Op(o.id, o.op, o.flops * f, o.bwd_flops * f, o.param_bytes, o.output_bytes * f,
+              o.colocate, dict(o.extra)) for o in graph]
+    edges = [Edge(e.src, e.dst, e.bytes * f, dict(e.extra)) for e in graph.edges]
+    meta = dict(graph.meta)
+    if isinstance(meta.get("batch"), (int, float)):
+        meta["batch"] = int(round(meta["batch"] * f))
+    return Graph(name or f"{graph.name}.x{factor:g}", ops, edges, training=graph.training,
+                 meta=meta)
+
+
+register_strategy(DTFM)
+
+__all__ = ["DTFM", "Partition", "Scheduler", "even_allocation", "scale_batch", "shapes_for",
+           "tsp_path"]
