@@ -95,6 +95,16 @@ def test_ranks_like_the_simulator_on_random_plans():
     assert kendall_tau(sim, ana) > 0.75
 
 
+def test_reports_pickle_and_match_the_simulator_layout():
+    import pickle
+    g = chain(2, nbytes=1e6)
+    p = Problem(g, cluster(2))
+    r = Analytical().estimate(p, Plan({"o0": ["d0"], "o1": ["d1"]}))
+    back = pickle.loads(pickle.dumps(r))
+    assert back.to_dict() == r.to_dict()
+    assert r.bytes_per_link == {"d0->d1": pytest.approx(1e6), "d1->d0": pytest.approx(1e6)}
+
+
 def test_objectives():
     g = chain(2)
     plan = Plan({"o0": ["d0"], "o1": ["d1"]})

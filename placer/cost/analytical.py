@@ -56,18 +56,19 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     share = member / size[:, None]
     flat = (A + (np.arange(B) * G)[:, None]).ravel()
 
-    def gsum(w):
-        return np.bincount(flat, np.broadcast_to(w, (B, n)).ravel(),
-                           minlength=B * G).reshape(B, G)
+    tiles = _tiles(p, B)
 
-    count = np.bincount(flat, minlength=B * G).reshape(B, G).astype(float)
-    lf = gsum(p.flops)
+    def gsum(name):
+        return np.bincount(flat, tiles[name], minlength=B * G).reshape(B, G)
+
+    count = gsum("ones")
+    lf = gsum("flops")
     per_mb = 1.0 / m[:, None]
     inv_rate = share / p.rate[None, :]
     ovh = p.op_overhead
     cf = (lf * per_mb) @ inv_rate + (count @ member) * ovh
     if training:
-        lb = gsum(p.bwd_flops)
+        lb = gsum("bwd_flops")
         cb = (lb * per_mb) @ inv_rate + (count @ member) * ovh
         if p.recompute:
             cb = cb + cf
@@ -84,18 +85,20 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     # replicas of a data-parallel group send and receive in parallel
     xfer = np.zeros(B)
     if p.n_edges:
-        gu = A[:, p.edge_src]
-        gv = A[:, p.edge_dst]
+        src, dst, eb = _edges_by_source(p)
+        gu = A[:, src]
+        gv = A[:, dst]
         rows, cut = np.nonzero(gu != gv)            # few: only edges between groups
         if len(rows):
             cu, cv = gu[rows, cut], gv[rows, cut]
-            # an op's output goes once to each destination group: keep the
-            # largest edge per (plan, source op, destination group)
-            key = (rows * n + p.edge_src[cut]) * G + cv
-            uniq, first, inv = np.unique(key, return_index=True, return_inverse=True)
-            nb = np.zeros(len(uniq))
-            np.maximum.at(nb, inv, p.edge_bytes[cut])
-            rows, cu, cv = rows[first], cu[first], cv[first]
+            # an op's output goes once to each destination group; edges are
+            # sorted by source, so a repeat sits within the last few entries
+            key = (rows * n + src[cut]) * G + cv
+            dup = np.zeros(len(key), dtype=bool)
+            for lag in (1, 2, 3):
+                dup[lag:] |= key[lag:] == key[:-lag]
+            keep = ~dup
+            rows, cu, cv, nb = rows[keep], cu[keep], cv[keep], eb[cut[keep]]
             single = (cu < D) & (cv < D)
             if single.any():
                 keys = rows[single] * (D * D) + cu[single] * D + cv[single]
@@ -176,11 +179,12 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     used = first_d < n
     # 1F1B lets the first of S devices hold S microbatches, so a round trip
     # (about the fill time) is shared by at most S microbatches
-    run = np.zeros((B, n), dtype=np.int64)
-    if n > 1:
-        np.cumsum(A[:, 1:] != A[:, :-1], axis=1, out=run[:, 1:])
-    runs = run[:, -1:] + 1
-    run_first = np.take_along_axis(run, np.minimum(first_d, n - 1), axis=1)
+    # run of a position = switches before it (switch keys are sorted)
+    skey = hr * n + hc + 1
+    row_start = np.searchsorted(skey, np.arange(B) * n)
+    runs = (np.diff(np.r_[row_start, len(skey)]) + 1)[:, None]
+    qry = np.arange(B)[:, None] * n + np.minimum(first_d, n - 1)
+    run_first = np.searchsorted(skey, qry, side="right") - row_start[:, None]
     held_1f1b = inflight(p, run_first, runs, used, m[:, None], "1f1b")
     if training:
         # the first device holds R microbatches (R runs), so a round trip
@@ -191,7 +195,7 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
 
     # --- all-reduce of data-parallel groups ----------------------------------
     if training and G > D:
-        lp = gsum(p.param_bytes)
+        lp = gsum("param_bytes")
         dp = np.arange(G) >= D
         coef = np.array([_coefficients(p, tuple(groups[g])) if g >= D else (0, 0, 0, 0)
                          for g in range(G)])
@@ -209,20 +213,19 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
             slack = slack + bgt * (buckets - 1) / buckets
             step = np.maximum(step, step + (ar - slack).max(axis=1))
     else:
-        lp = gsum(p.param_bytes) if G > 0 else None
+        lp = gsum("param_bytes") if G > 0 else None
         ar = None
 
     # --- memory -------------------------------------------------------------------
     if lp is None or not training or G <= D:
-        lp = gsum(p.param_bytes)
+        lp = gsum("param_bytes")
     params = lp @ member
-    acts = gsum(p.output_bytes) @ share
+    acts = gsum("output_bytes") @ share
     recv = L.sum(axis=1)
     # max per group: write values in increasing order, the last write wins
     ws_order = _ws_order(p)
     wsg = np.zeros(B * G)
-    wsg[(A[:, ws_order] + (np.arange(B) * G)[:, None]).ravel()] = \
-        np.tile(p.workspace_bytes[ws_order], B)
+    wsg[(A[:, ws_order] + (np.arange(B) * G)[:, None]).ravel()] = tiles["ws_sorted"]
     wsg = wsg.reshape(B, G) / size[None, :]
     ws = wsg[:, :D].copy()
     if len(dp_rows):
@@ -276,6 +279,29 @@ def _dp_entries(groups, D: int, present: np.ndarray):
             np.broadcast_to(cols[:, None] + D, devs.shape)[keep])
 
 
+def _tiles(p: Problem, B: int) -> dict:
+    """Per-op weights repeated for B plans (cached for the last B)."""
+    hit = getattr(p, "_tiles", None)
+    if hit is None or hit[0] != B:
+        order = _ws_order(p)
+        arrays = {"ones": np.ones(p.n_ops), "flops": p.flops, "bwd_flops": p.bwd_flops,
+                  "param_bytes": p.param_bytes, "output_bytes": p.output_bytes,
+                  "ws_sorted": p.workspace_bytes[order]}
+        hit = (B, {k: np.tile(v, B) for k, v in arrays.items()})
+        if B * p.n_ops <= 1 << 21:      # keep at most ~100 MB of them
+            p._tiles = hit
+    return hit[1]
+
+
+def _edges_by_source(p: Problem):
+    """Edge sources, destinations and bytes sorted by (source, destination)."""
+    hit = getattr(p, "_by_source", None)
+    if hit is None:
+        o = p.edge_order
+        hit = p._by_source = (p.edge_src[o], p.edge_dst[o], p.edge_bytes[o])
+    return hit
+
+
 def _ws_order(p: Problem) -> np.ndarray:
     if getattr(p, "_ws_sorted", None) is None:
         p._ws_sorted = np.argsort(p.workspace_bytes, kind="stable")
@@ -305,29 +331,6 @@ def _pair_sparse(p: Problem, src, dst):
                         float((w2.sum(axis=0) / p.nic_bandwidth).max()))
         hit = cache[key] = (idx, w[idx], worst)
     return hit
-
-
-def _sib_order(p: Problem) -> np.ndarray:
-    _sib_prepare(p)
-    return p._sib[0]
-
-
-def _sib_starts(p: Problem) -> np.ndarray:
-    _sib_prepare(p)
-    return p._sib[1]
-
-
-def _sib_targets(p: Problem) -> np.ndarray:
-    _sib_prepare(p)
-    return p._sib[2]
-
-
-def _sib_prepare(p: Problem) -> None:
-    if getattr(p, "_sib", None) is None:
-        order = np.argsort(p.sibling_later, kind="stable")
-        later = p.sibling_later[order]
-        starts = np.flatnonzero(np.r_[True, later[1:] != later[:-1]])
-        p._sib = (order, starts, later[starts])
 
 
 def _coefficients(p: Problem, devices: tuple) -> tuple:
@@ -372,7 +375,7 @@ class Analytical(CostModel):
         m = np.array([c.microbatches for c in compiled])
         gp = np.array([c.schedule == "gpipe" for c in compiled])
         batch = evaluate(problem, A, groups, m, gp)
-        return [_report(problem, batch, i, compiled[i]) for i in range(len(plans))]
+        return _reports(problem, batch, compiled)
 
     def step_times(self, problem: Problem, assignments, *, groups=(), microbatches: int = 1,
                    schedule: str = "1f1b") -> np.ndarray:
@@ -381,7 +384,63 @@ class Analytical(CostModel):
         return evaluate(problem, A, table, microbatches, schedule == "gpipe").objective
 
 
-def _report(p: Problem, b: _Batch, i: int, c) -> Report:
+_LAZY_FIELDS = ("peak_memory", "memory_excess", "busy", "compute", "comm", "idle",
+                "bytes_per_link")
+
+
+class _LazyReport(Report):
+    """A :class:`Report` whose per-device and per-link dicts are built on
+    first access, so ranking thousands of plans does not pay for them."""
+
+    def __init__(self, build, **scalars):
+        self.__dict__.update(scalars)
+        self.__dict__["_build"] = build
+
+    def __getattr__(self, name):
+        build = self.__dict__.get("_build")
+        if name in _LAZY_FIELDS and build is not None:
+            self.__dict__.update(build())
+            del self.__dict__["_build"]
+            return self.__dict__[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __getstate__(self):
+        for name in _LAZY_FIELDS:
+            getattr(self, name)
+        return self.__dict__
+
+
+def _reports(p: Problem, b: _Batch, compiled: list) -> list[Report]:
+    names = p.devices
+    B = len(compiled)
+    D = p.n_devices
+    ct = b.comp.max(axis=1)
+    cd = b.comp.argmax(axis=1)
+    lt_flat = b.link_t.reshape(B, -1)
+    lt = lt_flat.max(axis=1) * b.phases
+    ld = lt_flat.argmax(axis=1)
+    steps = b.step.tolist()
+    ms = b.m.tolist()
+    feasible = b.feasible.tolist()
+    objective = b.objective.tolist()
+    out = []
+    for i, c in enumerate(compiled):
+        step, m = steps[i], ms[i]
+        if lt[i] > ct[i]:
+            a, z = divmod(int(ld[i]), D)
+            bottleneck = (f"link {names[a]}->{names[z]} (busy {lt[i] * m / step:.0%} "
+                          f"of the step)")
+        else:
+            bottleneck = (f"device {names[int(cd[i])]} (compute {ct[i] * m / step:.0%} "
+                          f"of the step)")
+        out.append(_LazyReport(
+            lambda i=i: _dicts(p, b, i), step_time=step, feasible=feasible[i],
+            objective=objective[i], bottleneck=bottleneck, model="analytical",
+            microbatches=c.microbatches, schedule=c.schedule, extra={}, timeline=None))
+    return out
+
+
+def _dicts(p: Problem, b: _Batch, i: int) -> dict:
     names = p.devices
     step = float(b.step[i])
     m = float(b.m[i])
@@ -390,26 +449,14 @@ def _report(p: Problem, b: _Batch, i: int, c) -> Report:
     comp = b.comp[i] * m
     comm = (b.nic_out[i] + b.nic_in[i]) * m
     busy = np.minimum(np.maximum(comp, comm), step)
-    L = b.L[i]
+    L = b.L[i] + b.L[i].T if b.phases > 1 else b.L[i]    # gradients come back
     nz = np.argwhere(L > 0).tolist()
-    phases = b.phases
-    bytes_per_link = {f"{names[a]}->{names[z]}": float(L[a, z]) * phases for a, z in nz}
     excess = b.excess[i]
-    ct = b.comp[i].max()
-    lt = b.link_t[i].max() * phases
-    if lt > ct:
-        a, z = np.unravel_index(int(np.argmax(b.link_t[i])), L.shape)
-        bottleneck = f"link {names[a]}->{names[z]} (busy {lt * m / step:.0%} of the step)"
-    else:
-        d = int(np.argmax(b.comp[i]))
-        bottleneck = f"device {names[d]} (compute {ct * m / step:.0%} of the step)"
-    return Report(
-        step_time=step, feasible=bool(b.feasible[i]), objective=float(b.objective[i]),
+    return dict(
         peak_memory={names[d]: float(b.peak[i, d]) for d in idx},
         memory_excess={names[d]: float(excess[d]) for d in np.flatnonzero(excess > 0)},
         busy={names[d]: float(busy[d]) for d in idx},
         compute={names[d]: float(comp[d]) for d in idx},
         comm={names[d]: float(comm[d]) for d in idx},
         idle={names[d]: float(step - busy[d]) for d in idx},
-        bytes_per_link=bytes_per_link, bottleneck=bottleneck, model="analytical",
-        microbatches=c.microbatches, schedule=c.schedule)
+        bytes_per_link={f"{names[a]}->{names[z]}": float(L[a, z]) for a, z in nz})

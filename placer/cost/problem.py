@@ -142,25 +142,10 @@ class Problem:
         # Transient memory while an op runs: its inputs and its output (and, in
         # backward, their gradients, which replace them).
         self.workspace_bytes = in_bytes + self.output_bytes
-        # Edges sorted by (src, dst): pairs of siblings (same source) let the
-        # analytical model send one op's output once per destination group.
+        # Edges sorted by (src, dst), so edges leaving one op sit together.
         order = np.lexsort((self.edge_dst, self.edge_src)) if self.n_edges else \
             np.zeros(0, dtype=np.int64)
         self.edge_order = order
-        src_sorted = self.edge_src[order]
-        first = np.r_[True, src_sorted[1:] != src_sorted[:-1]] if self.n_edges else \
-            np.zeros(0, dtype=bool)
-        starts = np.flatnonzero(first)
-        counts = np.diff(np.r_[starts, self.n_edges])
-        later, earlier = [], []
-        for s, c in zip(starts.tolist(), counts.tolist()):
-            if c > 1:
-                for a in range(1, min(c, 16)):
-                    for b in range(a):
-                        later.append(order[s + a])
-                        earlier.append(order[s + b])
-        self.sibling_later = np.array(later, dtype=np.int64)
-        self.sibling_earlier = np.array(earlier, dtype=np.int64)
 
     def _build_cluster_arrays(self) -> None:
         c = self.cluster
