@@ -113,3 +113,9 @@ def test_objectives():
     assert thr.objective == pytest.approx(-1.0 / step)
     mem = Simulator().estimate(Problem(g, cluster(2), objective="memory"), plan)
     assert 0 <= mem.objective < 1
+
+
+def test_problem_options_round_trip():
+    p = Problem(chain(2), cluster(2), recompute=True, op_overhead=1e-6, bucket_bytes=1e6)
+    q = Problem(chain(3), cluster(3), **p.options)
+    assert q.options == p.options

@@ -115,6 +115,17 @@ class Problem:
         self._build_cluster_arrays()
         self._pair_cache: dict = {}
 
+    @property
+    def options(self) -> dict:
+        """The keyword options, so ``Problem(g, c, **problem.options)`` makes
+        the same problem for another graph or cluster."""
+        return {"objective": self.objective,
+                "optimizer_bytes_per_param": self.optimizer_bytes_per_param,
+                "gradient_bytes_per_param": self.gradient_bytes_per_param,
+                "recompute": self.recompute, "default_efficiency": self.default_efficiency,
+                "op_overhead": self.op_overhead, "nic": self.nic,
+                "bucket_bytes": self.bucket_bytes, "merge": self.merge}
+
     def __repr__(self) -> str:
         return (f"Problem(graph={self.graph.name!r}, cluster={self.cluster.name!r}, "
                 f"objective={self.objective!r})")
