@@ -56,6 +56,7 @@ LAZY: dict[str, str] = {
     # sibling packages of the project; they register these names on import
     "evolution": "evolution",
     "dtfm": "evolution",
+    "optuna": "evolution",
     "rl": "gnn",
     "hybrid": "gnn",
 }

@@ -58,12 +58,15 @@ class Space:
         self.sizes = sorted(set(int(k) for k in sizes if 1 <= k <= D))
         if max_layers is None:
             # the DP costs about layers^2 x positions x sizes per t_max
-            max_layers = int(np.clip(np.sqrt(4e5 / (D * len(self.sizes))), 8, 64))
+            max_layers = int(np.clip(np.sqrt(1e5 / (D * len(self.sizes))), 8, 64))
         # layers: contiguous runs of the topological order with similar compute
         L = max(1, min(max_layers, n))
-        cw = np.cumsum(ctx.work + 1e-30)
-        cuts = np.searchsorted(cw, cw[-1] * np.arange(1, L) / L, side="left") + 1
-        bounds = np.unique(np.r_[0, np.clip(cuts, 1, n - 1), n]) if n > 1 else np.array([0, n])
+        if L == n:
+            bounds = np.arange(n + 1)
+        else:
+            cw = np.cumsum(ctx.work + 1e-30)
+            cuts = np.searchsorted(cw, cw[-1] * np.arange(1, L) / L, side="left") + 1
+            bounds = np.unique(np.r_[0, np.clip(cuts, 1, n - 1), n])
         self.bounds = bounds
         self.L = len(bounds) - 1
         self.layer_of = np.repeat(np.arange(self.L), np.diff(bounds))
@@ -216,7 +219,7 @@ class Space:
         return float(sum(times) + (m - 1) * max(times)) if times else float("inf")
 
     # --- the dynamic program ------------------------------------------------------
-    def solve(self, m: int, tmax_candidates: int = 256):
+    def solve(self, m: int, tmax_candidates: int = 128):
         """Best stages for ``m`` microbatches: ``(objective, [(s, e, p, k), ...])``
         (``(inf, [])`` when nothing fits)."""
         T = self.table(m)
@@ -227,68 +230,84 @@ class Space:
         values = np.unique(finite)
         # the smallest feasible t_max (feasibility is monotone in t_max)
         lo, hi = 0, len(values) - 1
-        if not self._dp(T, values[hi])[1]:
+        if not self._feasible(T, values[hi]):
             return float("inf"), []
         while lo < hi:
             mid = (lo + hi) // 2
-            if self._dp(T, values[mid])[1]:
+            if self._feasible(T, values[mid]):
                 hi = mid
             else:
                 lo = mid + 1
         best, best_stages = float("inf"), []
 
-        def run(tmax):
+        def run(tmaxes):
             nonlocal best, best_stages
-            stages = self._dp(T, tmax)[1]
-            if stages:
-                obj = self.objective([T[s, e, p, self.sizes.index(k)]
-                                      for s, e, p, k in stages], m)
-                if obj < best - 1e-15 * abs(obj):
-                    best, best_stages = obj, stages
+            for stages in self._dp(T, tmaxes):
+                if stages:
+                    obj = self.objective([T[s, e, p, self.sizes.index(k)]
+                                          for s, e, p, k in stages], m)
+                    if obj < best - 1e-15 * abs(obj):
+                        best, best_stages = obj, stages
 
-        run(values[lo])
+        run(values[lo:lo + 1])
         # only t_max < best / m can still win
         top = int(np.searchsorted(values, best / m, side="left"))
         window = np.arange(lo + 1, max(top, lo + 1))
         if len(window) > tmax_candidates:
             window = window[np.unique(np.linspace(0, len(window) - 1,
                                                   tmax_candidates).astype(int))]
-        for i in window.tolist():
-            if m * values[i] >= best:
+        chunk = 64
+        for a in range(0, len(window), chunk):
+            idx = window[a:a + chunk]
+            idx = idx[m * values[idx] < best]
+            if not len(idx):
                 break
-            run(values[i])
+            run(values[idx])
         return best, best_stages
 
-    def _dp(self, T: np.ndarray, tmax: float):
-        """min sum of stage times, every stage <= tmax; stages list."""
+    def _feasible(self, T: np.ndarray, tmax: float) -> bool:
+        return bool(self._dp(T, np.array([tmax]))[0])
+
+    def _dp(self, T: np.ndarray, tmaxes) -> list:
+        """For each ``t_max`` of ``tmaxes`` (a batch, solved together): the
+        stages minimising the sum of stage times with every stage <= t_max
+        (an empty list when none exist)."""
         L, D = self.L, self.D
+        tmaxes = np.asarray(tmaxes, dtype=float)
+        K = len(tmaxes)
         sizes = np.array(self.sizes)
-        G = np.full((L + 1, D + 1), np.inf)
-        G[L, :] = 0.0
-        choice = np.full((L, D + 1, 2), -1, dtype=np.int64)
-        Tm = np.where(T <= tmax, T, np.inf)
+        Q = len(sizes)
+        G = np.full((K, L + 1, D + 1), np.inf)
+        G[:, L, :] = 0.0
+        choice = np.full((K, L, D + 1), -1, dtype=np.int64)
         nxt_p = np.arange(D)[:, None] + sizes[None, :]            # (D, Q)
         valid = nxt_p <= D
         nxt_c = np.minimum(nxt_p, D)
+        cap = tmaxes[:, None, None, None]
         for s in range(L - 1, -1, -1):
-            # cand[e, p, q] = T[s, e, p, q] + G[e + 1, p + k_q]
-            tail = G[s + 1:L + 1][:, nxt_c]                       # (L-s, D, Q)
-            cand = Tm[s, s:] + np.where(valid[None], tail, np.inf)
-            flat = cand.reshape(L - s, D, -1).transpose(1, 0, 2).reshape(D, -1)
-            arg = np.argmin(flat, axis=1)
-            G[s, :D] = flat[np.arange(D), arg]
-            choice[s, :D, 0] = s + arg // len(sizes)
-            choice[s, :D, 1] = arg % len(sizes)
-        p0 = int(np.argmin(G[0, :D]))
-        if not np.isfinite(G[0, p0]):
-            return float("inf"), []
-        stages, s, p = [], 0, p0
-        while s < L:
-            e, q = choice[s, p]
-            k = int(sizes[q])
-            stages.append((s, int(e), p, k))
-            s, p = int(e) + 1, p + k
-        return float(G[0, p0]), stages
+            # cand[k, e, p, q] = T[s, e, p, q] (if <= t_max_k) + G[k, e + 1, p + size_q]
+            Ts = T[s, s:][None]
+            tail = G[:, s + 1:L + 1][:, :, nxt_c]                 # (K, L-s, D, Q)
+            cand = np.where(Ts <= cap, Ts, np.inf) + np.where(valid[None, None], tail, np.inf)
+            flat = cand.transpose(0, 2, 1, 3).reshape(K, D, -1)
+            arg = flat.argmin(axis=2)
+            G[:, s, :D] = np.take_along_axis(flat, arg[..., None], axis=2)[..., 0]
+            choice[:, s, :D] = arg
+        out = []
+        for k in range(K):
+            p0 = int(np.argmin(G[k, 0, :D]))
+            if not np.isfinite(G[k, 0, p0]):
+                out.append([])
+                continue
+            stages, s, p = [], 0, p0
+            while s < L:
+                a = int(choice[k, s, p])
+                e, q = s + a // Q, a % Q
+                size = int(sizes[q])
+                stages.append((s, e, p, size))
+                s, p = e + 1, p + size
+            out.append(stages)
+        return out
 
     def assignment(self, stages) -> Candidate:
         """The candidate (op -> group) of a list of stages."""
@@ -312,12 +331,12 @@ class PipelineDP(Strategy):
     """Alpa-style inter-operator DP over contiguous stages x device blocks
     with a data-parallel degree per stage (see the module doc). Options:
     ``max_layers`` (default: 8 to 64 by cluster size), ``sizes`` (allowed block sizes),
-    ``tmax_candidates`` (default 256)."""
+    ``tmax_candidates`` (default 128)."""
 
     name = "pipeline_dp"
 
     def __init__(self, *, max_layers: int | None = None, sizes=None,
-                 tmax_candidates: int = 256, **options):
+                 tmax_candidates: int = 128, **options):
         super().__init__(**options)
         self.max_layers, self.sizes = max_layers, sizes
         self.tmax_candidates = int(tmax_candidates)
