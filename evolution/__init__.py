@@ -10,5 +10,6 @@ them by name and imports this package on first use.
 from .genome import GroupTable, LayoutGenome, OpGenome, Space
 from .search import Evolution
 from .dtfm import DTFM
+from .optuna_search import OptunaSearch
 
-__all__ = ["DTFM", "Evolution", "GroupTable", "LayoutGenome", "OpGenome", "Space"]
+__all__ = ["DTFM", "Evolution", "OptunaSearch", "GroupTable", "LayoutGenome", "OpGenome", "Space"]

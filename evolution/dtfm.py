@@ -43,7 +43,7 @@ from placer.search.base import (Budget, Progress, Strategy, get_strategy,
 from .evaluate import Evaluator
 from .genome import LayoutGenome, OpGenome, Space
 from .memetic import local_search
-from .search import _Bar, _Fitness, _tournament, device_chain
+from .search import _Bar, _Fitness, _tournament, device_chain, reserve
 
 if TYPE_CHECKING:
     from placer.cost import CostModel, Problem
@@ -270,7 +270,11 @@ class DTFM(Strategy):
         sched = Scheduler(space)
         self._cache: dict = {}
         bar = _Bar(self.progress_bar, budget)
-        with Evaluator(space, budget.meter(screen), budget) as evaluate:
+        n_final = 1 + len(self.seeds) + len(self.initial)
+        with reserve(budget, n_final), \
+                Evaluator(space, budget.meter(screen), budget) as evaluate:
+            rivals = self._rivals(inner, screen, budget, seed, space)
+
             def score(parts: list[Partition]) -> np.ndarray:
                 genomes = [self.decode(space, sched, x) for x in parts]
                 values = evaluate(genomes)
@@ -289,9 +293,11 @@ class DTFM(Strategy):
             if self.polish_rounds and not budget.exhausted():
                 genome, _ = local_search(space, evaluate, genome, best_part.fitness.values[0],
                                          rng, rounds=self.polish_rounds)
-            rivals = self._rivals(inner, screen, budget, seed, space)
         bar.close()
         candidates = [genome.to_plan(space, self.name)] + rivals
+        room = budget.remaining_evaluations - len(self.initial)
+        if not math.isinf(room):
+            candidates = candidates[:max(1, int(room))]
         if coarse.members is not None:
             candidates = [c.expand(coarse.graph) for c in candidates]
         reports = cost_model.estimate_many(problem, candidates)
@@ -299,7 +305,8 @@ class DTFM(Strategy):
         plan, report = candidates[k], reports[k]
         plan.method = self.name
         even = min(baseline.values()) if baseline else None
-        plan.extra["dtfm"] = {"winner": "bi-level" if k == 0 else candidates[k].extra.get("from"),
+        plan.extra["dtfm"] = {
+            "winner": "bi-level" if k == 0 else candidates[k].extra.get("from"),
             "stages": best_part.pp, "replicas": best_part.dp,
             "groups": [[space.problem.devices[d] for d in g]
                        for g in self._ordered(space, sched, best_part)],

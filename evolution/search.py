@@ -138,7 +138,9 @@ class Evolution(Strategy):
             screen = cost_model
         metered = budget.meter(screen)
         bar = _Bar(self.progress_bar, budget)
-        with Evaluator(space, metered, budget, workers=self.workers) as evaluate:
+        # keep evaluations for the final ranking and finalize's scoring of initial
+        with reserve(budget, len(self.initial) + 1), \
+                Evaluator(space, metered, budget, workers=self.workers) as evaluate:
             seeds = self._seed_genomes(space, screen, budget, seed, coarse)
             best, hof, logbook = self._evolve(space, evaluate, seeds, rng, budget, progress,
                                               bar)
@@ -157,6 +159,9 @@ class Evolution(Strategy):
             if g.key() not in seen:
                 seen.add(g.key())
                 finalists.append(g)
+        room = budget.remaining_evaluations - len(self.initial)
+        if not math.isinf(room):
+            finalists = finalists[:max(1, int(room))]
         plans = [self._expand(space, coarse, g) for g in finalists]
         if screen is cost_model and coarse.members is None:
             scores = [g.fitness.values[0] for g in finalists]
@@ -298,6 +303,26 @@ class Evolution(Strategy):
 
 
 # --- helpers -------------------------------------------------------------------------
+
+class reserve:
+    """Context manager: hide ``n`` of ``budget``'s evaluations (if it counts
+    them) from the search inside, for the final scoring after it."""
+
+    def __init__(self, budget: Budget, n: int):
+        self.budget = budget
+        self.n = 0
+        if budget.evaluations is not None:
+            self.n = int(min(n, max(budget.remaining_evaluations - 1, 0)))
+
+    def __enter__(self) -> Budget:
+        if self.n:
+            self.budget.evaluations -= self.n
+        return self.budget
+
+    def __exit__(self, *exc) -> None:
+        if self.n:
+            self.budget.evaluations += self.n
+
 
 def _tournament(fits: np.ndarray, rng: np.random.Generator, k: int) -> int:
     """Index of the best of ``k`` uniformly drawn individuals."""

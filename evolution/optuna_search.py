@@ -1,0 +1,142 @@
+"""``method="optuna"``: TPE over the structured space of pipeline layouts.
+
+Each trial picks the number of pipeline stages, the data-parallel degree,
+the number of microbatches, the schedule and the heuristic that seeds a
+short evolutionary search; the trial builds the balanced layout of that
+shape (devices along the nearness chain), runs the GA from it and the
+seeding heuristic's plan, and reports the screening model's objective.
+The sampler is Optuna's TPE seeded by ``seed``; the trials run one after
+another, so the same seed and evaluation budget give the same plan.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from placer.cost import get_cost_model
+from placer.errors import PlacerError, StrategyError
+from placer.plan import Plan
+from placer.search.base import Budget, Progress, Strategy, get_strategy, register_strategy
+
+from .genome import LayoutGenome, Space
+from .search import Evolution, device_chain, reserve
+
+if TYPE_CHECKING:
+    from placer.cost import CostModel, Problem
+
+DEFAULT_HEURISTICS = ("even_pipeline", "heft", "m_sct", "pipeline_dp", "none")
+
+
+class OptunaSearch(Strategy):
+    """TPE over (stages, replicas, microbatches, schedule, seeding heuristic).
+
+    Options: ``trials`` (cap; None: until the budget is spent),
+    ``trial_share`` (fraction of the remaining budget one trial may use,
+    0.1), ``generations`` of each trial's GA (8), ``heuristics`` to choose
+    from, ``screen`` (``"analytical"``), plus :class:`Strategy`'s options.
+    """
+
+    name = "optuna"
+
+    def __init__(self, *, trials: int | None = None, trial_share: float = 0.1,
+                 generations: int = 8, heuristics: Sequence[str] = DEFAULT_HEURISTICS,
+                 screen: str | None = "analytical", startup_trials: int = 8, **common):
+        super().__init__(**common)
+        if trials is not None and (int(trials) != trials or trials < 1):
+            raise StrategyError(f"trials must be a whole number >= 1, got {trials!r}",
+                                field="trials")
+        self.trials = None if trials is None else int(trials)
+        self.trial_share = float(trial_share)
+        self.generations = int(generations)
+        self.heuristics = list(heuristics)
+        self.screen = screen
+        self.startup_trials = int(startup_trials)
+
+    def search(self, problem: "Problem", cost_model: "CostModel", budget: Budget,
+               seed: int = 0, progress=None) -> Plan:
+        import optuna
+        from placer.search.common import Coarse
+        from .search import _sub_budget
+
+        coarse = Coarse(problem, 400 if problem.n_ops > 1500 else None)
+        inner = coarse.problem
+        space = Space(inner, self.microbatch_choices(inner), self.schedule_choices())
+        screen = cost_model if self.screen is None else get_cost_model(self.screen)
+        D, n = space.n_devices, space.n_ops
+        chain = device_chain(space)
+        heuristic_plans: dict[str, Plan | None] = {}
+
+        def heuristic(name: str) -> Plan | None:
+            if name not in heuristic_plans:
+                plan = None
+                if name != "none":
+                    try:
+                        sub = _sub_budget(budget, 0.05)
+                        plan = get_strategy(name).search(inner, screen, sub, seed=seed)
+                        budget.charge(sub.used)
+                    except PlacerError:
+                        plan = None
+                heuristic_plans[name] = plan
+            return heuristic_plans[name]
+
+        results: dict[int, tuple[float, Plan]] = {}
+
+        def objective(trial: "optuna.Trial") -> float:
+            pp = trial.suggest_int("stages", 1, max(1, min(D, n)), log=True)
+            dp = trial.suggest_int("replicas", 1, max(1, D // pp), log=True) \
+                if D // pp > 1 else 1
+            m = trial.suggest_categorical("microbatches", space.microbatch_choices)
+            schedule = trial.suggest_categorical("schedule", space.schedule_choices)
+            seed_name = trial.suggest_categorical("seed_heuristic", self.heuristics)
+            stages = [tuple(chain[s * dp:(s + 1) * dp]) for s in range(pp)]
+            layout = LayoutGenome.balanced(space, stages, m, schedule, "layout")
+            starts = [layout.decode(space).to_plan(space, self.name)]
+            h = heuristic(seed_name)
+            if h is not None:
+                starts.append(Plan(dict(h.placement), m, schedule, h.method))
+            ga = Evolution(seeds=(), layouts=False, initial=starts, population=16,
+                           generations=self.generations, patience=4, memetic_every=4,
+                           screen=None, final_k=1, microbatches=m, schedule=schedule,
+                           coarsen_above=10 ** 9)
+            sub = _sub_budget(budget, self.trial_share)
+            plan = ga.search(inner, screen, sub, seed=seed + trial.number)
+            budget.charge(sub.used)
+            value = float(plan.predicted.get("objective", plan.predicted["step_time"]))
+            results[trial.number] = (value, plan)
+            if progress is not None:
+                best = min(v for v, _ in results.values())
+                progress(Progress(self.name, budget.used, budget.elapsed, best,
+                                  best if best < 1e9 else None, best < 1e9,
+                                  f"trial {trial.number}"))
+            return value
+
+        sampler = optuna.samplers.TPESampler(seed=int(seed),
+                                             n_startup_trials=self.startup_trials)
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study = optuna.create_study(direction="minimize", sampler=sampler)
+        count = 0
+        with reserve(budget, 3 + len(self.initial)):
+            while not budget.exhausted() and (self.trials is None or count < self.trials):
+                study.optimize(objective, n_trials=1)
+                count += 1
+        if not results:
+            raise StrategyError("optuna ran no trial", fix="give a larger budget")
+        order = sorted(results, key=lambda k: (results[k][0], k))
+        room = budget.remaining_evaluations - len(self.initial)
+        keep = 3 if math.isinf(room) else max(1, min(3, int(room)))
+        plans = [results[k][1] for k in order[:keep]]
+        if coarse.members is not None:
+            plans = [p.expand(coarse.graph) for p in plans]
+        reports = cost_model.estimate_many(problem, plans)
+        i = int(np.argmin([r.objective for r in reports]))
+        plan = plans[i]
+        plan.extra["optuna"] = {"trials": count, "best_params": study.best_params}
+        return self.finalize(problem, cost_model, budget, plan, reports[i], progress=progress)
+
+
+register_strategy(OptunaSearch)
+
+__all__ = ["OptunaSearch"]
