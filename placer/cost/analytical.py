@@ -81,8 +81,11 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     L = np.zeros((B, D * D))
     speed = np.minimum(p.bandwidth, np.minimum(p.nic_bandwidth[:, None],
                                                p.nic_bandwidth[None, :]))
-    # transfer time of one microbatch's tensors when each goes alone; the
-    # replicas of a data-parallel group send and receive in parallel
+    phases = 2.0 if training else 1.0
+    # per edge: latency + transfer time of its tensor for one microbatch when
+    # it crosses groups (the replicas of a data-parallel group send and
+    # receive in parallel), twice when gradients come back the same way
+    edge_w = np.zeros((B, p.n_edges))
     xfer = np.zeros(B)
     if p.n_edges:
         src, dst, eb = _edges_by_source(p)
@@ -91,6 +94,8 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
         rows, cut = np.nonzero(gu != gv)            # few: only edges between groups
         if len(rows):
             cu, cv = gu[rows, cut], gv[rows, cut]
+            lat, cost = _pair_delay(p, groups, cu, cv, speed)
+            edge_w[rows, cut] = phases * lat
             # an op's output goes once to each destination group; edges are
             # sorted by source, so a repeat sits within the last few entries
             key = (rows * n + src[cut]) * G + cv
@@ -99,13 +104,12 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
                 dup[lag:] |= key[lag:] == key[:-lag]
             keep = ~dup
             rows, cu, cv, nb = rows[keep], cu[keep], cv[keep], eb[cut[keep]]
+            # tensors crossing one link wait for each other: count them all
+            xfer = np.bincount(rows, nb * cost[keep], minlength=B)
             single = (cu < D) & (cv < D)
             if single.any():
                 keys = rows[single] * (D * D) + cu[single] * D + cv[single]
                 L += np.bincount(keys, nb[single], minlength=B * D * D).reshape(B, D * D)
-                xfer += np.bincount(rows[single],
-                                    nb[single] / speed.ravel()[cu[single] * D + cv[single]],
-                                    minlength=B)
             if not single.all():
                 dm = ~single
                 pk = cu[dm] * G + cv[dm]
@@ -113,8 +117,6 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
                 # spread each (plan, group pair) total over that pair's links
                 sparse = [_pair_sparse(p, groups[k // G], groups[k % G])
                           for k in upk.tolist()]
-                worst = np.array([x[2] for x in sparse])
-                xfer += np.bincount(rows[dm], nb[dm] * worst[pinv], minlength=B)
                 nnz = np.array([len(x[0]) for x in sparse])
                 ptr = np.r_[0, np.cumsum(nnz)]
                 links = np.concatenate([x[0] for x in sparse])
@@ -128,7 +130,6 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     L = L.reshape(B, D, D)
     Lmb = L * per_mb[:, :, None]
     link_t = Lmb / speed[None]
-    phases = 2.0 if training else 1.0
     # gradients of a->b tensors travel b->a: under 1F1B each link carries
     # both directions' loads at once; GPipe runs all forwards, then all
     # backwards, so each phase has its own bottleneck
@@ -148,23 +149,12 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     else:
         nic_out, nic_in = fwd_out, fwd_in
         beta = beta_f
-    # --- fill: one microbatch through every stage -----------------------------
-    gwork = (lf + lb) * per_mb / size[None, :]
+    # --- fill: the critical path of one microbatch (forward and backward) ----
     slow = (member / p.rate[None, :]).max(axis=1)
-    gtime = gwork * slow[None, :] + count / size[None, :] * ovh * phases
-    # Plans cut the topological order into runs; each change of group along
-    # it is (about) one hop of a microbatch's critical path, paying latency.
-    hops = np.zeros(B)
+    work = p.flops + (p.bwd_flops if training else 0.0)
+    node_w = work[None, :] * (slow / size)[A] * per_mb + ovh * phases
+    fill = _longest_path(p, node_w, edge_w) + phases * xfer * per_mb[:, 0]
     hr, hc = np.nonzero(A[:, 1:] != A[:, :-1])
-    if len(hr):
-        # slowest latency between the two groups' devices
-        pad = _padded(groups, D)
-        lat_ext = np.zeros((D + 1, D + 1))
-        lat_ext[:D, :D] = p.latency
-        mu, mv = pad[A[hr, hc]], pad[A[hr, hc + 1]]
-        lat = lat_ext[mu[:, :, None], mv[:, None, :]].max(axis=(1, 2))
-        hops = np.bincount(hr, lat, minlength=B)
-    fill = gtime.sum(axis=1) + phases * (xfer * per_mb[:, 0] + hops)
     # --- first op of each group and device (ops are in topological order) ----
     # a group's first op starts a run: only row starts and switches qualify
     sr = np.r_[np.arange(B), hr]
@@ -251,6 +241,66 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
         obj = (peak / p.memory[None, :]).max(axis=1)
     out.objective = np.where(out.feasible, obj, INFEASIBLE * (1.0 + np.maximum(ratio, 0)))
     return out
+
+
+def _levels(p: Problem):
+    """Edges (columns of the source-sorted order) grouped by the depth of
+    their destination, each level sorted by destination, for a level-by-level
+    longest path: [(edge columns, sources, reduceat starts, destinations)]."""
+    hit = getattr(p, "_levels_cache", None)
+    if hit is None:
+        src, dst, _ = _edges_by_source(p)
+        depth = np.zeros(p.n_ops, dtype=np.int64)
+        for op_id, d in p.graph.depths().items():
+            depth[p.index[op_id]] = d
+        lv = depth[dst]
+        order = np.lexsort((dst, lv))
+        hit = []
+        if not len(dst):
+            p._levels_cache = hit
+            return hit
+        bounds = np.flatnonzero(np.r_[True, lv[order][1:] != lv[order][:-1], True])
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            cols = order[a:b]
+            d = dst[cols]
+            starts = np.flatnonzero(np.r_[True, d[1:] != d[:-1]])
+            hit.append((cols, src[cols], starts, d[starts]))
+        p._levels_cache = hit
+    return hit
+
+
+def _longest_path(p: Problem, node_w: np.ndarray, edge_w: np.ndarray) -> np.ndarray:
+    """Heaviest path per plan: node weights (B, n), edge weights (B, E)
+    (edge columns in source-sorted order)."""
+    dist = node_w.copy()
+    for cols, srcs, starts, dsts in _levels(p):
+        cand = dist[:, srcs] + edge_w[:, cols]
+        dist[:, dsts] += np.maximum.reduceat(cand, starts, axis=1)
+    return dist.max(axis=1)
+
+
+def _pair_delay(p: Problem, groups, cu: np.ndarray, cv: np.ndarray, speed: np.ndarray):
+    """Latency and seconds per byte between groups ``cu`` and ``cv`` (arrays):
+    the slowest member pair's latency and link or interface."""
+    D = p.n_devices
+    lat = np.empty(len(cu))
+    cost = np.empty(len(cu))
+    single = (cu < D) & (cv < D)
+    lat[single] = p.latency[cu[single], cv[single]]
+    cost[single] = 1.0 / speed[cu[single], cv[single]]
+    if not single.all():
+        dm = ~single
+        pad = _padded(groups, D)
+        lat_ext = np.zeros((D + 1, D + 1))
+        lat_ext[:D, :D] = p.latency
+        mu, mv = pad[cu[dm]], pad[cv[dm]]
+        lat[dm] = lat_ext[mu[:, :, None], mv[:, None, :]].max(axis=(1, 2))
+        G = len(groups)
+        upk, inv = np.unique(cu[dm] * G + cv[dm], return_inverse=True)
+        worst = np.array([_pair_sparse(p, groups[k // G], groups[k % G])[2]
+                          for k in upk.tolist()])
+        cost[dm] = worst[inv]
+    return lat, cost
 
 
 def _padded(groups, D: int) -> np.ndarray:
