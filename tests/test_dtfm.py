@@ -1,0 +1,63 @@
+"""dtfm: the bi-level scheduler of Yuan et al. on the paper's scenarios."""
+
+import numpy as np
+import pytest
+
+import placer
+from placer.cost import Problem, get_cost_model
+from placer.search import Budget, get_strategy
+
+from evolution.dtfm import even_allocation, scale_batch, shapes_for, tsp_path
+
+
+def test_tsp_path_exact_and_heuristic():
+    rng = np.random.default_rng(0)
+    pts = rng.random((7, 2))
+    C = np.linalg.norm(pts[:, None] - pts[None], axis=-1)
+    path = tsp_path(C)
+    assert sorted(path) == list(range(7))
+    import itertools
+    best = min(sum(C[p[i], p[i + 1]] for i in range(6)) for p in itertools.permutations(range(7)))
+    assert sum(C[path[i], path[i + 1]] for i in range(6)) == pytest.approx(best)
+    line = np.abs(np.subtract.outer(np.arange(14.0), np.arange(14.0)))
+    order = tsp_path(line[np.ix_(rng.permutation(14), rng.permutation(14))])
+    assert sorted(order) == list(range(14))
+
+
+def test_shapes():
+    assert (8, 8) in shapes_for(64, 31) and all(p <= 31 for p, _ in shapes_for(64, 31))
+
+
+@pytest.fixture(scope="module")
+def worldwide():
+    graph = scale_batch(placer.datasets.graph("gpt-1.3b.module"), 128)
+    return Problem(graph, placer.Cluster.preset("dtfm-worldwide"))
+
+
+def test_dtfm_beats_even_pipeline_worldwide(worldwide):
+    model = get_cost_model("analytical")
+    budget = Budget(evaluations=600)
+    plan = get_strategy("dtfm").search(worldwide, budget.meter(model), budget, 0)
+    plan.validate(worldwide.graph, worldwide.cluster, check_fingerprints=False)
+    ours = model.estimate(worldwide, plan)
+    assert ours.feasible
+    b2 = Budget(evaluations=200)
+    even = get_strategy("even_pipeline").search(worldwide, b2.meter(model), b2, 0)
+    theirs = model.estimate(worldwide, even)
+    assert ours.objective < theirs.objective
+    # and much faster than Megatron's even allocation on devices in random order
+    rng = np.random.default_rng(0)
+    order = rng.permutation(len(worldwide.cluster))
+    megatron = model.estimate(worldwide, even_allocation(worldwide, 8, 8, 32, "1f1b", order))
+    assert megatron.step_time / ours.step_time > 2.0
+
+
+def test_dtfm_deterministic_small():
+    g = placer.datasets.graph("gpt-125m.module")
+    p = Problem(g, placer.Cluster.preset("dtfm-regional"))
+    model = get_cost_model("analytical")
+    plans = []
+    for _ in range(2):
+        b = Budget(evaluations=150)
+        plans.append(get_strategy("dtfm", seeds=()).search(p, b.meter(model), b, 7))
+    assert plans[0].placement == plans[1].placement

@@ -1,0 +1,107 @@
+"""evolution: genomes, operators, the memetic GA and the optuna strategy."""
+
+import numpy as np
+import pytest
+
+import placer
+from placer.cost import Problem, get_cost_model
+from placer.graph import Graph, Op, Edge
+from placer.search import Budget, get_strategy
+
+from evolution.evaluate import Evaluator
+from evolution.genome import LayoutGenome, OpGenome, Space
+from evolution.operators import MUTATIONS, crossover, mutate
+
+
+@pytest.fixture(scope="module")
+def problem():
+    g = placer.datasets.layered(60, width=4, seed=2)
+    return Problem(g, placer.Cluster.preset("hetero-lab"))
+
+
+def _run(name, problem, evaluations=300, seed=0, **options):
+    budget = Budget(evaluations=evaluations)
+    model = budget.meter(get_cost_model("analytical"))
+    return get_strategy(name, **options).search(problem, model, budget, seed), budget
+
+
+def test_registered():
+    names = placer.strategies()
+    assert {"evolution", "dtfm", "optuna"} <= set(names)
+
+
+def test_operators_keep_a_valid_genome(problem):
+    space = Space(problem, [1, 2, 4], ["1f1b", "gpipe"])
+    rng = np.random.default_rng(0)
+    g = LayoutGenome.balanced(space, [(0,), (1, 2), (3,)], 2).decode(space)
+    for name, (op, _) in MUTATIONS.items():
+        for _ in range(20):
+            c = op(space, g.copy(), rng)
+            plan = c.to_plan(space)
+            plan.validate(problem.graph, problem.cluster, check_fingerprints=False)
+    a, b = crossover(space, g.copy(), mutate(space, g.copy(), rng), rng)
+    a.to_plan(space).validate(problem.graph, problem.cluster, check_fingerprints=False)
+
+
+def test_colocation_repaired():
+    ops = [Op(f"o{i}", flops=1e9 * (i + 1), param_bytes=1e6,
+              colocate="w" if i in (1, 5) else None) for i in range(8)]
+    g = Graph("c", ops, [Edge(f"o{i}", f"o{i + 1}", 1e6) for i in range(7)])
+    p = Problem(g, placer.Cluster.preset("hetero-lab"))
+    space = Space(p)
+    rng = np.random.default_rng(1)
+    genome = OpGenome(np.arange(8) % p.n_devices)
+    genome.assign = space.repair(genome.assign)
+    for _ in range(50):
+        genome = mutate(space, genome, rng, rate=3)
+        genome.to_plan(space).validate(g, p.cluster, check_fingerprints=False)
+
+
+def test_evolution_valid_deterministic_and_no_worse_than_seeds(problem):
+    a, budget = _run("evolution", problem, seed=4)
+    b, _ = _run("evolution", problem, seed=4)
+    a.validate(problem.graph, problem.cluster, check_fingerprints=False)
+    assert a.placement == b.placement and a.microbatches == b.microbatches
+    assert budget.used <= 300
+    model = get_cost_model("analytical")
+    mine = model.estimate(problem, a).objective
+    for name in ("heft", "m_sct", "even_pipeline", "pipeline_dp"):
+        h, _ = _run(name, problem, evaluations=300)
+        assert mine <= model.estimate(problem, h).objective * (1 + 1e-9), name
+
+
+def test_parallel_evaluation_matches_serial(problem):
+    space = Space(problem, [1, 2, 4])
+    rng = np.random.default_rng(3)
+    base = LayoutGenome.balanced(space, [(0,), (1,), (2,)], 2).decode(space)
+    genomes = [mutate(space, base.copy(), rng, rate=3) for _ in range(40)]
+    model = get_cost_model("analytical")
+    serial = Evaluator(space, model)(genomes)
+    with Evaluator(space, model, workers=2, chunk=8) as ev:
+        parallel = ev(genomes)
+    assert np.array_equal(serial, parallel)
+
+
+def test_initial_plans_seed_the_population(problem):
+    start, _ = _run("pipeline_dp", problem)
+    start = placer.Plan(start.placement, start.microbatches, start.schedule)
+    plan, _ = _run("evolution", problem, evaluations=120, seeds=(), initial_plans=[start])
+    model = get_cost_model("analytical")
+    assert model.estimate(problem, plan).objective <= \
+        model.estimate(problem, start).objective * (1 + 1e-9)
+
+
+def test_coarsened_search_expands_to_every_op():
+    g = placer.datasets.random_dag(300, width=6, seed=1)
+    p = Problem(g, placer.Cluster.preset("two-sites"))
+    plan, _ = _run("evolution", p, evaluations=200, coarsen_above=100, coarsen_to=40,
+                   seeds=("even_pipeline",))
+    plan.validate(g, p.cluster, check_fingerprints=False)
+    assert plan.extra["search"]["coarsened"]
+
+
+def test_optuna_strategy_returns_a_valid_plan(problem):
+    plan, budget = _run("optuna", problem, evaluations=200, seed=1, trials=4, generations=2)
+    plan.validate(problem.graph, problem.cluster, check_fingerprints=False)
+    assert plan.method == "optuna" and plan.predicted["step_time"] > 0
+    assert budget.used <= 200
