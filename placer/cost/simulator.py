@@ -32,6 +32,7 @@ How a plan runs, as modelled here:
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -45,7 +46,7 @@ from .report import Event, Report
 if TYPE_CHECKING:
     from ..plan import Plan
 
-_DONE, _XREADY, _XARRIVE = 0, 1, 2
+_DONE, _XREADY, _XARRIVE, _LINKFREE = 0, 1, 2, 3
 
 
 def _segments(dev: np.ndarray, head: np.ndarray, blocker: np.ndarray, perm: np.ndarray,
@@ -343,7 +344,8 @@ def _run(problem: Problem, b: _Build, c: Compiled):
     later = m * NS              # priority offset of the phase that waits
     start = [0.0] * n_tasks
     x_start = [0.0] * n_x
-    link_free = [0.0] * (D * D)
+    link_busy = [False] * (D * D)
+    link_queue: dict[int, deque] = {}
     nic_out = [0.0] * D
     nic_in = [0.0] * D
     coll = [0.0] * D
@@ -449,18 +451,35 @@ def _run(problem: Problem, b: _Build, c: Compiled):
                             touched.append(tdev[s])
             for e in touched:
                 dispatch(e, now)
-        elif kind == _XREADY:
-            x = ident % NX
+        elif kind == _XREADY or kind == _LINKFREE:
+            if kind == _XREADY:
+                x = ident % NX
+                link = xs[x] * D + xd[x]
+                if link_busy[link]:
+                    # a link sends one tensor at a time, first come first served
+                    link_queue.setdefault(link, deque()).append(ident)
+                    continue
+            else:
+                link = ident
+                q = link_queue.get(link)
+                if not q:
+                    link_busy[link] = False
+                    continue
+                ident = q.popleft()
+                x = ident % NX
+            # the interfaces are only held once the link is free, so a tensor
+            # queued behind a slow link does not block the device's other links
             a, c2 = xs[x], xd[x]
-            link = a * D + c2
-            t0 = max(now, link_free[link], nic_out[a], nic_in[c2])
+            t0 = max(now, nic_out[a], nic_in[c2])
             t1 = t0 + xdur[x]
-            link_free[link] = t1
+            link_busy[link] = True
             nic_out[a] = t0 + x_out[x]
             nic_in[c2] = t0 + x_in[x]
             x_start[ident] = t0
             seq += 1
             push(events, (t1 + xlat[x], seq, _XARRIVE, ident))
+            seq += 1
+            push(events, (t1, seq, _LINKFREE, link))
         else:
             end_time = max(end_time, now)
             mb, x = divmod(ident, NX)
