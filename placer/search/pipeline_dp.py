@@ -2,7 +2,7 @@
 al., OSDI 2022, Sec. 5.2) over contiguous stages and device blocks.
 
 The space: the topological order is cut into ``L`` *layers* (contiguous
-runs of about equal compute, at most ``max_layers``, by default 8 to 64 so the DP stays
+runs of about equal compute, at most ``max_layers``, by default 8 to 32 so the DP stays
 fast on large clusters); devices are taken in
 :func:`placer.search.common.device_order`. A plan is a sequence of stages,
 stage j running layers ``s_j..e_j`` data-parallel on the next ``k_j``
@@ -58,7 +58,7 @@ class Space:
         self.sizes = sorted(set(int(k) for k in sizes if 1 <= k <= D))
         if max_layers is None:
             # the DP costs about layers^2 x positions x sizes per t_max
-            max_layers = int(np.clip(np.sqrt(1e5 / (D * len(self.sizes))), 8, 64))
+            max_layers = int(np.clip(np.sqrt(1e5 / (D * len(self.sizes))), 8, 32))
         # layers: contiguous runs of the topological order with similar compute
         L = max(1, min(max_layers, n))
         if L == n:
@@ -330,7 +330,7 @@ class Space:
 class PipelineDP(Strategy):
     """Alpa-style inter-operator DP over contiguous stages x device blocks
     with a data-parallel degree per stage (see the module doc). Options:
-    ``max_layers`` (default: 8 to 64 by cluster size), ``sizes`` (allowed block sizes),
+    ``max_layers`` (default: 8 to 32 by cluster size), ``sizes`` (allowed block sizes),
     ``tmax_candidates`` (default 128)."""
 
     name = "pipeline_dp"
