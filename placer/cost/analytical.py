@@ -244,39 +244,46 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
 
 
 def _levels(p: Problem):
-    """Edges (columns of the source-sorted order) grouped by the depth of
-    their destination, each level sorted by destination, for a level-by-level
-    longest path: [(edge columns, sources, reduceat starts, destinations)]."""
+    """A level-by-level plan of the longest path: ops renumbered by depth (so
+    each level's ops are one slice) and edges sorted by (depth of their
+    destination, destination). Returns (op order, edge order, levels) with
+    levels ``[(edge slice, new sources, reduceat starts or None, op slice)]``."""
     hit = getattr(p, "_levels_cache", None)
     if hit is None:
         src, dst, _ = _edges_by_source(p)
         depth = np.zeros(p.n_ops, dtype=np.int64)
         for op_id, d in p.graph.depths().items():
             depth[p.index[op_id]] = d
-        lv = depth[dst]
-        order = np.lexsort((dst, lv))
-        hit = []
-        if not len(dst):
-            p._levels_cache = hit
-            return hit
-        bounds = np.flatnonzero(np.r_[True, lv[order][1:] != lv[order][:-1], True])
-        for a, b in zip(bounds[:-1], bounds[1:]):
-            cols = order[a:b]
-            d = dst[cols]
-            starts = np.flatnonzero(np.r_[True, d[1:] != d[:-1]])
-            hit.append((cols, src[cols], starts, d[starts]))
-        p._levels_cache = hit
+        op_order = np.lexsort((np.arange(p.n_ops), depth))
+        new = np.empty(p.n_ops, dtype=np.int64)
+        new[op_order] = np.arange(p.n_ops)
+        nd, ns = new[dst], new[src]
+        edge_order = np.lexsort((nd, depth[dst]))
+        nd, ns, lv = nd[edge_order], ns[edge_order], depth[dst][edge_order]
+        levels = []
+        if len(nd):
+            bounds = np.flatnonzero(np.r_[True, lv[1:] != lv[:-1], True])
+            for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+                d = nd[a:b]
+                starts = np.flatnonzero(np.r_[True, d[1:] != d[:-1]])
+                levels.append((slice(a, b), ns[a:b],
+                               None if len(starts) == b - a else starts,
+                               slice(int(d[0]), int(d[-1]) + 1)))
+        hit = p._levels_cache = (op_order, edge_order, levels)
     return hit
 
 
 def _longest_path(p: Problem, node_w: np.ndarray, edge_w: np.ndarray) -> np.ndarray:
     """Heaviest path per plan: node weights (B, n), edge weights (B, E)
     (edge columns in source-sorted order)."""
-    dist = node_w.copy()
-    for cols, srcs, starts, dsts in _levels(p):
-        cand = dist[:, srcs] + edge_w[:, cols]
-        dist[:, dsts] += np.maximum.reduceat(cand, starts, axis=1)
-    return dist.max(axis=1)
+    op_order, edge_order, levels = _levels(p)
+    # op-major layout in level order: each level reads rows, writes a slice
+    dist = np.ascontiguousarray(node_w.T[op_order])
+    ew = np.ascontiguousarray(edge_w.T[edge_order])
+    for edges, srcs, starts, ops in levels:
+        cand = dist[srcs] + ew[edges]
+        dist[ops] += cand if starts is None else np.maximum.reduceat(cand, starts, axis=0)
+    return dist.max(axis=0)
 
 
 def _pair_delay(p: Problem, groups, cu: np.ndarray, cv: np.ndarray, speed: np.ndarray):
