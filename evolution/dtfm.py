@@ -220,7 +220,8 @@ class DTFM(Strategy):
     (cap), ``local_every`` (5), ``screen`` (``"analytical"``),
     ``coarsen_above`` (1500) / ``coarsen_to`` (400), ``progress_bar``,
     ``seeds`` (heuristics whose plans compete in the final ranking, so the
-    result is never worse than them: ``even_pipeline``, ``pipeline_dp``),
+    result is never worse than them: ``even_pipeline``, ``pipeline_dp``,
+    ``partition``, ``heft``, ``m_sct``),
     ``polish_rounds`` (8: local search of stage boundaries on the winner);
     plus :class:`Strategy`'s ``initial``, ``microbatches``, ``schedule``.
     """
@@ -232,7 +233,8 @@ class DTFM(Strategy):
                  generations: int | None = None, local_every: int = 5,
                  screen: str | None = "analytical", coarsen_above: int = 1500,
                  coarsen_to: int = 400, progress_bar: bool = False,
-                 seeds: Sequence[str] | None = ("even_pipeline", "pipeline_dp"),
+                 seeds: Sequence[str] | None = ("even_pipeline", "pipeline_dp", "partition",
+                                                 "heft", "m_sct"),
                  polish_rounds: int = 8, **common):
         super().__init__(**common)
         self.seeds = list(seeds or [])
@@ -446,7 +448,9 @@ class DTFM(Strategy):
             k = int(min(rng.geometric(0.3) - 1, len(space.near[d]) - 1))
             e = int(space.near[d][k])
             j = int(np.flatnonzero(x.perm == e)[0])
-            if j // x.dp != i // x.dp:
+            if j >= used:                   # a free device near d replaces it
+                x.perm[i], x.perm[j] = x.perm[j], x.perm[i]
+            elif j // x.dp != i // x.dp:
                 group = range((j // x.dp) * x.dp, (j // x.dp + 1) * x.dp)
                 cand = [g for g in group if g != j] if x.dp > 1 else [j]
                 t = int(rng.choice(cand))
