@@ -1,0 +1,293 @@
+"""The problem as a heterogeneous graph for torch-geometric.
+
+:func:`encode_problem` turns a :class:`placer.cost.Problem` into a
+:class:`ProblemGraph`: a :class:`torch_geometric.data.HeteroData` with two node
+types, ``op`` (decision units: ops, or runs of consecutive ops in topological
+order when the graph is larger than ``max_units``) and ``dev`` (devices), and
+the edge types
+
+- ``(op, flow, op)``: tensors between units (bytes, relative transfer time);
+- ``(dev, link, dev)``: every ordered pair of devices (bandwidth, latency,
+  same site);
+- ``(op, cand, dev)`` and its reverse ``(dev, rcand, op)``: every candidate
+  placement (relative compute time, memory share, and whether the current
+  placement uses it, which the refinement mode sets).
+
+Every feature is scale free (ratios, logs of ratios, positions), so one model
+serves graphs and clusters of any size and kind. Devices carry ordinal
+features so that identical devices can still be told apart by a policy that
+wants to lay a pipeline over them.
+
+Units also carry what decoding needs: the op -> unit map, memory need per
+unit, colocation ties between units and the forward compute per unit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch_geometric.data import HeteroData
+
+__all__ = ["ProblemGraph", "encode_problem", "chunk_units", "OP_FEATURES", "DEV_FEATURES",
+           "FLOW_FEATURES", "LINK_FEATURES", "CAND_FEATURES"]
+
+OP_FEATURES = 20
+DEV_FEATURES = 16
+FLOW_FEATURES = 3
+LINK_FEATURES = 4
+CAND_FEATURES = 4
+
+
+@dataclass
+class ProblemGraph:
+    """A problem encoded for the policy.
+
+    ``data`` is the :class:`HeteroData`; ``unit_of[i]`` the unit of
+    ``problem.ids[i]``; ``tie[u]`` the unit whose device unit ``u`` must take
+    (itself unless a colocation group joins it to an earlier unit); ``need``
+    the bytes each unit adds to its device's memory, ``memory`` each device's
+    capacity, ``work`` each unit's compute (FLOPs), ``rate`` each device's
+    sustained FLOP/s; ``flow_*`` the unit-level flow edges (src, dst, bytes);
+    ``inv_bandwidth`` (s/byte, 0 on the diagonal) and ``latency`` the links;
+    ``workspace`` the largest transient memory of an op of each unit.
+    """
+
+    data: HeteroData
+    n_units: int
+    n_devices: int
+    unit_of: np.ndarray
+    tie: np.ndarray
+    need: np.ndarray
+    memory: np.ndarray
+    work: np.ndarray
+    rate: np.ndarray
+    flow_src: np.ndarray
+    flow_dst: np.ndarray
+    flow_bytes: np.ndarray
+    inv_bandwidth: np.ndarray
+    latency: np.ndarray
+    workspace: np.ndarray
+
+    def expand(self, unit_devices: np.ndarray) -> np.ndarray:
+        """Device per op (``(..., n_ops)``) from device per unit (``(..., U)``)."""
+        return np.asarray(unit_devices)[..., self.unit_of]
+
+
+def chunk_units(problem, max_units: int) -> np.ndarray:
+    """Unit of each op (indexed like ``problem.ids``): each op its own unit when
+    the graph has at most ``max_units`` ops, else runs of consecutive ops in
+    topological order, balanced by compute and count. Runs of a topological
+    order never form a cycle, so any placement of units is a valid DAG cut."""
+    n = problem.n_ops
+    if n <= max_units:
+        return np.arange(n, dtype=np.int64)
+    work = problem.flops + (problem.bwd_flops if problem.training else 0.0)
+    share = work / max(work.sum(), 1e-30) + 1.0 / n  # half by FLOPs, half by count
+    cum = np.cumsum(share) - share / 2
+    unit = np.minimum((cum / cum[-1] * max_units).astype(np.int64), max_units - 1)
+    # renumber to 0..U-1 without gaps (a heavy op may skip a bucket)
+    _, unit = np.unique(unit, return_inverse=True)
+    return unit.astype(np.int64)
+
+
+def _log_ratio(x, ref):
+    return np.log(np.maximum(x, 1e-30) / max(float(ref), 1e-30))
+
+
+def encode_problem(problem, max_units: int = 128, placement: np.ndarray | None = None,
+                   activation_factor: float = 1.0) -> ProblemGraph:
+    """Encode ``problem`` (at most ``max_units`` decision units).
+
+    ``placement`` (device per unit, optional) marks the current placement on
+    the candidate edges, for refinement. ``activation_factor`` is the share of
+    a unit's output bytes counted as kept for backward in its memory need.
+    """
+    unit_of = chunk_units(problem, max_units)
+    U = int(unit_of.max()) + 1 if len(unit_of) else 0
+    D = problem.n_devices
+    training = bool(problem.training)
+    work_op = problem.flops + (problem.bwd_flops if training else 0.0)
+    state_factor = 1.0 + ((problem.gradient_bytes_per_param + problem.optimizer_bytes_per_param)
+                          if training else 0.0)
+
+    work = np.bincount(unit_of, work_op, minlength=U)
+    params = np.bincount(unit_of, problem.param_bytes, minlength=U) * state_factor
+    outs = np.bincount(unit_of, problem.output_bytes, minlength=U)
+    count = np.bincount(unit_of, minlength=U).astype(float)
+    need = params + activation_factor * outs * (1.0 if training else 0.0)
+
+    # unit-level flow edges (tensors crossing runs)
+    us, ud = unit_of[problem.edge_src], unit_of[problem.edge_dst]
+    cross = us != ud
+    key = us[cross] * max(U, 1) + ud[cross]
+    uniq, inv = np.unique(key, return_inverse=True)
+    fbytes = np.bincount(inv, problem.edge_bytes[cross], minlength=len(uniq)) \
+        if len(uniq) else np.zeros(0)
+    fsrc, fdst = (uniq // max(U, 1)).astype(np.int64), (uniq % max(U, 1)).astype(np.int64)
+
+    # depths and critical-path levels on the unit DAG (units are topologically ordered)
+    order = np.argsort(fdst, kind="stable")
+    depth = np.zeros(U)
+    top = np.zeros(U)       # longest compute path ending before the unit
+    for s, d in zip(fsrc[order].tolist(), fdst[order].tolist()):
+        depth[d] = max(depth[d], depth[s] + 1)
+        top[d] = max(top[d], top[s] + work[s])
+    bottom = work.copy()    # longest compute path from the unit to a sink, inclusive
+    order_r = np.argsort(-fsrc, kind="stable")
+    for s, d in zip(fsrc[order_r].tolist(), fdst[order_r].tolist()):
+        bottom[s] = max(bottom[s], work[s] + bottom[d])
+    cp = max(float((top + bottom).max()) if U else 1.0, 1e-30)
+
+    rate, memory = problem.rate, problem.memory
+    mean_rate = float(rate.mean())
+    bw = np.array(problem.bandwidth, dtype=float)
+    off = ~np.eye(D, dtype=bool)
+    mean_bw = float(bw[off].mean()) if D > 1 else 1e12
+    lat = np.array(problem.latency, dtype=float)
+    mean_lat = float(lat[off].mean()) if D > 1 else 0.0
+    total_work = max(float(work.sum()), 1e-30)
+    total_need = max(float(need.sum()), 1.0)
+    mean_unit_time = total_work / U / mean_rate
+    in_bytes = np.bincount(fdst, fbytes, minlength=U)
+    out_bytes = np.bincount(fsrc, fbytes, minlength=U)
+    indeg = np.bincount(fdst, minlength=U)
+    outdeg = np.bincount(fsrc, minlength=U)
+    pos = np.arange(U) / max(U - 1, 1)
+    on_cp = (np.abs(top + bottom - cp) <= 1e-6 * cp).astype(float)
+    # global intensities: how slow links are next to compute, how tight memory is
+    comm_ratio = math.log10(max((fbytes.mean() if len(fbytes) else 1.0) / mean_bw
+                                + mean_lat, 1e-12) / max(mean_unit_time, 1e-12))
+    mem_ratio = math.log(total_need / max(float(memory.sum()), 1.0))
+
+    x_op = np.stack([
+        _log_ratio(work, total_work / U) / 4,
+        work / total_work * min(U, 64) / 8,
+        np.log1p(need / max(float(memory.mean()), 1.0) * 8) / 2,
+        need / total_need * min(U, 64) / 8,
+        np.log1p(outs / max(float(outs.mean()), 1.0)),
+        pos,
+        depth / max(float(depth.max()), 1.0),
+        top / cp,
+        bottom / cp,
+        on_cp,
+        np.log1p(indeg) / 2,
+        np.log1p(outdeg) / 2,
+        np.sin(math.pi * pos), np.cos(math.pi * pos),
+        np.sin(2 * math.pi * pos), np.cos(2 * math.pi * pos),
+        np.full(U, math.log(U) / 5),
+        np.full(U, comm_ratio / 3),
+        np.full(U, mem_ratio / 3),
+        np.log1p(count) / 3,
+    ], axis=1)
+    assert x_op.shape[1] == OP_FEATURES
+
+    site = problem.site.astype(float)
+    n_sites = max(int(problem.site.max()) + 1, 1)
+    site_size = np.bincount(problem.site, minlength=n_sites)[problem.site]
+    dpos = np.arange(D) / max(D - 1, 1)
+    bw_out = np.where(off, bw, np.nan)
+    mean_bw_d = np.nanmean(bw_out, axis=1) if D > 1 else np.full(D, mean_bw)
+    lat_out = np.where(off, lat, np.nan)
+    mean_lat_d = np.nanmean(lat_out, axis=1) if D > 1 else np.zeros(D)
+    x_dev = np.stack([
+        rate / float(rate.max()),
+        _log_ratio(rate, mean_rate),
+        memory / float(memory.mean()),
+        np.log1p(memory / (total_need / D)) / 2,
+        _log_ratio(mean_bw_d, bw[off].max() if D > 1 else mean_bw) / 4,
+        np.log10(mean_lat_d + 1e-6) / 3 + 1,
+        site_size / D,
+        np.full(D, math.log(D) / 4),
+        dpos,
+        np.sin(math.pi * dpos), np.cos(math.pi * dpos),
+        np.sin(2 * math.pi * dpos), np.cos(2 * math.pi * dpos),
+        site / max(n_sites - 1, 1),
+        np.full(D, n_sites / D),
+        total_work / rate / max(total_work / rate.sum(), 1e-30) / D,
+    ], axis=1)
+    assert x_dev.shape[1] == DEV_FEATURES
+
+    x_flow = np.stack([
+        np.log1p(fbytes / max(float(fbytes.mean()) if len(fbytes) else 1.0, 1.0)),
+        np.log1p(fbytes / mean_bw / max(mean_unit_time, 1e-12)) / 3,
+        (fdst - fsrc) / max(U, 1),
+    ], axis=1) if len(fsrc) else np.zeros((0, FLOW_FEATURES))
+
+    li, lj = np.nonzero(off)
+    x_link = np.stack([
+        _log_ratio(bw[li, lj], bw[off].max()) / 4,
+        np.log10(lat[li, lj] + 1e-6) / 3 + 1,
+        (problem.site[li] == problem.site[lj]).astype(float),
+        np.log1p(mean_unit_time / (lat[li, lj] + 1.0 / bw[li, lj] * 1e6)) / 4,
+    ], axis=1) if len(li) else np.zeros((0, LINK_FEATURES))
+
+    cu = np.repeat(np.arange(U), D)
+    cd = np.tile(np.arange(D), U)
+    rel_time = work[cu] / rate[cd] / max(mean_unit_time, 1e-30)
+    current = np.zeros(U * D)
+    if placement is not None:
+        current[np.arange(U) * D + np.asarray(placement, dtype=np.int64)] = 1.0
+    x_cand = np.stack([
+        np.log1p(rel_time) / 2,
+        np.minimum(need[cu] / memory[cd], 4.0),
+        np.log1p(need[cu] / memory[cd] * U),
+        current,
+    ], axis=1)
+
+    data = HeteroData()
+    f = lambda a: torch.as_tensor(np.asarray(a, dtype=np.float32))  # noqa: E731
+    i = lambda a, b: torch.as_tensor(np.stack([a, b]).astype(np.int64))  # noqa: E731
+    data["op"].x = f(x_op)
+    data["dev"].x = f(x_dev)
+    data["op", "flow", "op"].edge_index = i(fsrc, fdst)
+    data["op", "flow", "op"].edge_attr = f(x_flow)
+    data["dev", "link", "dev"].edge_index = i(li, lj)
+    data["dev", "link", "dev"].edge_attr = f(x_link)
+    data["op", "cand", "dev"].edge_index = i(cu, cd)
+    data["op", "cand", "dev"].edge_attr = f(x_cand)
+    data["dev", "rcand", "op"].edge_index = i(cd, cu)
+    data["dev", "rcand", "op"].edge_attr = f(x_cand)
+
+    tie = np.arange(U, dtype=np.int64)
+    labels: dict[str, int] = {}
+    for op_index, op_id in enumerate(problem.ids):
+        label = problem.graph.op(op_id).colocate
+        if label is None:
+            continue
+        u = int(unit_of[op_index])
+        if label in labels:
+            _union(tie, labels[label], u)
+        else:
+            labels[label] = u
+    for u in range(U):
+        tie[u] = _find(tie, u)
+
+    inv_bw = 1.0 / bw
+    np.fill_diagonal(inv_bw, 0.0)
+    return ProblemGraph(data, U, D, unit_of, tie, need, memory.astype(float),
+                        work, rate.astype(float), fsrc, fdst, fbytes, inv_bw, lat,
+                        _unit_max(unit_of, problem.workspace_bytes, U))
+
+
+def _unit_max(unit_of: np.ndarray, values: np.ndarray, U: int) -> np.ndarray:
+    out = np.zeros(U)
+    np.maximum.at(out, unit_of, values)
+    return out
+
+
+def _find(parent: np.ndarray, x: int) -> int:
+    while parent[x] != x:
+        parent[x] = parent[parent[x]]
+        x = int(parent[x])
+    return x
+
+
+def _union(parent: np.ndarray, a: int, b: int) -> None:
+    ra, rb = _find(parent, a), _find(parent, b)
+    if ra != rb:
+        # the earliest unit in topological order decides for the group
+        lo, hi = min(ra, rb), max(ra, rb)
+        parent[hi] = lo

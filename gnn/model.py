@@ -1,0 +1,307 @@
+"""The encoder and the placement policy.
+
+:class:`Encoder` runs stock torch-geometric layers over the heterogeneous
+problem graph of :mod:`gnn.features`: a direction-aware GATv2 over tensor
+flows (``DirGNNConv``), GINE over device links and GATv2 both ways over the
+candidate placements, with residual connections and layer norm.
+
+:class:`PlacementPolicy` scores every (unit, device) pair from the two
+embeddings, so the output distribution is over *this* cluster's devices and
+one model serves clusters of any size. Decoding walks the units in
+topological order (one decision per colocation group), adding to the static
+score a small network over the decoding state: where the unit's producers and
+consumers sit, each device's compute load and memory so far, the previous
+unit's device. Devices whose memory would overflow are masked while another
+device still fits.
+
+- one-shot: :meth:`PlacementPolicy.sample` from an empty placement;
+- refinement (Placeto-style): ``sample(..., context=placement)`` revisits
+  every unit given the current placement of all others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from torch_geometric.nn import DirGNNConv, GATv2Conv, GINEConv, HeteroConv
+
+from .features import (CAND_FEATURES, DEV_FEATURES, FLOW_FEATURES, LINK_FEATURES, OP_FEATURES,
+                       ProblemGraph)
+
+__all__ = ["PolicyConfig", "Encoder", "PlacementPolicy", "Decoded"]
+
+N_DYNAMIC = 12
+
+
+@dataclass
+class PolicyConfig:
+    """Shape of a policy: embedding width, message-passing depth, heads of the
+    candidate attention, width of the projections the decoder sees."""
+
+    hidden: int = 64
+    layers: int = 3
+    heads: int = 2
+    proj: int = 16
+    dyn_hidden: int = 32
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "PolicyConfig":
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+class _DirEdgeConv(DirGNNConv):
+    """DirGNNConv that passes edge features to both directions."""
+
+    def forward(self, x, edge_index, edge_attr=None):  # noqa: D102
+        x_in = self.conv_in(x, edge_index, edge_attr)
+        x_out = self.conv_out(x, edge_index.flip([0]), edge_attr)
+        out = self.alpha * x_out + (1 - self.alpha) * x_in
+        if self.root_weight:
+            out = out + self.lin(x)
+        return out
+
+
+def _mlp(*sizes: int) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for a, b in zip(sizes[:-1], sizes[1:]):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])
+
+
+class Encoder(nn.Module):
+    """Embeddings of units (``op``) and devices (``dev``) of one problem."""
+
+    def __init__(self, config: PolicyConfig):
+        super().__init__()
+        H, heads = config.hidden, config.heads
+        self.op_in = _mlp(OP_FEATURES, H, H)
+        self.dev_in = _mlp(DEV_FEATURES, H, H)
+        self.convs = nn.ModuleList()
+        self.norms = nn.ModuleList()
+        for _ in range(config.layers):
+            self.convs.append(HeteroConv({
+                ("op", "flow", "op"): _DirEdgeConv(
+                    GATv2Conv(H, H, edge_dim=FLOW_FEATURES, add_self_loops=False)),
+                ("dev", "link", "dev"): GINEConv(_mlp(H, H, H), edge_dim=LINK_FEATURES),
+                ("op", "cand", "dev"): GATv2Conv((H, H), H // heads, heads=heads,
+                                                 edge_dim=CAND_FEATURES, add_self_loops=False),
+                ("dev", "rcand", "op"): GATv2Conv((H, H), H // heads, heads=heads,
+                                                  edge_dim=CAND_FEATURES, add_self_loops=False),
+            }, aggr="sum"))
+            self.norms.append(nn.ModuleDict({"op": nn.LayerNorm(H), "dev": nn.LayerNorm(H)}))
+
+    def forward(self, data) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(h_op (U, H), h_dev (D, H))``."""
+        h = {"op": self.op_in(data["op"].x), "dev": self.dev_in(data["dev"].x)}
+        edge_index = {k: data[k].edge_index for k in data.edge_types}
+        edge_attr = {k: data[k].edge_attr for k in data.edge_types}
+        for conv, norm in zip(self.convs, self.norms):
+            out = conv(h, edge_index, edge_attr_dict=edge_attr)
+            h = {k: norm[k](h[k] + torch.relu(out[k])) if k in out else h[k] for k in h}
+        return h["op"], h["dev"]
+
+
+@dataclass
+class Decoded:
+    """Samples of one decoding: ``actions`` (k, U) device per unit,
+    ``log_prob`` (k,) and ``entropy`` (k,) summed over decided units."""
+
+    actions: torch.Tensor
+    log_prob: torch.Tensor
+    entropy: torch.Tensor
+
+
+class PlacementPolicy(nn.Module):
+    """Per-unit distributions over a cluster's devices (see the module doc).
+
+    >>> from placer import Graph, Op, Edge, Cluster, Device
+    >>> from placer.cost import Problem
+    >>> from gnn.features import encode_problem
+    >>> g = Graph("t", [Op("a", flops=1e9), Op("b", flops=1e9)], [Edge("a", "b", 1e6)])
+    >>> c = Cluster.from_rules("c", [Device("x", 1e12, 1e10), Device("y", 1e12, 1e10)],
+    ...                        default=(1e9, 0.0))
+    >>> policy = PlacementPolicy(PolicyConfig(hidden=16, layers=1))
+    >>> out = policy.sample(encode_problem(Problem(g, c)), k=3,
+    ...                     generator=torch.Generator().manual_seed(0))
+    >>> tuple(out.actions.shape)
+    (3, 2)
+    """
+
+    def __init__(self, config: PolicyConfig | None = None):
+        super().__init__()
+        self.config = config or PolicyConfig()
+        H, P = self.config.hidden, self.config.proj
+        self.encoder = Encoder(self.config)
+        self.pair = _mlp(2 * H + CAND_FEATURES, H, 1)
+        self.op_proj = nn.Linear(H, P)
+        self.dev_proj = nn.Linear(H, P)
+        self.dynamic = _mlp(N_DYNAMIC + 2 * P, self.config.dyn_hidden, 1)
+        # A linear prior over the decoding state, initialised to "follow your
+        # producers and consumers, avoid overloaded devices": it starts the
+        # policy near contiguous, balanced plans instead of scattered ones.
+        self.prior = nn.Linear(N_DYNAMIC, 1, bias=False)
+        with torch.no_grad():
+            self.prior.weight.zero_()
+            self.prior.weight[0, 0] = 6.0    # share of input bytes already there
+            self.prior.weight[0, 1] = 3.0    # share of output bytes there (refinement)
+            self.prior.weight[0, 3] = -4.0   # load after adding this unit
+            self.prior.weight[0, 11] = -3.0  # time to fetch the inputs over the links
+
+    def static_scores(self, pg: ProblemGraph):
+        """Encode once: static (U, D) scores and the decoder's projections."""
+        h_op, h_dev = self.encoder(pg.data)
+        U, D = pg.n_units, pg.n_devices
+        cand = pg.data["op", "cand", "dev"].edge_attr.view(U, D, CAND_FEATURES)
+        pair = torch.cat([h_op[:, None, :].expand(U, D, -1), h_dev[None, :, :].expand(U, D, -1),
+                          cand], dim=-1)
+        return self.pair(pair).squeeze(-1), self.op_proj(h_op), self.dev_proj(h_dev)
+
+    def sample(self, pg: ProblemGraph, k: int = 1, *, generator: torch.Generator | None = None,
+               greedy: bool = False, context: np.ndarray | torch.Tensor | None = None,
+               temperature: float = 1.0, encoded=None,
+               actions: np.ndarray | torch.Tensor | None = None) -> Decoded:
+        """Decode ``k`` placements (``greedy``: the most likely one, k times).
+
+        ``context`` (k, U) or (U,) device per unit turns on refinement: each
+        unit is re-decided given the current devices of all others.
+        ``encoded`` reuses a :meth:`static_scores` result. ``actions`` (k, U)
+        scores given placements instead of sampling (teacher forcing).
+        """
+        s0, p_op, p_dev = encoded if encoded is not None else self.static_scores(pg)
+        U, D = pg.n_units, pg.n_devices
+        work = torch.as_tensor(pg.work, dtype=torch.float32)
+        rate = torch.as_tensor(pg.rate, dtype=torch.float32)
+        need = torch.as_tensor(pg.need, dtype=torch.float32)
+        memory = torch.as_tensor(pg.memory, dtype=torch.float32)
+        workspace = torch.as_tensor(pg.workspace, dtype=torch.float32)
+        t_bal = work.sum().clamp_min(1e-30) / rate.sum()
+        add_time = work[:, None] / rate[None, :] / t_bal          # (U, D)
+        ins, outs = _adjacency(pg)
+        inv_bw = torch.as_tensor(pg.inv_bandwidth, dtype=torch.float32)
+        latency = torch.as_tensor(pg.latency, dtype=torch.float32)
+        t_unit = float(work.sum() / rate.sum()) / max(U, 1)   # seconds per unit if balanced
+        refine = context is not None
+        forced = None
+        if actions is not None:
+            forced = torch.as_tensor(np.asarray(actions), dtype=torch.long)
+            forced = forced.expand(k, U) if forced.dim() == 1 else forced
+        if refine:
+            assign = torch.as_tensor(np.asarray(context), dtype=torch.long)
+            assign = assign.expand(k, U).clone() if assign.dim() == 1 else assign.clone()
+            load = torch.zeros(k, D).scatter_add_(1, assign, add_time[torch.arange(U), assign])
+            mem = torch.zeros(k, D).scatter_add_(1, assign, need.expand(k, U).contiguous())
+        else:
+            assign = torch.full((k, U), -1, dtype=torch.long)
+            load = torch.zeros(k, D)
+            mem = torch.zeros(k, D)
+        peak_ws = torch.zeros(k, D)   # largest transient workspace placed so far
+        rows = torch.arange(k)
+        log_prob = torch.zeros(k)
+        entropy = torch.zeros(k)
+        tie = pg.tie
+        for u in range(U):
+            if refine:   # take u out of the state before re-deciding it
+                cur = assign[:, u]
+                load[rows, cur] -= add_time[u, cur]
+                mem[rows, cur] -= need[u]
+            if tie[u] != u:
+                action = assign[:, int(tie[u])]
+            else:
+                dyn = self._dynamic_features(u, U, D, k, assign, load, mem, memory, need,
+                                             add_time, ins, outs, inv_bw, latency, t_unit)
+                x = torch.cat([dyn, p_op[u].expand(k, D, -1), p_dev[None].expand(k, D, -1)],
+                              dim=-1)
+                logits = (s0[u][None, :] + self.dynamic(x).squeeze(-1)
+                          + self.prior(dyn).squeeze(-1)) / temperature
+                fits = (mem + need[u] + torch.clamp_min(peak_ws, workspace[u])) <= memory[None, :]
+                fits = fits | ~fits.any(dim=1, keepdim=True)
+                if forced is not None:
+                    fits[rows, forced[:, u]] = True
+                logits = logits.masked_fill(~fits, -1e9)
+                logp = torch.log_softmax(logits, dim=-1)
+                if forced is not None:
+                    action = forced[:, u]
+                elif greedy:
+                    action = logits.argmax(dim=-1)
+                else:
+                    action = torch.multinomial(logp.exp().detach(), 1,
+                                               generator=generator).squeeze(-1)
+                log_prob = log_prob + logp[rows, action]
+                p = logp.exp()
+                entropy = entropy - (p * logp.masked_fill(~fits, 0.0)).sum(-1)
+            assign[:, u] = action
+            load[rows, action] += add_time[u, action]
+            mem[rows, action] += need[u]
+            peak_ws[rows, action] = torch.clamp_min(peak_ws[rows, action], workspace[u])
+        return Decoded(assign, log_prob, entropy)
+
+    @staticmethod
+    def _dynamic_features(u, U, D, k, assign, load, mem, memory, need, add_time, ins, outs,
+                          inv_bw, latency, t_unit):
+        feats = []
+        src, weight = ins[u][0], ins[u][2]
+        if len(src):
+            dev = assign[:, src]                                  # (k, p)
+            ok = (dev >= 0).float()[..., None]
+            d = dev.clamp_min(0)
+            secs = (inv_bw[d] * weight[None, :, None] + latency[d]) * ok
+            fetch = torch.log1p(secs.sum(1) / max(t_unit, 1e-30)) / 3
+        else:
+            fetch = torch.zeros(k, D)
+        for src, weight, _ in (ins[u], outs[u]):
+            aff = torch.zeros(k, D)
+            if len(src):
+                dev = assign[:, src]
+                ok = dev >= 0
+                w = weight.expand(k, -1) * ok
+                aff.scatter_add_(1, dev.clamp_min(0), w)
+                aff = aff / w.sum(-1, keepdim=True).clamp_min(1e-30)
+            feats.append(aff)
+        used = (load > 0).float()
+        prev = torch.zeros(k, D)
+        if u > 0:
+            prev.scatter_(1, assign[:, u - 1:u].clamp_min(0), 1.0)
+        ones = torch.ones(k, D)
+        feats += [
+            load.clamp_max(8.0) / 2,
+            (load + add_time[u][None]).clamp_max(8.0) / 2,
+            (mem / memory).clamp_max(4.0),
+            ((mem + need[u]) / memory).clamp_max(4.0),
+            used,
+            prev,
+            ones * (u / max(U - 1, 1)),
+            ones * load.max(dim=1, keepdim=True).values.clamp_max(8.0) / 2,
+            ones * used.mean(dim=1, keepdim=True),
+            fetch,
+        ]
+        return torch.stack(feats, dim=-1)
+
+
+def _adjacency(pg: ProblemGraph):
+    """Per unit: (producer units, normalised bytes) and (consumer units, bytes)."""
+    cache = pg.__dict__.get("_adj")
+    if cache is not None:
+        return cache
+    U = pg.n_units
+    ins: list = [[[], []] for _ in range(U)]
+    outs: list = [[[], []] for _ in range(U)]
+    for s, d, b in zip(pg.flow_src.tolist(), pg.flow_dst.tolist(), pg.flow_bytes.tolist()):
+        ins[d][0].append(s)
+        ins[d][1].append(b + 1.0)
+        outs[s][0].append(d)
+        outs[s][1].append(b + 1.0)
+
+    def pack(pairs):
+        return [(torch.as_tensor(a, dtype=torch.long),
+                 torch.as_tensor(b, dtype=torch.float32)[None, :],
+                 torch.as_tensor(b, dtype=torch.float32) - 1.0) for a, b in pairs]
+    cache = (pack(ins), pack(outs))
+    pg.__dict__["_adj"] = cache
+    return cache

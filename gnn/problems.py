@@ -1,0 +1,148 @@
+"""Training problems: held-out clusters, perturbed random clusters, the
+heuristic reference each reward is measured against, and plan scoring.
+
+Clusters are held out like model families: :data:`TRAIN_CLUSTERS` are seen in
+training (as they are and as perturbed random subsets of them),
+:data:`TEST_CLUSTERS` only in evaluation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from placer.cluster import Cluster, Device
+from placer.cost import INFEASIBLE
+
+__all__ = ["TRAIN_CLUSTERS", "TEST_CLUSTERS", "random_cluster", "microbatch_choices",
+           "best_times", "reference_time", "reference", "reward", "pipeline_assignments"]
+
+TRAIN_CLUSTERS = ("a100x8", "two-sites", "dtfm-datacenter-ondemand", "dtfm-regional",
+                  "dtfm-multi-universities")
+TEST_CLUSTERS = ("hetero-lab", "edge-wireless", "ib-4x8-a100", "dtfm-worldwide",
+                 "dtfm-datacenter-spot")
+
+
+def random_cluster(rng: np.random.Generator, bases: list[Cluster], max_devices: int = 16,
+                   name: str = "random") -> Cluster:
+    """A perturbed random subset of one of ``bases``: 2..``max_devices``
+    devices, speeds and memories scaled by 0.5-1.5 each, links by 0.3-3 (per
+    site pair, symmetric) and latencies by 0.5-2."""
+    base = bases[int(rng.integers(len(bases)))]
+    n = int(rng.integers(2, min(max_devices, len(base)) + 1))
+    idx = np.sort(rng.choice(len(base), size=n, replace=False))
+    devices = []
+    for j, i in enumerate(idx.tolist()):
+        d = base.devices[i]
+        devices.append(Device(f"d{j}", d.flops * float(rng.uniform(0.5, 1.5)),
+                              d.memory * float(rng.uniform(0.5, 1.5)), site=d.site,
+                              kind=d.kind, efficiency=d.efficiency))
+    sites = sorted({d.site for d in devices})
+    s = np.array([sites.index(d.site) for d in devices])
+    scale = np.exp(rng.uniform(math.log(0.3), math.log(3.0), size=(len(sites), len(sites))))
+    scale = np.sqrt(scale * scale.T)
+    lat_scale = float(rng.uniform(0.5, 2.0))
+    bw = np.array(base.bandwidth)[np.ix_(idx, idx)] * scale[s][:, s]
+    lat = np.array(base.latency)[np.ix_(idx, idx)] * lat_scale
+    np.fill_diagonal(bw, 1.0)
+    return Cluster(f"{name}-{base.name}-{n}", devices, bw, lat)
+
+
+def microbatch_choices(problem, limit: int = 8) -> list[int]:
+    """Microbatch counts the policy's plans are scored with: powers of two up
+    to ``limit`` dividing the traced batch when it is known."""
+    batch = problem.graph.meta.get("batch") if problem.graph.meta else None
+    out = [m for m in (1, 2, 4, 8, 16, 32) if m <= limit]
+    if isinstance(batch, (int, float)) and batch >= 1:
+        out = [m for m in out if m <= batch and batch % m == 0] or [1]
+    return out
+
+
+def best_times(cost_model, problem, assignments: np.ndarray, choices: list[int],
+               schedules=("1f1b",)) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Objective of each row of ``assignments`` (device per op) at its best
+    microbatch count and schedule: ``(objective, microbatches, schedule index)``."""
+    A = np.atleast_2d(assignments)
+    best = np.full(len(A), np.inf)
+    best_m = np.ones(len(A), dtype=np.int64)
+    best_s = np.zeros(len(A), dtype=np.int64)
+    for si, schedule in enumerate(schedules):
+        for m in choices:
+            t = np.asarray(cost_model.step_times(problem, A, microbatches=m, schedule=schedule))
+            better = t < best
+            best[better], best_m[better], best_s[better] = t[better], m, si
+    return best, best_m, best_s
+
+
+def pipeline_assignments(problem) -> np.ndarray:
+    """Simple reference plans (device per op, rows): every op on one of the
+    fastest devices, and even pipelines over the first 2, 4, 8, ... devices
+    ordered by site (largest total speed first) then speed, each stage sized
+    by its device's speed."""
+    D = problem.n_devices
+    rate = problem.rate
+    site_rate = np.bincount(problem.site, rate)
+    order = sorted(range(D), key=lambda d: (-site_rate[problem.site[d]], problem.site[d],
+                                            -rate[d], d))
+    work = problem.flops + (problem.bwd_flops if problem.training else 0.0)
+    frac = (np.cumsum(work) - work / 2) / max(work.sum(), 1e-30)
+    rows = []
+    top = np.argsort(-rate, kind="stable")[:min(D, 4)]
+    biggest = np.argsort(-problem.memory, kind="stable")[:2]
+    for d in dict.fromkeys(top.tolist() + biggest.tolist()):
+        rows.append(np.full(problem.n_ops, d, dtype=np.int64))
+    k = 2
+    while k <= D:
+        devs = np.array(order[:k])
+        bounds = np.cumsum(rate[devs]) / rate[devs].sum()
+        stage = np.minimum(np.searchsorted(bounds, frac, side="right"), k - 1)
+        rows.append(devs[stage])
+        k *= 2
+    if D > 2 and D & (D - 1):
+        devs = np.array(order)
+        bounds = np.cumsum(rate[devs]) / rate[devs].sum()
+        rows.append(devs[np.minimum(np.searchsorted(bounds, frac, side="right"), D - 1)])
+    return np.stack(rows)
+
+
+def _colocated(problem, rows: np.ndarray) -> np.ndarray:
+    """Rows with every colocation group moved to its first member's device."""
+    rows = rows.copy()
+    first: dict[str, int] = {}
+    for i, op_id in enumerate(problem.ids):
+        label = problem.graph.op(op_id).colocate
+        if label is None:
+            continue
+        if label in first:
+            rows[:, i] = rows[:, first[label]]
+        else:
+            first[label] = i
+    return rows
+
+
+def reference_time(cost_model, problem) -> float:
+    """Step time of the best simple heuristic plan (see
+    :func:`pipeline_assignments`); the reward's reference."""
+    return reference(cost_model, problem)[0]
+
+
+def reference(cost_model, problem) -> tuple[float, np.ndarray]:
+    """``(step time, device per op)`` of the best simple heuristic plan."""
+    rows = _colocated(problem, pipeline_assignments(problem))
+    t, _, _ = best_times(cost_model, problem, rows, microbatch_choices(problem))
+    best = int(np.argmin(t))
+    return float(t[best]), rows[best]
+
+
+def reward(times: np.ndarray, reference: float, floor: float = -5.0,
+           ceiling: float = 5.0) -> np.ndarray:
+    """log(reference / time), clipped to [``floor``, ``ceiling``]: > 0 when a
+    plan beats the reference. Infeasible plans (objective >= INFEASIBLE) get
+    at most ``floor``, still ranked by how far over memory they are."""
+    times = np.asarray(times, dtype=float)
+    r = np.log(reference / np.maximum(times, 1e-30))
+    over = times >= INFEASIBLE
+    r = np.clip(r, floor, ceiling)
+    r[over] = floor - np.log(times[over] / INFEASIBLE)
+    return r

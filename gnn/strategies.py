@@ -1,0 +1,237 @@
+"""The learned strategies ``rl`` and ``hybrid``, registered with placer.search.
+
+- ``rl``: decode placements with the policy (the greedy one, then batches of
+  samples, then Placeto-style refinements of the best), score them with the
+  cost model at each microbatch count and schedule, keep the best.
+  ``finetune`` seconds (or ``finetune_steps`` updates) of REINFORCE on the
+  target problem come first when asked.
+- ``hybrid``: the best distinct policy samples seed the population of the
+  ``evolution`` strategy (through its ``initial`` plans), which then spends
+  the rest of the budget.
+
+>>> from placer.search import get_strategy
+>>> type(get_strategy("rl")).__name__
+'RL'
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from placer.cost import Problem
+from placer.errors import StrategyError
+from placer.search.base import Budget, Strategy, get_strategy, register_strategy
+
+from .checkpoint import default_checkpoint, load_policy
+from .features import encode_problem
+from .problems import best_times, reference, reward
+
+__all__ = ["RL", "Hybrid", "policy_plans"]
+
+_CACHE: dict = {}
+
+
+def _policy(checkpoint):
+    key = str(checkpoint if checkpoint is not None else default_checkpoint())
+    policy = _CACHE.get(key)
+    if policy is None:
+        policy = _CACHE[key] = load_policy(checkpoint)
+    return policy
+
+
+def _finetune(policy, problem, cost_model, *, seconds, steps, samples, max_units, seed,
+              lr=3e-4, budget: Budget | None = None):
+    """REINFORCE on one problem; returns a fine-tuned copy of ``policy``."""
+    import copy
+    import time
+    tuned = copy.deepcopy(policy).train()
+    opt = torch.optim.Adam(tuned.parameters(), lr=lr)
+    pg = encode_problem(problem, max_units)
+    n_dec = max(int((pg.tie == np.arange(pg.n_units)).sum()), 1)
+    ref, _ = reference(cost_model, problem)
+    choices = _choices(problem)
+    gen = torch.Generator().manual_seed(10_007 * seed + 1)
+    t0 = time.perf_counter()
+    step = 0
+    while True:
+        if steps is not None and step >= steps:
+            break
+        if seconds is not None and time.perf_counter() - t0 >= seconds:
+            break
+        if budget is not None and budget.exhausted():
+            break
+        out = tuned.sample(pg, samples, generator=gen)
+        t, _, _ = best_times(cost_model, problem, pg.expand(out.actions.numpy()), choices)
+        r = reward(t, ref)
+        adv = torch.as_tensor((r - r.mean()) / (r.std() + 0.1), dtype=torch.float32)
+        loss = -(adv * out.log_prob).mean() / n_dec - 0.003 * out.entropy.mean() / n_dec
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(tuned.parameters(), 1.0)
+        opt.step()
+        step += 1
+    return tuned.eval()
+
+
+def _choices(problem) -> list[int]:
+    from .problems import microbatch_choices
+    return microbatch_choices(problem)
+
+
+def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: int = 0,
+                 samples: int = 64, batch: int = 16, refine: int = 1, max_units: int = 256,
+                 temperature: float = 1.0, microbatches=None, schedules=("1f1b",),
+                 keep: int = 1):
+    """Decode and score placements; returns ``[(objective, device per op,
+    microbatches, schedule)]`` of the ``keep`` best distinct ones, best first.
+
+    Stops early when ``budget`` is spent (the greedy plan is always scored).
+    """
+    pg = encode_problem(problem, max_units)
+    gen = torch.Generator().manual_seed(int(seed))
+    choices = list(microbatches) if microbatches else _choices(problem)
+    found: dict = {}
+
+    def score(actions: torch.Tensor) -> np.ndarray:
+        units = actions.numpy()
+        per_combo = max(len(choices) * len(schedules), 1)
+        room = budget.allow(len(units) * per_combo)
+        n = max(room // per_combo, 1 if budget.used == 0 else 0)
+        units = units[:n]
+        if not len(units):
+            return units
+        A = pg.expand(units)
+        t, m, s = best_times(cost_model, problem, A, choices, schedules)
+        for row, tt, mm, ss in zip(A, t, m, s):
+            key = row.tobytes()
+            if key not in found or tt < found[key][0]:
+                found[key] = (float(tt), row, int(mm), schedules[int(ss)])
+        return units
+
+    with torch.no_grad():
+        enc = policy.static_scores(pg)
+        score(policy.sample(pg, 1, greedy=True, encoded=enc).actions)
+        drawn = 0
+        while drawn < samples and not budget.exhausted():
+            k = min(batch, samples - drawn)
+            score(policy.sample(pg, k, generator=gen, encoded=enc,
+                                temperature=temperature).actions)
+            drawn += k
+        for _ in range(max(refine, 0)):
+            if budget.exhausted() or not found:
+                break
+            best = min(found.values(), key=lambda v: v[0])
+            first = np.zeros(pg.n_units, dtype=np.int64)
+            first[pg.unit_of[::-1]] = best[1][np.arange(len(pg.unit_of))[::-1]]
+            score(policy.sample(pg, 1, greedy=True, context=first, encoded=enc).actions)
+            score(policy.sample(pg, batch, generator=gen, context=first, encoded=enc,
+                                temperature=temperature).actions)
+    return sorted(found.values(), key=lambda v: v[0])[:keep]
+
+
+class _Learned(Strategy):
+    """Options shared by the learned strategies."""
+
+    def __init__(self, *, checkpoint=None, samples: int = 64, batch: int = 16,
+                 refine: int = 1, max_units: int = 256, temperature: float = 1.0,
+                 finetune: float = 0.0, finetune_steps: int | None = None, **base):
+        super().__init__(**base)
+        for label, value in (("samples", samples), ("batch", batch), ("max_units", max_units)):
+            if int(value) != value or value < 1:
+                raise StrategyError(f"{label} must be a whole number >= 1, got {value!r}",
+                                    field=label)
+        if not temperature > 0:
+            raise StrategyError(f"temperature must be > 0, got {temperature!r}",
+                                field="temperature")
+        if not finetune >= 0:
+            raise StrategyError(f"finetune must be >= 0 seconds, got {finetune!r}",
+                                field="finetune")
+        self.checkpoint = checkpoint
+        self.samples, self.batch, self.refine = int(samples), int(batch), int(refine)
+        self.max_units, self.temperature = int(max_units), float(temperature)
+        self.finetune, self.finetune_steps = float(finetune), finetune_steps
+
+    def _plans(self, problem, cost_model, budget, seed, keep):
+        from placer.plan import Plan
+        policy = _policy(self.checkpoint)
+        if self.finetune > 0 or self.finetune_steps:
+            seconds = self.finetune if self.finetune > 0 else None
+            if seconds is not None and budget.time is not None:
+                seconds = min(seconds, 0.8 * budget.remaining_time)
+            policy = _finetune(policy, problem, cost_model, seconds=seconds,
+                               steps=self.finetune_steps, samples=self.batch,
+                               max_units=self.max_units, seed=seed, budget=budget)
+        schedules = tuple(self.schedule_choices())
+        found = policy_plans(policy, problem, cost_model, budget, seed=seed,
+                             samples=self.samples, batch=self.batch, refine=self.refine,
+                             max_units=self.max_units, temperature=self.temperature,
+                             microbatches=self.microbatch_choices(problem)
+                             if self.microbatches is not None else None,
+                             schedules=schedules, keep=keep)
+        names = problem.devices
+        out = []
+        for _, row, m, s in found:
+            placement = {op: [names[d]] for op, d in zip(problem.ids, row.tolist())}
+            out.append(Plan(placement, m, s, self.name))
+        return out
+
+
+@register_strategy
+class RL(_Learned):
+    """Best of the policy's placements under the cost model (see the module doc).
+
+    Options: ``checkpoint`` (stem; default the shipped policy), ``samples``
+    (placements drawn), ``batch``, ``refine`` (refinement rounds),
+    ``max_units`` (decision units; larger graphs are cut into runs),
+    ``temperature``, ``finetune`` (seconds of REINFORCE on the target first)
+    or ``finetune_steps``.
+    """
+
+    name = "rl"
+
+    def search(self, problem, cost_model, budget, seed=0, progress=None):
+        """Decode, score, keep the best (see the class doc)."""
+        cost_model = budget.meter(cost_model)
+        plans = self._plans(problem, cost_model, budget, seed, keep=1)
+        return self.finalize(problem, cost_model, budget, plans[0], progress=progress)
+
+
+@register_strategy
+class Hybrid(_Learned):
+    """Policy samples seed the ``evolution`` strategy's population.
+
+    Options: those of ``rl`` (``samples`` defaults to 32 here), ``seeds``
+    (how many of the best distinct policy plans to hand over) and
+    ``evolution`` (options for the evolution strategy).
+    """
+
+    name = "hybrid"
+
+    def __init__(self, *, seeds: int = 8, evolution: dict | None = None, samples: int = 32,
+                 **options):
+        super().__init__(samples=samples, **options)
+        if int(seeds) != seeds or seeds < 1:
+            raise StrategyError(f"seeds must be a whole number >= 1, got {seeds!r}",
+                                field="seeds")
+        self.seeds = int(seeds)
+        self.evolution_options = dict(evolution or {})
+
+    def search(self, problem, cost_model, budget, seed=0, progress=None):
+        """Policy plans first, then evolution from them within the same budget."""
+        metered = budget.meter(cost_model)
+        plans = self._plans(problem, metered, budget, seed, keep=self.seeds)
+        options = dict(self.evolution_options)
+        if self.microbatches is not None:
+            options.setdefault("microbatches", self.microbatches)
+        if self.schedule is not None:
+            options.setdefault("schedule", self.schedule)
+        try:
+            evo = get_strategy("evolution", initial=plans + list(self.initial), **options)
+        except StrategyError as exc:
+            raise StrategyError(f"hybrid needs the evolution strategy: {exc.message}",
+                                fix="install the evolution package (deap) or use method='rl'"
+                                ) from None
+        plan = evo.search(problem, metered, budget, seed=seed, progress=progress)
+        plan.extra = dict(plan.extra or {}, policy_seeds=len(plans))
+        return self.finalize(problem, metered, budget, plan, progress=progress)

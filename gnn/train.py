@@ -1,0 +1,474 @@
+"""Training a placement policy with REINFORCE and a per-problem baseline.
+
+Each iteration draws a few problems (a training graph on a training cluster
+preset or on a perturbed random subset of one), samples ``samples``
+placements per problem from the policy, scores them with the analytical cost
+model at their best microbatch count and rewards ``log(reference / time)``,
+the reference being the best simple heuristic plan
+(:func:`gnn.problems.reference_time`). The advantage of a sample is its
+reward minus the mean of the problem's samples. Now and then the best sample
+is refined (Placeto-style) and the refinements are trained the same way.
+
+A curriculum admits larger graphs stage by stage. Everything random is drawn
+from generators seeded by ``(seed, iteration)``, so a run resumed from a
+checkpoint continues exactly like an uninterrupted one.
+
+:func:`train` is the library entry; :func:`main` the command line
+(``train_policy.py`` and ``placer train``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from placer import datasets
+from placer._io import atomic_write_text, dump_json
+from placer.cost import Problem, get_cost_model
+from placer.errors import PlacerError, StrategyError
+
+from .checkpoint import checkpoint_paths, load_policy, load_tensors, save_policy, save_tensors
+from .features import encode_problem
+from .model import PlacementPolicy, PolicyConfig
+from .problems import (TRAIN_CLUSTERS, best_times, microbatch_choices, random_cluster,
+                       reference, reference_time, reward)
+
+__all__ = ["TrainConfig", "Trainer", "train", "main", "evaluate_policy", "VAL_GRAPHS"]
+
+VAL_GRAPHS = ("utransformer.module", "utransformer.op", "random_dag-n100-w4-s0",
+              "random_dag-n200-w8-s1")
+VAL_CLUSTERS = ("two-sites", "dtfm-regional")
+
+
+@dataclass
+class TrainConfig:
+    """Hyperparameters of a training run (saved in the checkpoint's JSON)."""
+
+    seed: int = 0
+    iterations: int = 1000
+    problems: int = 4               # problems per update
+    samples: int = 16               # placements sampled per problem
+    lr: float = 1e-3
+    entropy: float = 0.01           # bonus on the mean per-decision entropy
+    max_units: int = 96             # decision units per graph in training
+    curriculum: tuple = (60, 250, 1_000_000)   # largest graph (ops) per stage
+    stages: tuple = (0.2, 0.5, 1.0)            # where each stage ends (fraction)
+    random_clusters: float = 0.5    # share of problems on perturbed random clusters
+    max_random_devices: int = 16
+    refine: float = 0.2             # share of problems also trained in refinement
+    imitation: float = 0.15         # first share of the run also imitates the reference plan
+    grad_clip: float = 1.0
+    checkpoint_every: int = 100
+    val_every: int = 200
+    graphs: list | None = None      # default: the training split
+    clusters: list = field(default_factory=lambda: list(TRAIN_CLUSTERS))
+    policy: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["curriculum"] = list(self.curriculum)
+        data["stages"] = list(self.stages)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TrainConfig":
+        known = set(cls.__dataclass_fields__)
+        out = cls(**{k: v for k, v in data.items() if k in known})
+        out.curriculum, out.stages = tuple(out.curriculum), tuple(out.stages)
+        return out
+
+
+class Trainer:
+    """One training run: the policy, its optimizer and the problem stream."""
+
+    def __init__(self, config: TrainConfig):
+        self.config = config
+        torch.manual_seed(config.seed)
+        self.policy = PlacementPolicy(PolicyConfig.from_dict(config.policy))
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr)
+        self.iteration = 0
+        self.cost = get_cost_model("analytical")
+        names = list(config.graphs) if config.graphs is not None else datasets.split("train")
+        self.graph_names = names
+        self._graphs: dict = {}
+        self._sizes: dict = {}
+        self._clusters = {name: datasets.cluster(name) for name in config.clusters}
+        self._refs: dict = {}
+        self.history: list[dict] = []
+
+    # --- problems -------------------------------------------------------------
+    def graph(self, name: str):
+        g = self._graphs.get(name)
+        if g is None:
+            g = self._graphs[name] = datasets.graph(name)
+        return g
+
+    def size(self, name: str) -> int:
+        if name not in self._sizes:
+            self._sizes[name] = len(self.graph(name))
+        return self._sizes[name]
+
+    def stage(self, iteration: int) -> int:
+        frac = iteration / max(self.config.iterations, 1)
+        for i, end in enumerate(self.config.stages):
+            if frac < end:
+                return i
+        return len(self.config.stages) - 1
+
+    def draw(self, rng: np.random.Generator, stage: int):
+        """A (problem, reference time) of the curriculum's ``stage``."""
+        limit = self.config.curriculum[min(stage, len(self.config.curriculum) - 1)]
+        names = [n for n in self.graph_names if self.size(n) <= limit] or \
+            [min(self.graph_names, key=self.size)]
+        name = names[int(rng.integers(len(names)))]
+        if rng.random() < self.config.random_clusters:
+            cluster = random_cluster(rng, list(self._clusters.values()),
+                                     self.config.max_random_devices)
+            key = None
+        else:
+            cname = self.config.clusters[int(rng.integers(len(self.config.clusters)))]
+            cluster = self._clusters[cname]
+            key = (name, cname)
+        problem = Problem(self.graph(name), cluster)
+        ref = self._refs.get(key) if key else None
+        if ref is None:
+            ref = reference(self.cost, problem)
+            if key:
+                self._refs[key] = ref
+        return problem, ref
+
+    # --- one update ---------------------------------------------------------------
+    def _loss(self, problem, ref_plan, gen, rng, imitate: float) -> tuple[torch.Tensor, dict]:
+        cfg = self.config
+        ref, ref_row = ref_plan
+        pg = encode_problem(problem, cfg.max_units)
+        n_dec = max(int((pg.tie == np.arange(pg.n_units)).sum()), 1)
+        encoded = self.policy.static_scores(pg)
+        choices = microbatch_choices(problem)
+        out = self.policy.sample(pg, cfg.samples, generator=gen, encoded=encoded)
+        acts = out.actions.numpy()
+        times, _, _ = best_times(self.cost, problem, pg.expand(acts), choices)
+        r = reward(times, ref)
+        terms = [(out, r)]
+        if rng.random() < cfg.refine:
+            best = acts[int(np.argmin(times))]
+            ref_out = self.policy.sample(pg, cfg.samples, generator=gen, context=best,
+                                         encoded=encoded)
+            t2, _, _ = best_times(self.cost, problem, pg.expand(ref_out.actions.numpy()),
+                                  choices)
+            terms.append((ref_out, reward(t2, ref)))
+            times = np.concatenate([times, t2])
+        loss = torch.zeros(())
+        for dec, rr in terms:
+            adv = torch.as_tensor((rr - rr.mean()) / (rr.std() + 0.1), dtype=torch.float32)
+            loss = loss - (adv * dec.log_prob).mean() / n_dec \
+                - cfg.entropy * dec.entropy.mean() / n_dec
+        if imitate > 0:
+            first = np.zeros(pg.n_units, dtype=np.int64)
+            first[pg.unit_of[::-1]] = np.arange(len(pg.unit_of))[::-1]
+            teacher = self.policy.sample(pg, 1, actions=ref_row[first][None], encoded=encoded)
+            loss = loss - imitate * teacher.log_prob.mean() / n_dec
+        best_r = float(reward(np.array([times.min()]), ref)[0])
+        return loss, {"reward": float(r.mean()), "best": best_r,
+                      "entropy": float(out.entropy.detach().mean()) / n_dec}
+
+    def step(self) -> dict:
+        """One update; returns its log row."""
+        cfg = self.config
+        it = self.iteration
+        rng = np.random.default_rng([cfg.seed, it])
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + it)
+        stage = self.stage(it)
+        self.policy.train()
+        self.optimizer.zero_grad()
+        rows = []
+        total = torch.zeros(())
+        imitate = max(0.0, 1.0 - it / max(cfg.imitation * cfg.iterations, 1e-9)) \
+            if cfg.imitation > 0 else 0.0
+        for _ in range(cfg.problems):
+            problem, ref = self.draw(rng, stage)
+            loss, row = self._loss(problem, ref, gen, rng, imitate)
+            total = total + loss / cfg.problems
+            row.update(graph=problem.graph.name, cluster=problem.cluster.name)
+            rows.append(row)
+        total.backward()
+        torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.grad_clip)
+        self.optimizer.step()
+        self.iteration += 1
+        return {"iteration": self.iteration, "stage": stage, "loss": float(total.detach()),
+                "reward": float(np.mean([r["reward"] for r in rows])),
+                "best": float(np.mean([r["best"] for r in rows])),
+                "entropy": float(np.mean([r["entropy"] for r in rows])),
+                "graphs": " ".join(sorted({r["graph"] for r in rows}))}
+
+    # --- checkpoints ----------------------------------------------------------------
+    def save(self, stem, *, elapsed: float = 0.0) -> None:
+        """Policy (``stem.pt`` + ``stem.json``) and the optimizer state for
+        resuming (``stem.train.pt``)."""
+        weights, _ = checkpoint_paths(stem)
+        save_tensors(weights.with_name(weights.stem + ".train.pt"),
+                     {"optimizer": self.optimizer.state_dict(),
+                      "iteration": torch.tensor(self.iteration)})
+        save_policy(stem, self.policy, {"train": self.config.to_dict(),
+                                        "iteration": self.iteration,
+                                        "train_seconds": round(elapsed, 1)})
+
+    @classmethod
+    def resume(cls, stem, config: TrainConfig | None = None) -> "Trainer":
+        """A trainer continuing the run saved at ``stem``."""
+        weights, cfg_path = checkpoint_paths(stem)
+        data = json.loads(cfg_path.read_text(encoding="utf-8"))
+        saved = TrainConfig.from_dict(data.get("train", {}))
+        if config is not None:
+            saved.iterations = config.iterations
+        trainer = cls(saved)
+        trainer.policy.load_state_dict(load_policy(stem).state_dict())
+        state = load_tensors(weights.with_name(weights.stem + ".train.pt"))
+        trainer.optimizer.load_state_dict(state["optimizer"])
+        trainer.iteration = int(state["iteration"])
+        trainer.elapsed_before = float(data.get("train_seconds", 0.0))
+        return trainer
+
+
+def evaluate_policy(policy: PlacementPolicy, problems, *, samples: int = 8, seed: int = 0,
+                    max_units: int = 128, cost_model="analytical") -> list[dict]:
+    """Best-of-(greedy + ``samples``) reward on each ``(problem, reference)``."""
+    cost = get_cost_model(cost_model)
+    out = []
+    policy.eval()
+    with torch.no_grad():
+        for i, (problem, ref) in enumerate(problems):
+            pg = encode_problem(problem, max_units)
+            enc = policy.static_scores(pg)
+            gen = torch.Generator().manual_seed(seed + i)
+            acts = [policy.sample(pg, 1, greedy=True, encoded=enc).actions]
+            if samples:
+                acts.append(policy.sample(pg, samples, generator=gen, encoded=enc).actions)
+            A = pg.expand(torch.cat(acts).numpy())
+            t, _, _ = best_times(cost, problem, A, microbatch_choices(problem))
+            out.append({"graph": problem.graph.name, "cluster": problem.cluster.name,
+                        "time": float(t.min()), "greedy": float(t[0]), "reference": ref,
+                        "reward": float(reward(np.array([t.min()]), ref)[0])})
+    return out
+
+
+def _val_problems(cost):
+    out = []
+    for g in VAL_GRAPHS:
+        for c in VAL_CLUSTERS:
+            p = Problem(datasets.graph(g), datasets.cluster(c))
+            out.append((p, reference_time(cost, p)))
+    return out
+
+
+def train(config: TrainConfig, out=None, *, resume: bool = False, progress: bool = True,
+          validate: bool = True, log=None) -> Trainer:
+    """Train (or resume) a policy; checkpoints, CSV log and learning curve go
+    to ``out`` (a stem: ``out.pt``, ``out.json``, ``out.csv``, ``out.png``)."""
+    if resume:
+        if out is None:
+            raise StrategyError("resume needs the checkpoint to continue", field="out")
+        trainer = Trainer.resume(out, config)
+    else:
+        trainer = Trainer(config)
+        trainer.elapsed_before = 0.0
+    cfg = trainer.config
+    csv_path = Path(str(out) + ".csv") if out is not None else None
+    if resume and csv_path is not None and csv_path.is_file():
+        with open(csv_path, newline="") as handle:
+            trainer.history = [_typed(r) for r in csv.DictReader(handle)
+                               if int(r["iteration"]) <= trainer.iteration]
+    val = _val_problems(trainer.cost) if validate else []
+    bar = None
+    if progress:
+        try:
+            from tqdm import tqdm
+            bar = tqdm(total=cfg.iterations, initial=trainer.iteration, desc="train",
+                       unit="it", file=sys.stderr, dynamic_ncols=True)
+        except ImportError:
+            bar = None
+    t0 = time.perf_counter()
+    while trainer.iteration < cfg.iterations:
+        row = trainer.step()
+        row["seconds"] = round(trainer.elapsed_before + time.perf_counter() - t0, 2)
+        it = trainer.iteration
+        if val and (it % cfg.val_every == 0 or it == cfg.iterations):
+            res = evaluate_policy(trainer.policy, val, seed=cfg.seed)
+            row["val"] = float(np.mean([r["reward"] for r in res]))
+        trainer.history.append(row)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(stage=row["stage"], reward=f"{row['reward']:.3f}",
+                            best=f"{row['best']:.3f}")
+        if log is not None:
+            log(row)
+        if out is not None and (it % cfg.checkpoint_every == 0 or it == cfg.iterations):
+            trainer.save(out, elapsed=row["seconds"])
+            _write_logs(out, trainer.history)
+    if bar is not None:
+        bar.close()
+    return trainer
+
+
+def _typed(row: dict) -> dict:
+    out = {}
+    for k, v in row.items():
+        if v in ("", None):
+            continue
+        try:
+            out[k] = int(v) if k in ("iteration", "stage") else float(v)
+        except ValueError:
+            out[k] = v
+    return out
+
+
+def _write_logs(stem, history: list[dict]) -> None:
+    keys = ["iteration", "stage", "loss", "reward", "best", "entropy", "val", "seconds",
+            "graphs"]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=keys, extrasaction="ignore")
+    writer.writeheader()
+    for row in history:
+        writer.writerow({k: row.get(k, "") for k in keys})
+    atomic_write_text(str(stem) + ".csv", buffer.getvalue())
+    try:
+        plot_learning_curve(history, str(stem) + ".png")
+    except ImportError:
+        pass
+
+
+def plot_learning_curve(history: list[dict], path) -> None:
+    """Mean and best-sample reward per iteration (smoothed) and validation."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from placer._io import atomic_write_bytes
+    its = np.array([r["iteration"] for r in history])
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key, label in (("reward", "mean sample"), ("best", "best sample")):
+        y = np.array([r[key] for r in history], dtype=float)
+        w = max(1, len(y) // 50)
+        smooth = np.convolve(y, np.ones(w) / w, mode="valid")
+        ax.plot(its[w - 1:], smooth, label=f"{label} (train)")
+    val = [(r["iteration"], r["val"]) for r in history if "val" in r]
+    if val:
+        ax.plot(*zip(*val), "o-", label="validation best-of-9")
+    ax.axhline(0.0, color="grey", lw=0.8, ls="--")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("reward = log(heuristic time / plan time)")
+    ax.legend(loc="lower right")
+    ax.set_title("placement policy training")
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90)
+    plt.close(fig)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+# --- hyperparameter search -------------------------------------------------------
+
+def tune(trials: int, base: TrainConfig, iterations: int, out=None,
+         progress: bool = False) -> dict:
+    """An Optuna study (TPE, seeded) of ``trials`` short runs; returns the
+    best parameters and writes the trials to ``out.tune.json``."""
+    import optuna
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    cost = get_cost_model("analytical")
+    val = _val_problems(cost)
+
+    def objective(trial):
+        cfg = TrainConfig.from_dict(base.to_dict())
+        cfg.iterations = iterations
+        cfg.lr = trial.suggest_float("lr", 1e-4, 3e-3, log=True)
+        cfg.entropy = trial.suggest_float("entropy", 1e-3, 5e-2, log=True)
+        cfg.samples = trial.suggest_categorical("samples", [8, 16, 32])
+        cfg.refine = trial.suggest_float("refine", 0.0, 0.5)
+        cfg.policy = dict(cfg.policy, hidden=trial.suggest_categorical("hidden", [32, 64, 96]),
+                          layers=trial.suggest_int("layers", 2, 4))
+        trainer = train(cfg, None, progress=progress, validate=False)
+        res = evaluate_policy(trainer.policy, val, seed=base.seed)
+        return float(np.mean([r["reward"] for r in res]))
+
+    study = optuna.create_study(direction="maximize",
+                                sampler=optuna.samplers.TPESampler(seed=base.seed))
+    study.optimize(objective, n_trials=trials)
+    result = {"best_params": study.best_params, "best_value": study.best_value,
+              "trials": [{"params": t.params, "value": t.value} for t in study.trials]}
+    if out is not None:
+        atomic_write_text(str(out) + ".tune.json", dump_json(result))
+    return result
+
+
+# --- command line ------------------------------------------------------------------
+
+def build_parser(prog: str = "train_policy.py") -> argparse.ArgumentParser:
+    """The argument parser of :func:`main`."""
+    d = TrainConfig()
+    p = argparse.ArgumentParser(prog=prog, description="Train a placement policy (REINFORCE "
+                                "with a per-problem baseline) on the training split.")
+    p.add_argument("-o", "--out", default="gnn/checkpoints/policy",
+                   help="checkpoint stem: writes STEM.pt, .json, .train.pt, .csv, .png")
+    p.add_argument("--iterations", type=int, default=d.iterations)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--problems", type=int, default=d.problems, help="problems per update")
+    p.add_argument("--samples", type=int, default=d.samples, help="placements per problem")
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--entropy", type=float, default=d.entropy)
+    p.add_argument("--refine", type=float, default=d.refine)
+    p.add_argument("--imitation", type=float, default=d.imitation,
+                   help="share of the run that also imitates the reference heuristic plan")
+    p.add_argument("--max-units", type=int, default=d.max_units)
+    p.add_argument("--hidden", type=int, default=PolicyConfig.hidden)
+    p.add_argument("--layers", type=int, default=PolicyConfig.layers)
+    p.add_argument("--graphs", nargs="+", help="graph names (default: the training split)")
+    p.add_argument("--clusters", nargs="+", default=list(TRAIN_CLUSTERS))
+    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
+    p.add_argument("--val-every", type=int, default=d.val_every)
+    p.add_argument("--resume", action="store_true", help="continue the run saved at --out")
+    p.add_argument("--tune", type=int, default=0, metavar="N",
+                   help="run an Optuna study of N short trials instead of training")
+    p.add_argument("--tune-iterations", type=int, default=100)
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None, prog: str = "train_policy.py") -> int:
+    """Command line: train, resume or tune; returns an exit status."""
+    args = build_parser(prog).parse_args(argv)
+    torch.set_num_threads(max(1, args.threads))
+    cfg = TrainConfig(seed=args.seed, iterations=args.iterations, problems=args.problems,
+                      samples=args.samples, lr=args.lr, entropy=args.entropy,
+                      refine=args.refine, imitation=args.imitation,
+                      max_units=args.max_units,
+                      checkpoint_every=args.checkpoint_every, val_every=args.val_every,
+                      graphs=args.graphs, clusters=list(args.clusters),
+                      policy={"hidden": args.hidden, "layers": args.layers})
+    try:
+        if args.tune:
+            result = tune(args.tune, cfg, args.tune_iterations, args.out,
+                          progress=not args.no_progress)
+            print(json.dumps({"best_params": result["best_params"],
+                              "best_value": result["best_value"]}, indent=1))
+            return 0
+        t0 = time.perf_counter()
+        trainer = train(cfg, args.out, resume=args.resume, progress=not args.no_progress)
+        last = trainer.history[-1] if trainer.history else {}
+        print(f"trained {trainer.iteration} iterations in {time.perf_counter() - t0:.1f}s "
+              f"(total {last.get('seconds', 0):.1f}s); last val {last.get('val', math.nan):.3f}; "
+              f"checkpoint {args.out}.pt")
+        return 0
+    except PlacerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,213 @@
+"""Learned placement: encoder/policy shapes, determinism, checkpoints,
+training, resume and the ``rl`` strategy."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+torch_geometric = pytest.importorskip("torch_geometric")
+
+from placer import datasets  # noqa: E402
+from placer.cluster import Cluster, Device  # noqa: E402
+from placer.cost import Problem, get_cost_model  # noqa: E402
+from placer.errors import FormatError  # noqa: E402
+
+from gnn.checkpoint import checkpoint_paths, load_policy, save_policy  # noqa: E402
+from gnn.features import (CAND_FEATURES, DEV_FEATURES, OP_FEATURES, chunk_units,  # noqa: E402
+                          encode_problem)
+from gnn.model import PlacementPolicy, PolicyConfig  # noqa: E402
+from gnn.problems import best_times, random_cluster, reference_time, reward  # noqa: E402
+from gnn.train import TrainConfig, Trainer, evaluate_policy, train  # noqa: E402
+
+torch.set_num_threads(1)
+
+TINY = {"hidden": 16, "layers": 1, "heads": 2, "proj": 8, "dyn_hidden": 16}
+
+
+def tiny_policy(seed=0):
+    torch.manual_seed(seed)
+    return PlacementPolicy(PolicyConfig(**TINY))
+
+
+@pytest.fixture(scope="module")
+def problems():
+    g = datasets.graph("layered-n30-w4-s0")
+    return [Problem(g, datasets.cluster("two-sites")),          # 8 devices, 2 sites
+            Problem(g, datasets.cluster("hetero-lab")),         # 10 devices
+            Problem(datasets.graph("gpt-125m.module"), datasets.cluster("edge-wireless"))]
+
+
+def test_encoder_and_policy_shapes_on_two_cluster_sizes(problems):
+    policy = tiny_policy()
+    for problem in problems:
+        pg = encode_problem(problem, max_units=64)
+        U, D = pg.n_units, pg.n_devices
+        assert D == problem.n_devices
+        assert pg.data["op"].x.shape == (U, OP_FEATURES)
+        assert pg.data["dev"].x.shape == (D, DEV_FEATURES)
+        assert pg.data["op", "cand", "dev"].edge_attr.shape == (U * D, CAND_FEATURES)
+        assert torch.isfinite(pg.data["op"].x).all() and torch.isfinite(pg.data["dev"].x).all()
+        h_op, h_dev = policy.encoder(pg.data)
+        assert h_op.shape == (U, 16) and h_dev.shape == (D, 16)
+        s0, _, _ = policy.static_scores(pg)
+        assert s0.shape == (U, D)
+        out = policy.sample(pg, 5, generator=torch.Generator().manual_seed(1))
+        assert out.actions.shape == (5, U)
+        assert int(out.actions.min()) >= 0 and int(out.actions.max()) < D
+        assert out.log_prob.shape == (5,) and torch.all(out.log_prob <= 0)
+        # refinement keeps the shapes and accepts one placement for all samples
+        again = policy.sample(pg, 3, generator=torch.Generator().manual_seed(2),
+                              context=out.actions[0])
+        assert again.actions.shape == (3, U)
+
+
+def test_chunking_and_colocation_ties():
+    g = datasets.graph("gpt-125m.op")        # shared embedding weight: one colocate group
+    problem = Problem(g, datasets.cluster("two-sites"))
+    unit = chunk_units(problem, 40)
+    assert unit.max() + 1 <= 40 and np.all(np.diff(unit) >= 0)   # runs of the topo order
+    pg = encode_problem(problem, 40)
+    out = tiny_policy().sample(pg, 4, generator=torch.Generator().manual_seed(0))
+    per_op = pg.expand(out.actions.numpy())
+    for members in g.colocation_groups().values():
+        idx = [problem.index[m] for m in members]
+        assert (per_op[:, idx] == per_op[:, idx[:1]]).all()
+
+
+def test_memory_mask_prefers_feasible_plans():
+    g = datasets.graph("layered-n20-w2-s0")
+    need = g.total_param_bytes() * 4
+    small = Device("small", 1e14, need * 0.05)
+    big = Device("big", 1e13, need * 10)
+    cluster = Cluster.from_rules("mem", [small, big], default=(1e10, 1e-5))
+    problem = Problem(g, cluster)
+    pg = encode_problem(problem)
+    out = tiny_policy().sample(pg, 8, generator=torch.Generator().manual_seed(0))
+    t, _, _ = best_times(get_cost_model("analytical"), problem, pg.expand(out.actions.numpy()),
+                         [1])
+    assert np.all(t < 1e9)
+
+
+def test_sampling_is_deterministic_per_seed(problems):
+    pg = encode_problem(problems[1])
+    a = tiny_policy(0).sample(pg, 6, generator=torch.Generator().manual_seed(7))
+    b = tiny_policy(0).sample(pg, 6, generator=torch.Generator().manual_seed(7))
+    c = tiny_policy(0).sample(pg, 6, generator=torch.Generator().manual_seed(8))
+    assert torch.equal(a.actions, b.actions)
+    assert torch.allclose(a.log_prob, b.log_prob)
+    assert not torch.equal(a.actions, c.actions)
+    rng = np.random.default_rng(3)
+    bases = [datasets.cluster("two-sites")]
+    assert random_cluster(np.random.default_rng(3), bases).fingerprint() == \
+        random_cluster(rng, bases).fingerprint()
+
+
+def test_checkpoint_round_trip_weights_only(tmp_path, problems):
+    policy = tiny_policy(3)
+    save_policy(tmp_path / "p", policy, {"note": "test"})
+    weights, config = checkpoint_paths(tmp_path / "p")
+    state = torch.load(weights, weights_only=True)
+    assert all(isinstance(v, torch.Tensor) for v in state.values())
+    assert json.loads(config.read_text())["policy"]["hidden"] == 16
+    loaded = load_policy(tmp_path / "p")
+    for k, v in policy.state_dict().items():
+        assert torch.equal(v, loaded.state_dict()[k])
+    pg = encode_problem(problems[0])
+    with torch.no_grad():
+        a = policy.sample(pg, 1, greedy=True).actions
+        b = loaded.sample(pg, 1, greedy=True).actions
+    assert torch.equal(a, b)
+    with pytest.raises(FormatError):
+        load_policy(tmp_path / "missing")
+
+
+def _tiny_config(**over):
+    base = dict(seed=0, iterations=6, problems=1, samples=8, lr=3e-3, max_units=32,
+                curriculum=(1000,), stages=(1.0,), random_clusters=0.0, refine=0.5,
+                imitation=0.0, graphs=["layered-n16-w3-s1"], clusters=["two-sites"],
+                checkpoint_every=3, val_every=1000, policy=dict(TINY))
+    base.update(over)
+    return TrainConfig(**base)
+
+
+def _expected_reward(policy, problem, ref, seed=0, k=64):
+    pg = encode_problem(problem, 32)
+    with torch.no_grad():
+        out = policy.sample(pg, k, generator=torch.Generator().manual_seed(seed))
+    t, _, _ = best_times(get_cost_model("analytical"), problem, pg.expand(out.actions.numpy()),
+                         [1, 2, 4])
+    return float(reward(t, ref).mean())
+
+
+def test_short_training_improves_reward():
+    cfg = _tiny_config(iterations=40, samples=16, refine=0.0)
+    problem = Problem(datasets.graph("layered-n16-w3-s1"), datasets.cluster("two-sites"))
+    ref = reference_time(get_cost_model("analytical"), problem)
+    torch.manual_seed(cfg.seed)
+    before = _expected_reward(Trainer(cfg).policy, problem, ref)
+    trainer = train(cfg, None, progress=False, validate=False)
+    after = _expected_reward(trainer.policy, problem, ref)
+    assert after > before + 0.05, (before, after)
+
+
+def test_resume_matches_uninterrupted_run(tmp_path):
+    full = train(_tiny_config(), tmp_path / "full", progress=False, validate=False)
+    half = train(_tiny_config(iterations=3), tmp_path / "half", progress=False, validate=False)
+    assert half.iteration == 3
+    resumed = train(_tiny_config(iterations=6), tmp_path / "half", resume=True, progress=False,
+                    validate=False)
+    assert resumed.iteration == 6
+    for k, v in full.policy.state_dict().items():
+        assert torch.allclose(v, resumed.policy.state_dict()[k], atol=0, rtol=0), k
+    rows = (tmp_path / "half.csv").read_text().strip().splitlines()
+    assert len(rows) == 1 + 6
+    assert (tmp_path / "half.png").stat().st_size > 0
+
+
+def test_evaluate_policy_reports_reward(problems):
+    cost = get_cost_model("analytical")
+    res = evaluate_policy(tiny_policy(), [(problems[0], reference_time(cost, problems[0]))],
+                          samples=2, max_units=32)
+    assert res[0]["time"] <= res[0]["greedy"] and np.isfinite(res[0]["reward"])
+
+
+def test_rl_strategy_returns_valid_plan(tmp_path):
+    from placer.search import Budget, get_strategy, strategies
+    assert "rl" in strategies() and "hybrid" in strategies()
+    save_policy(tmp_path / "p", tiny_policy(1))
+    g = datasets.graph("gpt-125m.op")
+    cluster = datasets.cluster("two-sites")
+    problem = Problem(g, cluster)
+    cost = get_cost_model("analytical")
+    plans = []
+    for _ in range(2):
+        strategy = get_strategy("rl", checkpoint=str(tmp_path / "p"), samples=8, batch=4,
+                                max_units=48)
+        plans.append(strategy.search(problem, cost, Budget(evaluations=400), seed=5))
+    plan = plans[0]
+    plan.validate(g, cluster, check_fingerprints=False)
+    assert plan.method == "rl" and plan.predicted["step_time"] > 0
+    assert plan.placement == plans[1].placement          # same seed, same plan
+    assert plan.predicted["evaluations"] <= 400 + 1
+    # fine-tuning for a few steps still gives a valid plan
+    tuned = get_strategy("rl", checkpoint=str(tmp_path / "p"), samples=4, batch=4,
+                         max_units=48, finetune_steps=2).search(problem, cost,
+                                                                 Budget(evaluations=400))
+    tuned.validate(g, cluster, check_fingerprints=False)
+
+
+def test_shipped_checkpoint_loads():
+    from gnn.checkpoint import default_checkpoint
+    weights, config = checkpoint_paths(default_checkpoint())
+    if not weights.is_file():
+        pytest.skip("no shipped checkpoint yet")
+    assert weights.stat().st_size < 8e6
+    policy = load_policy()
+    problem = Problem(datasets.graph("unet.module"), datasets.cluster("hetero-lab"))
+    with torch.no_grad():
+        out = policy.sample(encode_problem(problem), 1, greedy=True)
+    assert out.actions.shape[1] == problem.n_ops
