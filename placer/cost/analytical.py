@@ -1,21 +1,28 @@
 """Closed-form cost model for inner search loops, vectorised over plans.
 
-For each plan, per microbatch:
+For each plan, with m microbatches:
 
-- ``c_d``: compute time of device d (forward + backward of its op replicas,
-  plus launch overheads);
-- ``l_ab``: time link a->b is held by the tensors crossing it (each op's
-  output sent once per destination device), likewise each network interface;
-- the bottleneck ``beta = max(c_d, l_ab, nic)`` and the fill time of one
-  microbatch through the pipeline ``fill`` = sum over placement groups
-  (stages) of their time per microbatch + latency and transfer time of the
-  used links (twice when training: activations and gradients).
+- per microbatch, each resource's load: ``c_d`` the compute time of device
+  d (forward + backward of its op replicas, plus launch overheads), ``l_ab``
+  the time link a->b is held by the tensors crossing it (an op's output goes
+  once per destination group; a data-parallel group's slices go from replica
+  to replica), and each device's network interface;
+- the bottleneck ``beta``: the most loaded resource. Under 1F1B a link
+  carries activations one way and gradients the other at once; GPipe runs
+  all forwards, then all backwards, so it pays the forward and the backward
+  bottleneck one after the other. 1F1B also caps the microbatches in flight
+  (see :func:`placer.cost.memory.inflight`), so beta is at least the fill
+  time over the number of pipeline runs;
+- ``fill``: one microbatch through the pipeline, the heaviest path through
+  the graph where ops weigh their compute time on their devices and edges
+  between groups their latency (twice when training), plus the transfer
+  time of every tensor that crosses devices (tensors on one link queue).
 
 Step time ``T = (m - 1) * beta + fill``: for S equal stages of time t this
 is ``(m + S - 1) * t``. A data-parallel group's all-reduce (linear bounds of
-ring and hierarchical, the cheaper) starts when its backward ends, which is
-earlier by the backward time of the stages before it, and may extend the
-step. Memory is the same formula as the simulator's.
+ring and hierarchical, the cheaper, per DDP bucket) starts when its backward
+ends, which is earlier than the step's end by the backward drain through the
+ops before it, and may extend the step. Memory is the simulator's formula.
 """
 
 from __future__ import annotations

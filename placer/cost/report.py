@@ -153,21 +153,24 @@ class Report:
         colors = {"forward": "tab:blue", "backward": "tab:orange", "transfer": "tab:green",
                   "allreduce": "tab:red", "compute": "tab:gray"}
         fig, ax = plt.subplots(figsize=(12, 1.0 + 0.3 * max(len(lanes), 1)))
+        from matplotlib.patches import Patch
         row = {name: i for i, name in enumerate(lanes)}
-        by_cat: dict[str, list] = {}
+        bars: dict[tuple[str, str], list] = {}
         for e in events:
-            by_cat.setdefault(e.category, []).append((row[e.lane], e.start, e.duration))
-        for cat, bars in by_cat.items():
-            for r, start, dur in bars:
-                ax.barh(r, dur * 1e3, left=start * 1e3, height=0.8,
-                        color=colors.get(cat, "tab:purple"), linewidth=0)
-            ax.barh([], [], color=colors.get(cat, "tab:purple"), label=cat)
+            bars.setdefault((e.category, e.lane), []).append((e.start * 1e3, e.duration * 1e3))
+        cats: list[str] = []
+        for (cat, lane), spans in bars.items():
+            ax.broken_barh(spans, (row[lane] - 0.4, 0.8),
+                           facecolors=colors.get(cat, "tab:purple"), linewidth=0)
+            if cat not in cats:
+                cats.append(cat)
+        handles = [Patch(color=colors.get(cat, "tab:purple"), label=cat) for cat in cats]
         ax.set_yticks(range(len(lanes)), lanes, fontsize=7)
-        ax.invert_yaxis()
+        ax.set_ylim(len(lanes) - 0.5, -0.5)
         ax.set_xlabel("time (ms)")
         ax.set_title(title or f"{self.model or 'report'}: step {_time(self.step_time)}")
-        if by_cat:
-            ax.legend(loc="upper right", fontsize=7)
+        if handles:
+            ax.legend(handles=handles, loc="upper right", fontsize=7)
         fig.tight_layout()
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png", dpi=100)

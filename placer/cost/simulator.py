@@ -318,15 +318,12 @@ def _run(problem: Problem, b: _Build, c: Compiled):
     n_x = NX * m
     n_ar = len(b.ar)
     pend = np.tile(b.pend, m)
-    if training and m > 1:
-        if gpipe:
-            # first backward of each device waits for its last forward of the
-            # last microbatch (not of its own microbatch)
-            pass
-        else:
-            for d, s in b.first_f.items():
-                cap = int(b.cap[d])
-                pend[np.arange(cap, m) * NS + s] += 1
+    if training and m > 1 and not gpipe:
+        # 1F1B: a device's first forward of microbatch j waits for its last
+        # backward of microbatch j - cap
+        for d, s in b.first_f.items():
+            cap = int(b.cap[d])
+            pend[np.arange(cap, m) * NS + s] += 1
     pend = pend.tolist()
     x_pend = np.tile(b.x_npend, m).tolist()
     x_ready = [0.0] * n_x
