@@ -75,11 +75,18 @@ def load_case(spec: str):
 
 
 def lower_bound(problem) -> float:
-    """max(total work / total sustained speed, critical path on the fastest device)."""
+    """Total work over total sustained speed. (The critical path on the
+    fastest device, reported beside it, bounds only plans without data
+    parallelism: replicas split an op's batch.)"""
     g = problem.graph
     work = g.total_flops() + (g.total_bwd_flops() if g.training else 0.0)
-    _, cp = g.critical_path("compute")
-    return max(work / problem.rate.sum(), cp / problem.rate.max())
+    return work / problem.rate.sum()
+
+
+def critical_path_time(problem) -> float:
+    """The critical path's work on the fastest device."""
+    _, cp = problem.graph.critical_path("compute")
+    return cp / problem.rate.max()
 
 
 def run_case(spec: str, strategies: Sequence[str], seconds: float | None, seed: int = 0,
@@ -112,15 +119,18 @@ def run_case(spec: str, strategies: Sequence[str], seconds: float | None, seed: 
                       "devices_used": len(plan.devices_used())}
         log(f"  {spec:45s} {name:14s} step {rep.step_time:10.4g}s "
             f"{'ok ' if rep.feasible else 'OOM'} {wall:6.1f}s")
-    feas = {k: v for k, v in rows.items() if "objective" in v}
-    best_h = min((v["objective"] for k, v in feas.items() if k in HEURISTICS), default=None)
-    best_s = min((v["objective"] for k, v in feas.items() if k in STRONG), default=None)
-    for v in feas.values():
-        v["ratio_best_heuristic"] = v["objective"] / best_h if best_h else None
-        v["ratio_best_strong"] = v["objective"] / best_s if best_s else None
-        v["ratio_lower_bound"] = v["step_time"] / lb
+    # ratios compare feasible plans only (infeasible ones have no step time to beat)
+    feas = {k: v for k, v in rows.items() if v.get("feasible")}
+    best_h = min((v["step_time"] for k, v in feas.items() if k in HEURISTICS), default=None)
+    best_s = min((v["step_time"] for k, v in feas.items() if k in STRONG), default=None)
+    for v in rows.values():
+        ok = v.get("feasible")
+        v["ratio_best_heuristic"] = v["step_time"] / best_h if ok and best_h else None
+        v["ratio_best_strong"] = v["step_time"] / best_s if ok and best_s else None
+        v["ratio_lower_bound"] = v["step_time"] / lb if ok else None
     return {"case": spec, "graph": g.name, "ops": len(g), "cluster": c.name,
-            "devices": len(c), "lower_bound": lb, "best_heuristic": best_h,
+            "devices": len(c), "lower_bound": lb,
+            "critical_path_fastest": critical_path_time(problem), "best_heuristic": best_h,
             "best_of_heft_msct_pipeline_dp": best_s, "strategies": rows}
 
 
@@ -131,7 +141,7 @@ def summarize(results: list[dict]) -> dict:
     out = {}
     names = sorted({n for r in results for n in r["strategies"]})
     for n in names:
-        rows = [r["strategies"][n] for r in results if "objective" in r["strategies"].get(n, {})]
+        rows = [r["strategies"][n] for r in results if r["strategies"].get(n, {}).get("feasible")]
         if not rows:
             continue
         strong = [x["ratio_best_strong"] for x in rows if x.get("ratio_best_strong")]
@@ -141,6 +151,8 @@ def summarize(results: list[dict]) -> dict:
                   "worst_ratio_best_heuristic": max(heur) if heur else None,
                   "mean_ratio_lower_bound": float(np.mean([x["ratio_lower_bound"]
                                                            for x in rows])),
+                  "infeasible_cases": sum(1 for r in results
+                                          if r["strategies"].get(n, {}).get("feasible") is False),
                   "max_planning_seconds": max(x["planning_seconds"] for x in rows)}
     return out
 
@@ -151,7 +163,7 @@ def plot(results: list[dict], path: str) -> None:
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
     names = sorted({n for r in results for n in r["strategies"]
-                    if "objective" in r["strategies"][n]})
+                    if r["strategies"][n].get("feasible")})
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(results)), 4.5))
     width = 0.8 / max(len(names), 1)
     for k, n in enumerate(names):
