@@ -302,7 +302,7 @@ def choose(strategy: "Strategy", problem: Problem, cost_model: "CostModel",
     plan with its report, choosing microbatches and schedule.
 
     First every candidate is scored at the settings ``first`` (default: a
-    middle microbatch count under the first schedule); then the best
+    middle and the largest microbatch count under the first schedule); then the best
     ``keep`` candidates at every allowed count and schedule. Stops early when
     the budget is spent (the first score is always made).
     """
@@ -335,7 +335,10 @@ def choose(strategy: "Strategy", problem: Problem, cost_model: "CostModel",
 
     for ci, c in enumerate(candidates):
         ms, ss = settings(c)
-        combos = [(m, s) for m, s in (first or [(middle(ms), ss[0])]) if m in ms and s in ss] \
+        # the most microbatches keep the least activation memory, so a
+        # candidate feasible only there is not dropped early
+        default = [(middle(ms), ss[0]), (ms[-1], ss[0])]
+        combos = [(m, s) for m, s in (first or default) if m in ms and s in ss] \
             or [(middle(ms), ss[0])]
         for m, s in combos:
             score(ci, m, s)
