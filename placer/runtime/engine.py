@@ -80,6 +80,12 @@ class Routes:
         self.instances: dict[int, list[Inst]] = {}
         self.device_of: dict[Inst, str] = {self.sink: sink_device}
         for p in split.pieces:
+            if p.sharded and min(mb_rows) < len(p.group):
+                p.sharded = False
+                split.notes.append(f"piece {p.index} on {list(p.group)}: a microbatch of "
+                                   f"{min(mb_rows)} rows cannot be split {len(p.group)} ways; "
+                                   f"it runs unsharded on {p.group[0]}")
+        for p in split.pieces:
             devices = p.group if p.sharded else p.group[:1]
             self.instances[p.index] = [Inst(p.index, r) for r in range(len(devices))]
             for r, d in enumerate(devices):

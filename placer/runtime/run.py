@@ -154,10 +154,11 @@ def prepare(model, plan, example_inputs, *, graph=None, granularity=None, leaf_m
     batch = first_batch(inputs)
     mb_rows = microbatch_rows(batch, max(1, int(plan.microbatches)))
     widest = max(len(g) for g in groups.values())
-    small = min(mb_rows) // widest if (len(mb_rows) > 1 or widest > 1) else batch
-    small = max(1, small)
-    if small == batch and batch > 1 and (len(mb_rows) > 1 or widest > 1):
-        small = batch - 1
+    if (len(mb_rows) > 1 or widest > 1) and batch > 1:
+        # any other size tells batched values apart; 2+ rows keep BatchNorm happy
+        small = batch // 2 if batch >= 4 else batch - 1
+    else:
+        small = batch
     sp = split(model, gm, inputs, groups, batch=batch, small=small)
     return graph, plan, sp, inputs, mb_rows
 

@@ -438,9 +438,11 @@ def _assemble(model, gm, top, inputs, node_groups, name_piece, piece_of, merged,
         stat = stat or (node.op == "call_function"
                         and getattr(node.target, "__name__", "") == "batch_norm")
         desc = gfull.get(node.name, ("other",))
+        if stat:
+            mixing_pieces.add(piece_of_name(name_piece, node.name))
         if fed and (info.batched or desc[0] == "container"):
             tainted.add(node.name)
-        elif (fed and desc[0] == "tensor") or stat:
+        elif fed and desc[0] == "tensor":
             mixing_pieces.add(piece_of_name(name_piece, node.name))
     if batch == small:
         shard = False

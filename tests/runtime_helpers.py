@@ -1,0 +1,56 @@
+"""Helpers for the runtime tests: random plans and the unplaced reference."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from placer import Plan
+
+
+def random_plan(graph, devices, *, seed: int, microbatches: int = 1, schedule: str = "1f1b",
+                max_group: int = 2, segments: int = 4, dp: float = 0.4) -> Plan:
+    """Cut the topological order into ``segments`` runs and give each a
+    random device or data-parallel group; colocated ops share the group of
+    the first of them."""
+    rng = random.Random(seed)
+    order = graph.topological_order()
+    cuts = sorted(rng.sample(range(1, len(order)), min(segments - 1, len(order) - 1)))
+    bounds = [0, *cuts, len(order)]
+    placement = {}
+    for a, b in zip(bounds, bounds[1:]):
+        if max_group > 1 and rng.random() < dp:
+            group = rng.sample(devices, rng.randint(2, min(max_group, len(devices))))
+        else:
+            group = [rng.choice(devices)]
+        for op_id in order[a:b]:
+            placement[op_id] = list(group)
+    for members in graph.colocation_groups().values():
+        for op_id in members[1:]:
+            placement[op_id] = list(placement[members[0]])
+    return Plan(placement, microbatches=microbatches, schedule=schedule)
+
+
+def reference(model, inputs, loss_fn=None):
+    """Outputs, loss and gradients of the unplaced model on one device."""
+    from placer.runtime import default_loss
+    model.zero_grad(set_to_none=True)
+    out = model(*inputs)
+    loss = (loss_fn or default_loss)(out)
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()
+             if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    out = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.detach(), out)
+    return out, float(loss.detach()), grads
+
+
+def assert_close_result(result, out, loss, grads, *, atol=1e-5, rtol=1e-4):
+    """Placed and unplaced agree to float32 tolerance."""
+    torch.testing.assert_close(result.outputs, out, atol=atol, rtol=rtol)
+    assert abs(result.loss - loss) <= atol + rtol * abs(loss), (result.loss, loss)
+    assert set(result.gradients) == set(grads), set(grads) ^ set(result.gradients)
+    for name, g in grads.items():
+        torch.testing.assert_close(result.gradients[name], g, atol=atol, rtol=rtol,
+                                   msg=lambda m, name=name: f"{name}: {m}")

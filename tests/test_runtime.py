@@ -1,0 +1,138 @@
+"""The single-process runtime: placed runs match the unplaced model."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import placer
+from placer import Plan, zoo
+from placer.errors import PlanError
+from placer.runtime import run
+
+from runtime_helpers import assert_close_result, random_plan, reference
+
+DEVICES = ["a", "b", "c"]
+
+
+@functools.lru_cache(maxsize=None)
+def _model(name: str, batch: int = 4):
+    model, inputs = zoo.build(name, tiny=True, batch=batch)
+    graph = placer.trace(model, inputs)
+    return model, inputs, graph
+
+
+@pytest.mark.parametrize("name,seed,microbatches,schedule", [
+    ("gpt-125m", 0, 2, "1f1b"), ("gpt-125m", 1, 4, "gpipe"), ("gpt-125m", 5, 2, "gpipe"),
+    ("bert-base", 2, 2, "1f1b"), ("bert-base", 3, 1, "gpipe"),
+    ("dlrm", 4, 2, "1f1b"), ("utransformer", 6, 2, "1f1b"),
+])
+def test_random_plans_match_unplaced(name, seed, microbatches, schedule):
+    model, inputs, graph = _model(name)
+    out, loss, grads = reference(model, inputs)
+    plan = random_plan(graph, DEVICES, seed=seed, microbatches=microbatches, schedule=schedule)
+    result = run(model, plan, inputs, steps=1, warmup=0, graph=graph)
+    assert_close_result(result, out, loss, grads)
+    assert result.report.step_time > 0
+
+
+@pytest.mark.parametrize("name", ["resnet50", "inception"])
+def test_batchnorm_models_keep_statistics_whole(name):
+    # BatchNorm sees the whole batch only without microbatches; its pieces
+    # stay unsharded even when the plan replicates them.
+    model, inputs, graph = _model(name)
+    out, loss, grads = reference(model, inputs)
+    plan = random_plan(graph, DEVICES, seed=0, microbatches=1, dp=1.0)
+    result = run(model, plan, inputs, steps=1, warmup=0, graph=graph)
+    assert_close_result(result, out, loss, grads)
+    assert any("mixes the batch" in n for n in result.notes)
+
+
+def test_data_parallel_everything_matches():
+    model, inputs, graph = _model("gpt-125m")
+    out, loss, grads = reference(model, inputs)
+    plan = Plan({op: ["a", "b"] for op in graph.ids}, microbatches=2)
+    result = run(model, plan, inputs, steps=1, warmup=0, graph=graph)
+    assert_close_result(result, out, loss, grads)
+    assert not result.notes
+
+
+def test_sum_loss_and_targets():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    x, y = torch.randn(6, 8), torch.randint(0, 3, (6,))
+    loss_fn = torch.nn.CrossEntropyLoss(reduction="sum")
+    ref = loss_fn(model(x), y)
+    ref.backward()
+    graph = placer.trace(model, x)
+    plan = Plan(dict(zip(graph.ids, [["a"], ["a", "b"], ["b"], ["c"]])), microbatches=3)
+    result = run(model, plan, x, steps=1, warmup=0, loss_fn=loss_fn, targets=y,
+                 loss_reduction="sum", graph=graph)
+    assert abs(result.loss - float(ref)) < 1e-4
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(result.gradients[name], p.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_training_steps_match_sgd_and_leave_model_alone():
+    model, inputs, graph = _model("gpt-125m")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    plan = random_plan(graph, DEVICES, seed=7, microbatches=2)
+    sgd = functools.partial(torch.optim.SGD, lr=0.1)
+    result = run(model, plan, inputs, steps=2, warmup=0, optimizer=sgd, graph=graph)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k])
+    import copy
+    ref = copy.deepcopy(model)
+    opt = sgd(ref.parameters())
+    losses = []
+    for _ in range(2):
+        opt.zero_grad()
+        loss = placer.runtime.default_loss(ref(*inputs))
+        loss.backward()
+        losses.append(float(loss))
+        opt.step()
+    assert result.losses == pytest.approx(losses, rel=1e-4, abs=1e-5)
+    for name, p in ref.named_parameters():
+        torch.testing.assert_close(result.parameters[name], p.detach(), atol=1e-5, rtol=1e-4)
+
+
+def test_inference_outputs():
+    model, inputs, graph = _model("bert-base")
+    with torch.no_grad():
+        out = model(*inputs)
+    plan = random_plan(graph, DEVICES, seed=3, microbatches=2)
+    result = run(model, plan, inputs, steps=1, warmup=0, training=False, graph=graph)
+    torch.testing.assert_close(result.outputs, out, atol=1e-5, rtol=1e-4)
+    assert result.loss is None and result.gradients == {}
+
+
+def test_report_has_measured_and_predicted():
+    model, inputs, graph = _model("gpt-125m")
+    cluster = placer.Cluster.from_rules("three", [placer.Device(d, 1e11, 1e10) for d in DEVICES],
+                                        default=(1e9, 1e-4))
+    plan = random_plan(graph, DEVICES, seed=1, microbatches=2)
+    result = run(model, plan, inputs, steps=2, warmup=1, graph=graph, cluster=cluster)
+    report = result.report
+    assert report.predicted is not None and report.predicted > 0
+    assert set(report.busy) == set(report.peak_memory) <= set(DEVICES)
+    assert all(v > 0 for v in report.peak_memory.values())
+    assert len(report.step_times) == 2
+    assert report.error() is not None
+
+
+def test_plan_for_other_model_is_rejected():
+    model, inputs, graph = _model("gpt-125m")
+    with pytest.raises(PlanError):
+        run(model, Plan({"nope": ["a"]}), inputs, steps=1)
+
+
+def test_deterministic():
+    model, inputs, graph = _model("dlrm")
+    plan = random_plan(graph, DEVICES, seed=2, microbatches=2)
+    a = run(model, plan, inputs, steps=1, warmup=0, graph=graph)
+    b = run(model, plan, inputs, steps=1, warmup=0, graph=graph)
+    assert a.loss == b.loss
+    for k in a.gradients:
+        assert torch.equal(a.gradients[k], b.gradients[k])
