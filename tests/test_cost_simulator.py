@@ -255,6 +255,16 @@ def test_chrome_trace_and_gantt(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_simulator_report_pickles_with_its_timeline(tmp_path):
+    import pickle
+    S = 2
+    plan = Plan({f"o{i}": [f"d{i}"] for i in range(S)}, microbatches=2)
+    r = sim(chain(S, training=True, nbytes=1e6), cluster(S), plan)
+    back = pickle.loads(pickle.dumps(r))
+    assert back.to_dict() == r.to_dict()
+    assert len(back.events()) == len(r.events()) > 0
+
+
 def test_simulate_validates_the_plan():
     g = two_ops(True)
     with pytest.raises(PlanError):

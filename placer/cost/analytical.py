@@ -471,7 +471,7 @@ class _LazyReport(Report):
     def __getstate__(self):
         for name in _LAZY_FIELDS:
             getattr(self, name)
-        return self.__dict__
+        return super().__getstate__()
 
 
 def _reports(p: Problem, b: _Batch, compiled: list) -> list[Report]:

@@ -63,6 +63,16 @@ class Report:
         if self.objective is None:
             self.objective = self.step_time
 
+    def __getstate__(self):
+        # a lazy timeline is a closure: freeze its events so reports pickle
+        state = dict(self.__dict__)
+        if state.get("timeline") is not None and not isinstance(state["timeline"], _Frozen):
+            state["timeline"] = _Frozen(list(state["timeline"]()))
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
     # --- text -------------------------------------------------------------
     def to_dict(self) -> dict:
         """Plain JSON-able figures (no timeline)."""
@@ -176,6 +186,16 @@ class Report:
         fig.savefig(buffer, format="png", dpi=100)
         plt.close(fig)
         atomic_write_bytes(path, buffer.getvalue())
+
+
+class _Frozen:
+    """A timeline already built: calling it returns its events."""
+
+    def __init__(self, events: list):
+        self.events = events
+
+    def __call__(self) -> list:
+        return self.events
 
 
 def _time(seconds: float) -> str:
