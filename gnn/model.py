@@ -175,6 +175,11 @@ class PlacementPolicy(nn.Module):
         scores given placements instead of sampling (teacher forcing).
         """
         s0, p_op, p_dev = encoded if encoded is not None else self.static_scores(pg)
+        first, rest = self.dynamic[0], self.dynamic[2:]
+        P = p_op.shape[1]
+        w_dyn = first.weight[:, :N_DYNAMIC]
+        pre_op = p_op @ first.weight[:, N_DYNAMIC:N_DYNAMIC + P].T                   # (U, Hd)
+        pre_dev = p_dev @ first.weight[:, N_DYNAMIC + P:].T + first.bias            # (D, Hd)
         U, D = pg.n_units, pg.n_devices
         work = torch.as_tensor(pg.work, dtype=torch.float32)
         rate = torch.as_tensor(pg.rate, dtype=torch.float32)
@@ -216,9 +221,10 @@ class PlacementPolicy(nn.Module):
             else:
                 dyn = self._dynamic_features(u, U, D, k, assign, load, mem, memory, need,
                                              add_time, ins, outs, inv_bw, latency, t_unit)
-                x = torch.cat([dyn, p_op[u].expand(k, D, -1), p_dev[None].expand(k, D, -1)],
-                              dim=-1)
-                logits = (s0[u][None, :] + self.dynamic(x).squeeze(-1)
+                # first layer of self.dynamic split by input block (same maths as
+                # applying it to [dyn, p_op[u], p_dev]), the static blocks precomputed
+                hidden = torch.relu(torch.nn.functional.linear(dyn, w_dyn) + pre_op[u] + pre_dev)
+                logits = (s0[u][None, :] + rest(hidden).squeeze(-1)
                           + self.prior(dyn).squeeze(-1)) / temperature
                 fits = (mem + need[u] + torch.clamp_min(peak_ws, workspace[u])) <= memory[None, :]
                 fits = fits | ~fits.any(dim=1, keepdim=True)

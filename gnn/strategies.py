@@ -61,7 +61,7 @@ def _finetune(policy, problem, cost_model, *, seconds, steps, samples, max_units
             break
         if budget is not None and budget.exhausted():
             break
-        out = tuned.sample(pg, samples, generator=gen)
+        out = tuned.sample(pg, max(samples, 2), generator=gen)
         t, _, _ = best_times(cost_model, problem, pg.expand(out.actions.numpy()), choices)
         r = reward(t, ref)
         adv = torch.as_tensor((r - r.mean()) / (r.std() + 0.1), dtype=torch.float32)
@@ -80,7 +80,7 @@ def _choices(problem) -> list[int]:
 
 
 def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: int = 0,
-                 samples: int = 64, batch: int = 16, refine: int = 1, max_units: int = 256,
+                 samples: int = 32, batch: int = 32, refine: int = 1, max_units: int = 256,
                  temperature: float = 1.0, microbatches=None, schedules=("1f1b",),
                  keep: int = 1):
     """Decode and score placements; returns ``[(objective, device per op,
@@ -125,21 +125,23 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
             first = np.zeros(pg.n_units, dtype=np.int64)
             first[pg.unit_of[::-1]] = best[1][np.arange(len(pg.unit_of))[::-1]]
             score(policy.sample(pg, 1, greedy=True, context=first, encoded=enc).actions)
-            score(policy.sample(pg, batch, generator=gen, context=first, encoded=enc,
-                                temperature=temperature).actions)
+            if samples:
+                score(policy.sample(pg, min(batch, samples), generator=gen, context=first,
+                                    encoded=enc, temperature=temperature).actions)
     return sorted(found.values(), key=lambda v: v[0])[:keep]
 
 
 class _Learned(Strategy):
     """Options shared by the learned strategies."""
 
-    def __init__(self, *, checkpoint=None, samples: int = 64, batch: int = 16,
+    def __init__(self, *, checkpoint=None, samples: int = 32, batch: int = 32,
                  refine: int = 1, max_units: int = 256, temperature: float = 1.0,
                  finetune: float = 0.0, finetune_steps: int | None = None, **base):
         super().__init__(**base)
-        for label, value in (("samples", samples), ("batch", batch), ("max_units", max_units)):
-            if int(value) != value or value < 1:
-                raise StrategyError(f"{label} must be a whole number >= 1, got {value!r}",
+        for label, value, low in (("samples", samples, 0), ("batch", batch, 1),
+                                  ("max_units", max_units, 1)):
+            if int(value) != value or value < low:
+                raise StrategyError(f"{label} must be a whole number >= {low}, got {value!r}",
                                     field=label)
         if not temperature > 0:
             raise StrategyError(f"temperature must be > 0, got {temperature!r}",
@@ -182,7 +184,8 @@ class RL(_Learned):
     """Best of the policy's placements under the cost model (see the module doc).
 
     Options: ``checkpoint`` (stem; default the shipped policy), ``samples``
-    (placements drawn), ``batch``, ``refine`` (refinement rounds),
+    (placements drawn besides the greedy one; 0: greedy only), ``batch``
+    (samples decoded together), ``refine`` (refinement rounds),
     ``max_units`` (decision units; larger graphs are cut into runs),
     ``temperature``, ``finetune`` (seconds of REINFORCE on the target first)
     or ``finetune_steps``.
