@@ -341,7 +341,7 @@ def _run(problem: Problem, b: _Build, c: Compiled):
     later = m * NS              # priority offset of the phase that waits
     start = [0.0] * n_tasks
     x_start = [0.0] * n_x
-    link_busy = [False] * (D * D)
+    link_free = [0.0] * (D * D)
     link_queue: dict[int, deque] = {}
     nic_out = [0.0] * D
     nic_in = [0.0] * D
@@ -452,31 +452,35 @@ def _run(problem: Problem, b: _Build, c: Compiled):
             if kind == _XREADY:
                 x = ident % NX
                 link = xs[x] * D + xd[x]
-                if link_busy[link]:
-                    # a link sends one tensor at a time, first come first served
-                    link_queue.setdefault(link, deque()).append(ident)
+                if link_free[link] > now:
+                    # a link sends one tensor at a time, first come first served;
+                    # the first one waiting asks to be woken when it frees up
+                    q = link_queue.get(link)
+                    if q is None:
+                        q = link_queue[link] = deque()
+                    if not q:
+                        seq += 1
+                        push(events, (link_free[link], seq, _LINKFREE, link))
+                    q.append(ident)
                     continue
             else:
                 link = ident
-                q = link_queue.get(link)
-                if not q:
-                    link_busy[link] = False
-                    continue
-                ident = q.popleft()
+                ident = link_queue[link].popleft()
                 x = ident % NX
             # the interfaces are only held once the link is free, so a tensor
             # queued behind a slow link does not block the device's other links
             a, c2 = xs[x], xd[x]
             t0 = max(now, nic_out[a], nic_in[c2])
             t1 = t0 + xdur[x]
-            link_busy[link] = True
+            link_free[link] = t1
             nic_out[a] = t0 + x_out[x]
             nic_in[c2] = t0 + x_in[x]
             x_start[ident] = t0
             seq += 1
             push(events, (t1 + xlat[x], seq, _XARRIVE, ident))
-            seq += 1
-            push(events, (t1, seq, _LINKFREE, link))
+            if kind == _LINKFREE and link_queue[link]:
+                seq += 1
+                push(events, (t1, seq, _LINKFREE, link))
         else:
             end_time = max(end_time, now)
             mb, x = divmod(ident, NX)
