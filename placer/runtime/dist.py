@@ -1,0 +1,391 @@
+"""Several processes, one or many hosts: ``torch.distributed`` ranks.
+
+Rank ``r`` hosts the ``r``-th device of the plan, in this order: the
+cluster's device order when a cluster is given, else the order in which the
+plan's placement first names each device. ``WORLD_SIZE`` must equal the
+number of devices the plan uses. Every rank traces and splits the whole
+model the same way (cheap: shapes are probed on meta tensors) but copies
+only the weights of its own pieces to its device. Activations and gradients
+travel as point-to-point ``send``/``recv`` (tagged, so their order never
+matters), replicated parameters are summed with ``all_reduce`` on one
+process group per set of holders. Backend: gloo (CPU tensors; a CUDA rank
+stages its messages through host memory), or NCCL on request.
+
+One host::
+
+    placer launch plan.json --model gpt-125m --tiny --batch 8 --nproc 4
+
+Several hosts (the same command on every host; torchrun's c10d rendezvous
+assigns ranks, host 0's address as the endpoint)::
+
+    torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d \\
+        --rdzv-endpoint HOST0:29400 --rdzv-id placer-job \\
+        -m placer.runtime.dist plan.json --model gpt-125m --tiny --batch 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import json
+import os
+import socket
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from ..errors import PlanError
+from .engine import Engine, Routes, device_orders, interleave
+from .run import (MeasuredReport, _as_device, build_optimizer, default_loss, join_outputs,
+                  predict, prepare, sink_device)
+
+__all__ = ["launch", "run_rank", "rank_devices", "launch_main", "rank_main"]
+
+
+def rank_devices(plan, cluster=None) -> list[str]:
+    """The plan's devices in rank order (see the module doc)."""
+    used = plan.devices_used()
+    if cluster is not None:
+        return [d for d in cluster.names if d in used]
+    seen: list[str] = []
+    for devices in plan.placement.values():
+        for d in devices:
+            if d not in seen:
+                seen.append(d)
+    return seen
+
+
+class DistTransport:
+    """Messages between ranks with tagged point-to-point sends."""
+
+    def __init__(self, rank_of: dict[str, int], me: str, device: torch.device, backend: str):
+        self.rank_of = rank_of
+        self.me = me
+        self.device = device
+        self.stage = backend == "gloo" and device.type != "cpu"
+        self.box: dict = {}
+        self.pending: list = []
+        self.groups: dict[tuple, Any] = {}
+        self.comm_time = defaultdict(float)
+
+    def hosts(self, device: str) -> bool:
+        return device == self.me
+
+    def send(self, tensor, src: str, dst: str, tag: int) -> None:
+        if dst == self.me:
+            self.box[tag] = tensor.detach()
+            return
+        start = time.perf_counter()
+        data = tensor.detach().to("cpu") if self.stage else tensor.detach()
+        self.pending.append((dist.isend(data, dst=self.rank_of[dst], tag=tag), data))
+        self.comm_time[self.me] += time.perf_counter() - start
+
+    def recv(self, shape, dtype, src: str, dst: str, tag: int):
+        if src == self.me:
+            return self.box.pop(tag)
+        start = time.perf_counter()
+        buf = torch.empty(tuple(shape), dtype=dtype,
+                          device="cpu" if self.stage else self.device)
+        dist.recv(buf, src=self.rank_of[src], tag=tag)
+        self.comm_time[self.me] += time.perf_counter() - start
+        return buf.to(self.device) if self.stage else buf
+
+    def finish(self) -> None:
+        for work, _ in self.pending:
+            work.wait()
+        self.pending.clear()
+        self.box.clear()
+
+    def make_groups(self, holder_sets) -> None:
+        """Every rank creates the same groups in the same order."""
+        for devs in sorted(set(holder_sets)):
+            if len(devs) > 1:
+                ranks = sorted(self.rank_of[d] for d in devs)
+                self.groups[devs] = dist.new_group(ranks)
+
+    def allreduce(self, tensors: dict, holders: tuple) -> None:
+        start = time.perf_counter()
+        flat = tensors[self.me]
+        data = flat.to("cpu") if self.stage else flat
+        dist.all_reduce(data, op=dist.ReduceOp.SUM, group=self.groups[holders])
+        if self.stage:
+            flat.copy_(data)
+        self.comm_time[self.me] += time.perf_counter() - start
+
+
+def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, warmup: int = 1,
+             optimizer=None, loss_fn: Callable | None = None, targets=None, graph=None,
+             cluster=None, device: str | torch.device | None = None, training: bool = True,
+             loss_reduction: str = "mean", problem_options: dict | None = None,
+             seed: int = 0) -> dict | None:
+    """Run this rank's share of the plan; the process group must be up.
+
+    Returns, on rank 0, a dict with ``loss``, ``losses``, ``outputs``,
+    ``gradients``, ``parameters`` (merged over ranks) and ``report`` (a dict
+    of the :class:`MeasuredReport` figures); None on the other ranks."""
+    torch.manual_seed(seed)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    graph, plan, sp, inputs, mb_rows = prepare(model, plan, example_inputs, graph=graph,
+                                               training=training)
+    devs = rank_devices(plan, cluster)
+    if len(devs) != world:
+        raise PlanError(f"the plan uses {len(devs)} devices but WORLD_SIZE is {world}",
+                        fix=f"start {len(devs)} processes (one per device)")
+    me = devs[rank]
+    backend = dist.get_backend()
+    tdev = torch.device(device) if device is not None else (
+        _as_device(me) or (torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+                           if backend == "nccl" else torch.device("cpu")))
+    routes = Routes(sp, mb_rows, sink_device(sp))
+    orders, used = device_orders(routes, plan.schedule, training)
+    transport = DistTransport({d: i for i, d in enumerate(devs)}, me, tdev, backend)
+    batch = sum(mb_rows)
+    weights = [(n / batch if loss_reduction == "mean" else 1.0) for n in mb_rows]
+    offsets = [sum(mb_rows[:m]) for m in range(len(mb_rows))]
+    order = [(me, t) for t in orders.get(me, [])]
+    engine = Engine(sp, routes, {d: tdev for d in devs}, [me], transport, training=training,
+                    loss_fn=loss_fn or default_loss, loss_weights=weights, order=order)
+    transport.make_groups(engine.holders.values())
+    opt = build_optimizer(optimizer, engine.parameters()) if training else None
+    params = engine.parameters()
+    times, losses, last, grads = [], [], None, {}
+    compute = comm = 0.0
+    peak_act = 0.0
+    for step in range(steps + warmup):
+        for p in params:
+            p.grad = None
+        transport.comm_time.clear()
+        if tdev.type == "cuda":
+            torch.cuda.synchronize(tdev)
+            torch.cuda.reset_peak_memory_stats(tdev)
+        dist.barrier()
+        start = time.perf_counter()
+        last = engine.step(inputs, targets, offsets)
+        if training:
+            engine.allreduce()
+            if step == steps + warmup - 1:
+                grads = engine.gradients()
+            if opt is not None:
+                opt.step()
+        if tdev.type == "cuda":
+            torch.cuda.synchronize(tdev)
+        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        if step >= warmup:
+            times.append(float(elapsed))
+            losses.append(last["loss"])
+            compute += last["stats"].compute.get(me, 0.0) / steps
+            comm += transport.comm_time.get(me, 0.0) / steps
+            peak_act = max(peak_act, last["stats"].peak_act.get(me, 0.0))
+    if tdev.type == "cuda":
+        peak = float(torch.cuda.max_memory_allocated(tdev))
+    else:
+        state = 0.0
+        if opt is not None:
+            for p in params:
+                for v in opt.state.get(p, {}).values():
+                    if isinstance(v, torch.Tensor):
+                        state += v.numel() * v.element_size()
+        pbytes = engine.param_bytes().get(me, 0.0)
+        peak = pbytes * (2 if training else 1) + state + peak_act
+    mine = {"device": me, "loss": last["loss"], "losses": losses,
+            "outputs": (join_outputs(sp, last["outputs"]) if last["outputs"] else None),
+            "gradients": grads, "parameters": engine.state(), "compute": compute,
+            "comm": comm, "peak": peak}
+    gathered = [None] * world if rank == 0 else None
+    dist.gather_object(mine, gathered, dst=0)
+    if rank != 0:
+        return None
+    merged = {"loss": None, "losses": [], "outputs": None, "gradients": {}, "parameters": {}}
+    for part in gathered:
+        if part["loss"] is not None:
+            merged["loss"], merged["losses"] = part["loss"], part["losses"]
+        if part["outputs"] is not None:
+            merged["outputs"] = part["outputs"]
+        for key in ("gradients", "parameters"):
+            for k, v in part[key].items():
+                merged[key].setdefault(k, v)
+    step_time = statistics.median(times)
+    busy = {p["device"]: p["compute"] + p["comm"] for p in gathered}
+    prediction = predict(graph, cluster, plan, problem_options) if cluster is not None else None
+    report = MeasuredReport(step_time=step_time, peak_memory={p["device"]: p["peak"]
+                                                              for p in gathered},
+                            busy=busy, compute={p["device"]: p["compute"] for p in gathered},
+                            comm={p["device"]: p["comm"] for p in gathered},
+                            idle={d: max(0.0, step_time - b) for d, b in busy.items()},
+                            model="measured", microbatches=len(mb_rows), schedule=used,
+                            predicted=prediction.step_time if prediction else None,
+                            step_times=times)
+    merged["report"] = report.to_dict() | {"predicted": report.predicted,
+                                           "step_times": times}
+    merged["schedule"] = used
+    merged["notes"] = list(sp.notes)
+    return merged
+
+
+# --------------------------------------------------------------------------
+# process start-up
+# --------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _init(backend: str, timeout: float) -> None:
+    dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout))
+
+
+def _child(index: int, world: int, port: int, backend: str, timeout: float, build,
+           plan_dict: dict, kwargs: dict, out_path: str, cluster_dict) -> None:
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                       "RANK": str(index), "WORLD_SIZE": str(world),
+                       "LOCAL_RANK": str(index)})
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    from ..cluster import Cluster
+    from ..plan import Plan
+    _init(backend, timeout)
+    try:
+        model, inputs = build()
+        cluster = Cluster.from_dict(cluster_dict) if cluster_dict else None
+        result = run_rank(model, Plan.from_dict(plan_dict), inputs, cluster=cluster, **kwargs)
+        if result is not None:
+            torch.save(result, out_path + ".tmp")
+            os.replace(out_path + ".tmp", out_path)
+    finally:
+        dist.destroy_process_group()
+
+
+def launch(plan, build: Callable[[], tuple], *, nproc: int | None = None, backend: str = "gloo",
+           timeout: float = 300.0, cluster=None, **kwargs) -> dict:
+    """Start one local process per plan device (torch.multiprocessing, spawn),
+    run :func:`run_rank` in each and return rank 0's result.
+
+    ``build()`` returns ``(model, example_inputs)`` and must be picklable
+    (a module-level function or ``functools.partial``) and deterministic,
+    since every rank builds the model itself. ``kwargs`` go to
+    :func:`run_rank`. Processes that have not finished after ``timeout``
+    seconds are killed and :class:`PlanError` is raised."""
+    import torch.multiprocessing as mp
+    devs = rank_devices(plan, cluster)
+    nproc = nproc or len(devs)
+    if nproc != len(devs):
+        raise PlanError(f"--nproc {nproc} but the plan uses {len(devs)} devices",
+                        fix=f"use --nproc {len(devs)}")
+    with tempfile.TemporaryDirectory(prefix="placer-launch-") as tmp:
+        out = os.path.join(tmp, "result.pt")
+        ctx = mp.start_processes(
+            _child, args=(nproc, _free_port(), backend, timeout, build, plan.to_dict(), kwargs,
+                          out, cluster.to_dict() if cluster is not None else None),
+            nprocs=nproc, join=False, start_method="spawn")
+        deadline = time.monotonic() + timeout + 30
+        try:
+            while not ctx.join(timeout=max(0.1, min(5.0, deadline - time.monotonic()))):
+                if time.monotonic() > deadline:
+                    raise PlanError(f"ranks did not finish within {timeout:.0f} s",
+                                    fix="raise the timeout or check the plan")
+        except mp.ProcessRaisedException as exc:
+            raise PlanError(f"a rank failed: {str(exc).strip().splitlines()[-1]}") from None
+        except mp.ProcessExitedException as exc:
+            raise PlanError(f"a rank exited: {exc}") from None
+        finally:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+                p.join(5)
+        return torch.load(out, weights_only=True)
+
+
+# --------------------------------------------------------------------------
+# command lines
+# --------------------------------------------------------------------------
+def _parser(prog: str, with_nproc: bool) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=prog, description="Run a plan on torch.distributed ranks.")
+    ap.add_argument("plan", help="placer.plan/v1 JSON")
+    ap.add_argument("--model", required=True, help="zoo model name (placer datasets models)")
+    ap.add_argument("--tiny", action="store_true", help="the zoo's small test configuration")
+    ap.add_argument("--batch", type=int, default=None)
+    ap.add_argument("--seq", type=int, default=None)
+    ap.add_argument("--cluster", default=None, help="cluster file or preset (rank order, prediction)")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--lr", type=float, default=None, help="SGD learning rate (default: no step)")
+    ap.add_argument("--inference", action="store_true")
+    ap.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
+    ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--json", default=None, help="write the measured report here")
+    if with_nproc:
+        ap.add_argument("--nproc", type=int, default=None,
+                        help="processes to start (default: the plan's devices)")
+    return ap
+
+
+def _zoo_build(name, tiny, batch, seq):
+    from .. import zoo
+    return zoo.build(name, batch=batch, seq=seq, tiny=tiny)
+
+
+def _cluster(arg):
+    from ..cluster import Cluster
+    if arg is None:
+        return None
+    return Cluster.load(arg) if os.path.exists(arg) else Cluster.preset(arg)
+
+
+def _common(ns) -> tuple:
+    from ..plan import Plan
+    plan = Plan.load(ns.plan)
+    build = functools.partial(_zoo_build, ns.model, ns.tiny, ns.batch, ns.seq)
+    kwargs = {"steps": ns.steps, "warmup": ns.warmup, "training": not ns.inference}
+    if ns.lr is not None:
+        kwargs["optimizer"] = functools.partial(torch.optim.SGD, lr=ns.lr)
+    return plan, build, kwargs, _cluster(ns.cluster)
+
+
+def _print(result: dict, path: str | None) -> None:
+    from .._io import atomic_write_text, dump_json
+    rep = result["report"]
+    pred = rep.get("predicted")
+    line = f"step {rep['step_time'] * 1e3:.2f} ms measured"
+    if pred:
+        line += f", {pred * 1e3:.2f} ms predicted ({(pred - rep['step_time']) / rep['step_time']:+.0%})"
+    if result.get("loss") is not None:
+        line += f", loss {result['loss']:.6g}"
+    print(line)
+    if path:
+        atomic_write_text(path, dump_json({k: v for k, v in rep.items()}))
+
+
+def launch_main(argv: list[str] | None = None) -> int:
+    """``placer launch PLAN --model NAME [--nproc N] ...``: local ranks."""
+    ns = _parser("placer launch", True).parse_args(argv)
+    plan, build, kwargs, cluster = _common(ns)
+    result = launch(plan, build, nproc=ns.nproc, backend=ns.backend, timeout=ns.timeout,
+                    cluster=cluster, **kwargs)
+    _print(result, ns.json)
+    return 0
+
+
+def rank_main(argv: list[str] | None = None) -> int:
+    """One rank under torchrun (reads RANK, WORLD_SIZE, MASTER_ADDR/PORT)."""
+    ns = _parser("python -m placer.runtime.dist", False).parse_args(argv)
+    plan, build, kwargs, cluster = _common(ns)
+    _init(ns.backend, ns.timeout)
+    try:
+        model, inputs = build()
+        result = run_rank(model, plan, inputs, cluster=cluster, **kwargs)
+        if result is not None:
+            _print(result, ns.json)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(rank_main())

@@ -1,0 +1,58 @@
+"""Several processes over gloo (CPU ranks): the same numbers as one device."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import placer
+from placer import Plan, zoo
+from placer.errors import PlanError
+from placer.runtime.dist import launch, rank_devices
+
+from runtime_helpers import random_plan, reference
+
+
+def _check(result, out, loss, grads):
+    torch.testing.assert_close(result["outputs"], out, atol=1e-5, rtol=1e-4)
+    assert abs(result["loss"] - loss) < 1e-5
+    assert set(result["gradients"]) == set(grads)
+    for name, g in grads.items():
+        torch.testing.assert_close(result["gradients"][name], g, atol=1e-5, rtol=1e-4)
+
+
+def test_gloo_ranks_match_unplaced():
+    build = functools.partial(zoo.build, "gpt-125m", tiny=True, batch=4)
+    model, inputs = build()
+    graph = placer.trace(model, inputs)
+    out, loss, grads = reference(model, inputs)
+    # data-parallel middle, two microbatches, a device used twice
+    plan = random_plan(graph, ["a", "b", "c"], seed=0, microbatches=2)
+    assert any(len(v) > 1 for v in plan.placement.values())
+    result = launch(plan, build, steps=1, warmup=0, timeout=120)
+    _check(result, out, loss, grads)
+    report = result["report"]
+    assert report["step_time"] > 0 and set(report["busy"]) == {"a", "b", "c"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,seed,schedule", [("bert-base", 1, "gpipe"), ("dlrm", 2, "1f1b")])
+def test_gloo_more_models(name, seed, schedule):
+    build = functools.partial(zoo.build, name, tiny=True, batch=4)
+    model, inputs = build()
+    graph = placer.trace(model, inputs)
+    out, loss, grads = reference(model, inputs)
+    plan = random_plan(graph, ["a", "b", "c"], seed=seed, microbatches=2, schedule=schedule)
+    result = launch(plan, build, nproc=len(plan.devices_used()), steps=1, warmup=0, timeout=120)
+    _check(result, out, loss, grads)
+
+
+def test_rank_order_and_nproc_check():
+    plan = Plan({"x": ["b"], "y": ["a", "c"]})
+    assert rank_devices(plan) == ["b", "a", "c"]
+    cluster = placer.Cluster.from_rules("c", [placer.Device(d, 1e12, 1e10) for d in "abc"])
+    assert rank_devices(plan, cluster) == ["a", "b", "c"]
+    with pytest.raises(PlanError):
+        launch(plan, functools.partial(zoo.build, "gpt-125m", tiny=True), nproc=2)
