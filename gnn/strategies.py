@@ -79,6 +79,18 @@ def _choices(problem) -> list[int]:
     return microbatch_choices(problem)
 
 
+class _OneThread:
+    """Decoding is many tiny tensor ops: one intra-op thread is fastest, and
+    leaves the other cores to the cost model or other work."""
+
+    def __enter__(self):
+        self.before = torch.get_num_threads()
+        torch.set_num_threads(1)
+
+    def __exit__(self, *exc):
+        torch.set_num_threads(self.before)
+
+
 def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: int = 0,
                  samples: int = 32, batch: int = 32, refine: int = 1, max_units: int = 256,
                  temperature: float = 1.0, microbatches=None, schedules=("1f1b",),
@@ -109,7 +121,7 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
                 found[key] = (float(tt), row, int(mm), schedules[int(ss)])
         return units
 
-    with torch.no_grad():
+    with torch.no_grad(), _OneThread():
         enc = policy.static_scores(pg)
         score(policy.sample(pg, 1, greedy=True, encoded=enc).actions)
         drawn = 0
@@ -161,9 +173,10 @@ class _Learned(Strategy):
             seconds = self.finetune if self.finetune > 0 else None
             if seconds is not None and budget.time is not None:
                 seconds = min(seconds, 0.8 * budget.remaining_time)
-            policy = _finetune(policy, problem, cost_model, seconds=seconds,
-                               steps=self.finetune_steps, samples=self.batch,
-                               max_units=self.max_units, seed=seed, budget=budget)
+            with _OneThread():
+                policy = _finetune(policy, problem, cost_model, seconds=seconds,
+                                   steps=self.finetune_steps, samples=min(self.batch, 16),
+                                   max_units=self.max_units, seed=seed, budget=budget)
         schedules = tuple(self.schedule_choices())
         found = policy_plans(policy, problem, cost_model, budget, seed=seed,
                              samples=self.samples, batch=self.batch, refine=self.refine,
@@ -204,7 +217,7 @@ class RL(_Learned):
 class Hybrid(_Learned):
     """Policy samples seed the ``evolution`` strategy's population.
 
-    Options: those of ``rl`` (``samples`` defaults to 32 here), ``seeds``
+    Options: those of ``rl`` (``temperature`` defaults to 1.5 here), ``seeds``
     (how many of the best distinct policy plans to hand over) and
     ``evolution`` (options for the evolution strategy).
     """
@@ -212,8 +225,10 @@ class Hybrid(_Learned):
     name = "hybrid"
 
     def __init__(self, *, seeds: int = 8, evolution: dict | None = None, samples: int = 32,
-                 **options):
-        super().__init__(samples=samples, **options)
+                 temperature: float = 1.5, **options):
+        # hotter sampling than rl: the population wants diverse seeds (the
+        # greedy plan is always among them)
+        super().__init__(samples=samples, temperature=temperature, **options)
         if int(seeds) != seeds or seeds < 1:
             raise StrategyError(f"seeds must be a whole number >= 1, got {seeds!r}",
                                 field="seeds")
