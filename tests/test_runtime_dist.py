@@ -52,7 +52,8 @@ def test_gloo_more_models(name, seed, schedule):
 def test_rank_order_and_nproc_check():
     plan = Plan({"x": ["b"], "y": ["a", "c"]})
     assert rank_devices(plan) == ["b", "a", "c"]
-    cluster = placer.Cluster.from_rules("c", [placer.Device(d, 1e12, 1e10) for d in "abc"])
+    cluster = placer.Cluster.from_rules("c", [placer.Device(d, 1e12, 1e10) for d in "abc"],
+                                        default=(1e9, 1e-4))
     assert rank_devices(plan, cluster) == ["a", "b", "c"]
     with pytest.raises(PlanError):
         launch(plan, functools.partial(zoo.build, "gpt-125m", tiny=True), nproc=2)
