@@ -92,7 +92,7 @@ class _OneThread:
 
 
 def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: int = 0,
-                 samples: int = 32, batch: int = 32, refine: int = 1, max_units: int = 256,
+                 samples: int = 32, batch: int = 32, refine: int = 2, max_units: int = 256,
                  temperature: float = 1.0, microbatches=None, schedules=("1f1b",),
                  keep: int = 1):
     """Decode and score placements; returns ``[(objective, device per op,
@@ -147,7 +147,7 @@ class _Learned(Strategy):
     """Options shared by the learned strategies."""
 
     def __init__(self, *, checkpoint=None, samples: int = 32, batch: int = 32,
-                 refine: int = 1, max_units: int = 256, temperature: float = 1.0,
+                 refine: int = 2, max_units: int = 256, temperature: float = 1.0,
                  finetune: float = 0.0, finetune_steps: int | None = None, **base):
         super().__init__(**base)
         for label, value, low in (("samples", samples, 0), ("batch", batch, 1),
