@@ -312,6 +312,8 @@ def _parser(prog: str, with_nproc: bool) -> argparse.ArgumentParser:
     ap.add_argument("--tiny", action="store_true", help="the zoo's small test configuration")
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--seq", type=int, default=None)
+    ap.add_argument("--config", default=None,
+                    help='zoo config overrides as JSON, e.g. \'{"n_layer": 2}\'')
     ap.add_argument("--cluster", default=None, help="cluster file or preset (rank order, prediction)")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
@@ -326,9 +328,9 @@ def _parser(prog: str, with_nproc: bool) -> argparse.ArgumentParser:
     return ap
 
 
-def _zoo_build(name, tiny, batch, seq):
+def _zoo_build(name, tiny, batch, seq, config=None):
     from .. import zoo
-    return zoo.build(name, batch=batch, seq=seq, tiny=tiny)
+    return zoo.build(name, batch=batch, seq=seq, tiny=tiny, **(config or {}))
 
 
 def _cluster(arg):
@@ -341,7 +343,8 @@ def _cluster(arg):
 def _common(ns) -> tuple:
     from ..plan import Plan
     plan = Plan.load(ns.plan)
-    build = functools.partial(_zoo_build, ns.model, ns.tiny, ns.batch, ns.seq)
+    build = functools.partial(_zoo_build, ns.model, ns.tiny, ns.batch, ns.seq,
+                              json.loads(ns.config) if ns.config else None)
     kwargs = {"steps": ns.steps, "warmup": ns.warmup, "training": not ns.inference}
     if ns.lr is not None:
         kwargs["optimizer"] = functools.partial(torch.optim.SGD, lr=ns.lr)

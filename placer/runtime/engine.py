@@ -381,6 +381,9 @@ class Engine:
         self.loss_fn = loss_fn
         self.loss_weights = loss_weights
         self.order = order                 # [(device, task)] for the local devices
+        #: count the bytes autograd saves (CPU peak memory); costs a Python
+        #: call per saved tensor, so it is off when every device is CUDA
+        self.count_saved = any(torch_devices[d].type != "cuda" for d in local)
         self.modules: dict[Inst, torch.nn.Module] = {}
         self.copies: dict[str, dict[str, torch.Tensor]] = {}   # device -> name -> tensor
         self._build()
@@ -448,7 +451,7 @@ class Engine:
             kind, m, inst = task
             start = time.perf_counter()
             before = stats.act_bytes[dev]
-            with _SavedBytes(stats, dev):
+            with (_SavedBytes(stats, dev) if self.count_saved else _NoCount()):
                 if kind == "F":
                     if inst == self.routes.sink:
                         self._sink(m, st)
@@ -704,6 +707,14 @@ class _StepState:
     outputs: dict = field(default_factory=dict)
     saved: dict = field(default_factory=dict)
     loss: float | None = None
+
+
+class _NoCount:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
 
 
 class _SavedBytes:
