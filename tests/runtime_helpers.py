@@ -54,3 +54,16 @@ def assert_close_result(result, out, loss, grads, *, atol=1e-5, rtol=1e-4):
     for name, g in grads.items():
         torch.testing.assert_close(result.gradients[name], g, atol=atol, rtol=rtol,
                                    msg=lambda m, name=name: f"{name}: {m}")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: on small shared CI machines, OpenMP threads that
+    spin while cores are busy make tiny models 100x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -12,7 +12,7 @@ from placer import Plan, zoo
 from placer.errors import PlanError
 from placer.runtime.dist import launch, rank_devices
 
-from runtime_helpers import random_plan, reference
+from runtime_helpers import one_thread, random_plan, reference  # noqa: F401
 
 
 def _check(result, out, loss, grads):

@@ -8,6 +8,8 @@ import placer
 from placer import zoo
 from placer.runtime.profile import calibrated_graph, profile
 
+from runtime_helpers import one_thread  # noqa: F401
+
 
 def test_profile_writes_measurements_and_efficiency(tmp_path):
     model, inputs = zoo.build("gpt-125m", tiny=True, batch=4)

@@ -450,6 +450,7 @@ class Engine:
         for dev, task in self.order:
             kind, m, inst = task
             start = time.perf_counter()
+            comm_before = sum(self.transport.comm_time.values())
             before = stats.act_bytes[dev]
             with (_SavedBytes(stats, dev) if self.count_saved else _NoCount()):
                 if kind == "F":
@@ -464,7 +465,9 @@ class Engine:
             else:
                 # the sink frees its graph at once; a backward frees its forward's
                 stats.act_bytes[dev] = before - st.saved.pop((m, inst), 0.0)
-            stats.compute[dev] += time.perf_counter() - start
+            # time spent sending or waiting for messages is not compute
+            waited = sum(self.transport.comm_time.values()) - comm_before
+            stats.compute[dev] += time.perf_counter() - start - waited
         self.transport.finish()
         return {"outputs": st.outputs, "loss": st.loss, "stats": stats}
 
