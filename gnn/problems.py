@@ -127,12 +127,44 @@ def reference_time(cost_model, problem) -> float:
     return reference(cost_model, problem)[0]
 
 
-def reference(cost_model, problem) -> tuple[float, np.ndarray]:
-    """``(step time, device per op)`` of the best simple heuristic plan."""
+#: placer.search heuristics whose plans join the reference (fast ones)
+HEURISTICS = ("even_pipeline",)
+
+
+def heuristic_plans(cost_model, problem, names=HEURISTICS) -> list[tuple[float, np.ndarray | None]]:
+    """``(objective, device per op or None)`` of placer.search heuristics;
+    the row is None for a plan with data-parallel groups (not a policy
+    action). Heuristics that are not available are skipped."""
+    from placer.search.base import Budget, get_strategy
+    from placer.errors import PlacerError
+    out = []
+    for name in names:
+        try:
+            plan = get_strategy(name).search(problem, cost_model, Budget(time=5.0), seed=0)
+        except (PlacerError, ImportError):
+            continue
+        objective = float(plan.predicted.get("objective", plan.predicted.get("step_time")))
+        single = all(len(v) == 1 for v in plan.placement.values())
+        row = np.array([problem.device_index[plan.placement[i][0]] for i in problem.ids],
+                       dtype=np.int64) if single else None
+        out.append((objective, row))
+    return out
+
+
+def reference(cost_model, problem, heuristics=HEURISTICS) -> tuple[float, np.ndarray]:
+    """``(step time, device per op)``: the time of the best heuristic plan
+    (:func:`pipeline_assignments` and the ``heuristics`` of placer.search)
+    and the best single-device-per-op plan among them (the imitation target)."""
     rows = _colocated(problem, pipeline_assignments(problem))
     t, _, _ = best_times(cost_model, problem, rows, microbatch_choices(problem))
     best = int(np.argmin(t))
-    return float(t[best]), rows[best]
+    time, row = float(t[best]), rows[best]
+    teacher_time = time
+    for objective, other in heuristic_plans(cost_model, problem, heuristics):
+        time = min(time, objective)
+        if other is not None and objective < teacher_time:
+            teacher_time, row = objective, other
+    return time, row
 
 
 def reward(times: np.ndarray, reference: float, floor: float = -5.0,

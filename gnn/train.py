@@ -59,7 +59,7 @@ class TrainConfig:
     problems: int = 4               # problems per update
     samples: int = 16               # placements sampled per problem
     lr: float = 1e-3
-    entropy: float = 0.01           # bonus on the mean per-decision entropy
+    entropy: float = 0.03           # bonus on the mean per-decision entropy
     max_units: int = 96             # decision units per graph in training
     curriculum: tuple = (60, 250, 1_000_000)   # largest graph (ops) per stage
     stages: tuple = (0.2, 0.5, 1.0)            # where each stage ends (fraction)
