@@ -111,12 +111,15 @@ def measure_link() -> tuple[float, float]:
     return bandwidth, latency
 
 
-def _calibrate(module, inputs, names, bandwidth, latency, threads=1):
+def _calibrate(build, names, bandwidth, latency):
+    """Profile in this process on one thread (what each rank gets), then
+    describe ``names`` as identical calibrated devices joined by the link."""
     from placer.runtime.profile import calibrated_graph, profile
-    torch.set_num_threads(threads)
+    torch.set_num_threads(1)
+    module, inputs = build()
     local = placer.Cluster.from_rules("here", [placer.Device("cpu", 3.2e10, 1e10)],
                                       default=(1e9, 1e-4))
-    graph, cal = profile(module, inputs, cluster=local, repeats=5)
+    graph, cal = profile(module, inputs, cluster=local, repeats=7, warmup=2)
     dev = cal.device("cpu")
     devices = [placer.Device(n, dev.flops, 1e10, efficiency=dev.efficiency) for n in names]
     cluster = placer.Cluster.from_rules("ranks", devices, default=(bandwidth, latency))
@@ -136,7 +139,7 @@ def accuracy(plans: int = 4, nproc: int = 2, model: str = MODEL, batch: int = 8,
     module, inputs = build()
     bandwidth, latency = link or measure_link()
     names = [f"r{i}" for i in range(nproc)]
-    graph, cg, cluster, ovh = _calibrate(module, inputs, names, bandwidth, latency)
+    graph, cg, cluster, ovh = _calibrate(build, names, bandwidth, latency)
     rows = []
     for k in range(plans):
         plan = random_plan(graph, names, seed=seed + k, microbatches=microbatches,
@@ -221,7 +224,8 @@ def netns(plans: int = 2, nproc: int = 2, rate: str = "200mbit", model: str = MO
     module, inputs = _build(model, batch, seq)
     names = [f"r{i}" for i in range(nproc)]
     bandwidth = _rate_bytes(rate)
-    graph, cg, cluster, ovh = _calibrate(module, inputs, names, bandwidth, 2e-4)
+    build = functools.partial(_build, model, batch, seq)
+    graph, cg, cluster, ovh = _calibrate(build, names, bandwidth, 2e-4)
     rows = []
     with Namespaces(nproc, rate) as nets, tempfile.TemporaryDirectory() as tmp:
         cluster_path = os.path.join(tmp, "cluster.yaml")

@@ -45,6 +45,8 @@ from .engine import Engine, Routes, device_orders, interleave
 from .run import (MeasuredReport, _as_device, build_optimizer, default_loss, join_outputs,
                   predict, prepare, sink_device)
 
+_DEBUG = bool(os.environ.get("PLACER_DEBUG_COMM"))
+
 __all__ = ["launch", "run_rank", "rank_devices", "launch_main", "rank_main"]
 
 
@@ -94,6 +96,9 @@ class DistTransport:
                           device="cpu" if self.stage else self.device)
         dist.recv(buf, src=self.rank_of[src], tag=tag)
         self.comm_time[self.me] += time.perf_counter() - start
+        if _DEBUG:
+            print(f"[{self.me}] recv tag {tag} from {src} {tuple(shape)} "
+                  f"{(time.perf_counter() - start) * 1e3:.2f} ms", flush=True)
         return buf.to(self.device) if self.stage else buf
 
     def finish(self) -> None:
