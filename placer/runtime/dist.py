@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import PlanError
-from .engine import Engine, Routes, device_orders, interleave
+from .engine import Engine, Routes, device_orders
 from .run import (MeasuredReport, _as_device, build_optimizer, default_loss, join_outputs,
                   predict, prepare, sink_device)
 
