@@ -24,6 +24,7 @@ _LAZY = {
     "simulate": ("placer.api", "simulate"),
     "optimize": ("placer.api", "optimize"),
     "strategies": ("placer.api", "strategies"),
+    "run": ("placer.runtime", "run"),
     "Report": ("placer.cost", "Report"),
     "Problem": ("placer.cost", "Problem"),
     "CostModel": ("placer.cost", "CostModel"),

@@ -367,13 +367,82 @@ def cmd_simulate(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    out = args.output or f"bench-{args.what}.json"
     if args.what == "cost":
         from .bench.cost import bench_cost
-        bench_cost(out=args.output or "bench-cost.json", quick=args.quick)
+        bench_cost(out=out, quick=args.quick)
     elif args.what == "search":
-        from .bench.search import bench_search
-        bench_search(out=args.output or "bench-search.json", quick=args.quick)
+        if args.suite == "heuristics":
+            from .bench.search import bench_search as bench_heuristics
+            bench_heuristics(out=out, seed=args.seed)
+        else:
+            from .bench.search_evolution import bench_search
+            bench_search(out=out, quick=args.quick, suite=args.suite, seed=args.seed)
+    elif args.what == "learned":
+        from .bench.learned import bench_learned
+        bench_learned(out=out, quick=args.quick, seed=args.seed)
+    elif args.what == "runtime":
+        from .bench.runtime import accuracy, netns, overhead
+        from ._io import atomic_write_text, dump_json
+        which = args.suite or "overhead"
+        runner = {"overhead": overhead, "accuracy": accuracy, "netns": netns}.get(which)
+        if runner is None:
+            raise PlacerError(f"unknown runtime suite {which!r}", field="--suite",
+                              fix="use overhead, accuracy or netns")
+        result = runner()
+        atomic_write_text(out, dump_json(result))
+        print(json.dumps(result, indent=1, default=str))
     return 0
+
+
+def cmd_run(argv: list[str]) -> int:
+    """``placer run PLAN --model NAME``: the plan in this process, measured."""
+    from .runtime.dist import _common, _parser, _print
+    from .runtime.run import run
+    ns = _parser("placer run", False).parse_args(argv)
+    plan, build, kwargs, cluster = _common(ns)
+    model, inputs = build()
+    result = run(model, plan, inputs, cluster=cluster, **kwargs)
+    report = result.report
+    _print({"report": {**report.to_dict(), "predicted": report.predicted},
+            "loss": None if result.loss is None else float(result.loss)}, ns.json)
+    return 0
+
+
+def _delegate(name: str) -> Callable[[list[str]], int]:
+    """Subcommands whose parsers live with their code."""
+    def launch(argv):
+        from .runtime.dist import launch_main
+        return launch_main(argv)
+
+    def profile(argv):
+        from .runtime.profile import profile_main
+        return profile_main(argv)
+
+    def tune(argv):
+        from .tune import tune_main
+        return tune_main(argv)
+
+    def train(argv):
+        from gnn.train import main as train_main
+        return train_main(argv, prog="placer train")
+
+    return {"run": cmd_run, "launch": launch, "profile": profile, "tune": tune,
+            "train": train}[name]
+
+
+DELEGATED = {
+    "run": ("Run a plan on this machine's devices in one process and measure it.",
+            "placer run plan.json --model gpt-125m --tiny --steps 3"),
+    "launch": ("Run a plan as one torch.distributed process per device (gloo/NCCL).",
+               "placer launch plan.json --model gpt-125m --tiny --nproc 2"),
+    "profile": ("Measure per-op times on local devices; write a calibrated graph and cluster.",
+                "placer profile --model gpt-125m --tiny -o g.json --cluster-out local.yaml"),
+    "tune": ("Tune the evolutionary search's hyperparameters with Optuna (resumable, shared).",
+             "placer tune --trials 20 --storage sqlite:///tune.db"),
+    "train": ("Train a GNN placement policy (same as train_policy.py).",
+              "placer train --iterations 200 -o policy"),
+}
 
 
 # --- parser -----------------------------------------------------------------------
@@ -447,16 +516,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_datasets)
 
     p = _add(sub, "bench", "Run a benchmark and write its JSON results.",
-             "placer bench cost -o bench-cost.json")
-    p.add_argument("what", choices=["cost", "search"])
-    p.add_argument("-o", "--output", help="JSON file to write")
+             "placer bench search --suite hetero -o bench-search.json")
+    p.add_argument("what", choices=["cost", "search", "learned", "runtime"])
+    p.add_argument("-o", "--output", help="JSON file to write (default bench-WHAT.json)")
     p.add_argument("--quick", action="store_true", help="small sizes (seconds)")
+    p.add_argument("--suite", help="search: quick, hetero, homo, dtfm, scale or heuristics; "
+                                   "runtime: overhead, accuracy or netns")
+    p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_bench)
+
+    for name, (help_text, example) in DELEGATED.items():
+        p = _add(sub, name, help_text, example)
+        p.add_argument("args", nargs=argparse.REMAINDER,
+                       help=f"see `placer {name} --help`")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``placer`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in DELEGATED:
+        name = argv[0]
+        try:
+            return _delegate(name)(argv[1:]) or 0
+        except PlacerError as exc:
+            print(f"placer {name}: error: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        except KeyboardInterrupt:
+            print(f"placer {name}: interrupted", file=sys.stderr)
+            return 130
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

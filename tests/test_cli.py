@@ -79,3 +79,42 @@ def test_datasets_lists_presets(capsys):
     assert main(["datasets", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert "two-sites" in data["clusters"] and "gpt-125m" in data["models"]
+
+
+def test_plan_run_and_simulate_end_to_end(tmp_path, capsys):
+    import placer
+    model, inputs = placer.datasets.model("gpt-125m", tiny=True)
+    graph = placer.trace(model, inputs, granularity="module")
+    gpath = tmp_path / "g.json"
+    graph.save(gpath)
+    ppath = tmp_path / "plan.json"
+    assert main(["plan", str(gpath), "--cluster", "two-sites", "--method", "even_pipeline",
+                 "--time-budget", "5", "-o", str(ppath), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["report"]["feasible"] and data["report"]["step_time"] > 0
+    for picture in data["pictures"]:
+        assert (tmp_path / picture.rsplit("/", 1)[-1]).read_bytes()[:4] == b"\x89PNG"
+    plan = Plan.load(ppath)
+    plan.validate(graph, Cluster.preset("two-sites"))
+    assert main(["simulate", str(gpath), "two-sites", str(ppath), "--json",
+                 "--trace", str(tmp_path / "t.json")]) == 0
+    simulated = json.loads(capsys.readouterr().out)["report"]
+    assert simulated["step_time"] == pytest.approx(data["report"]["step_time"])
+    trace = json.loads((tmp_path / "t.json").read_text())
+    assert trace["traceEvents"]
+    assert main(["run", str(ppath), "--model", "gpt-125m", "--tiny", "--steps", "2"]) == 0
+    assert "measured" in capsys.readouterr().out
+
+
+def test_delegated_commands_have_help():
+    for name in ("run", "launch", "profile", "tune", "train"):
+        out = run_cli(name, "--help")
+        assert out.returncode == 0 and "usage: placer" in out.stdout, (name, out.stderr)
+
+
+def test_bad_plan_for_graph_is_exit_2(tmp_path, tiny_graph):
+    gpath, ppath = tmp_path / "g.json", tmp_path / "p.json"
+    tiny_graph.save(gpath)
+    Plan({"fc1": ["a0"]}).save(ppath)
+    out = run_cli("simulate", str(gpath), "two-sites", str(ppath))
+    assert out.returncode == 2 and "not placed" in out.stderr

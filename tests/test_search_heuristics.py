@@ -163,16 +163,15 @@ def test_partition_uses_devices_and_acyclic_refinement_is_acyclic(refine):
         assert nx.is_directed_acyclic_graph(q) and len(q) > 1
 
 
-def test_large_graph_in_seconds():
-    import time
+def test_large_graph_gives_valid_plans():
+    # speed on large graphs is measured by `placer bench search`, not here
     g = placer.datasets.random_dag(10000, width=8, seed=0)
-    problem = Problem(g, Cluster.preset("two-sites"))
+    cluster = Cluster.preset("two-sites")
+    problem = Problem(g, cluster)
     model = get_cost_model("analytical")
     for name in ("heft", "m_sct", "partition", "pipeline_dp", "even_pipeline"):
-        start = time.perf_counter()
         plan = get_strategy(name).search(problem, model, Budget())
-        assert time.perf_counter() - start < 10, name
-        assert len(plan.placement) == 10000
+        plan.validate(g, cluster, check_fingerprints=False)
 
 
 def test_registry_errors_and_plugins():
