@@ -119,11 +119,7 @@ def context(problem: Problem) -> Context:
 
 def problem_like(problem: Problem, graph: "Graph") -> Problem:
     """A problem over ``graph`` with ``problem``'s cluster and options."""
-    return Problem(graph, problem.cluster, objective=problem.objective,
-                   optimizer_bytes_per_param=problem.optimizer_bytes_per_param,
-                   gradient_bytes_per_param=problem.gradient_bytes_per_param,
-                   recompute=problem.recompute, default_efficiency=problem.default_efficiency,
-                   op_overhead=problem.op_overhead, nic=problem.nic)
+    return Problem(graph, problem.cluster, **problem.options)
 
 
 class Coarse:
