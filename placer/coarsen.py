@@ -106,8 +106,10 @@ def coarsen(graph: Graph, max_nodes: int) -> Graph:
 
 
 def _linear_partition(weights: list[float], parts: int) -> list[tuple[int, int]]:
-    """Split ``weights`` into at most ``parts`` contiguous runs, minimising the
-    heaviest run (binary search on the cap, greedy packing)."""
+    """Split ``weights`` into exactly ``min(parts, len(weights))`` contiguous
+    runs whose heaviest run is as light as possible: binary search on the cap
+    with greedy packing, then split the heaviest runs until every slot is used
+    (a refinement never makes the heaviest run heavier)."""
 
     def pack(cap: float) -> list[tuple[int, int]] | None:
         runs, start, acc = [], 0, 0.0
@@ -134,7 +136,22 @@ def _linear_partition(weights: list[float], parts: int) -> list[tuple[int, int]]
             best, high = runs, mid
     if len(best) > parts:  # only possible through float ties; merge the tail
         best = best[:parts - 1] + [(best[parts - 1][0], len(weights))]
-    return best
+    prefix = [0.0]
+    for w in weights:
+        prefix.append(prefix[-1] + w)
+    heap = [(-(prefix[b] - prefix[a]), a, b) for a, b in best]
+    heapq.heapify(heap)
+    done = []
+    while heap and len(heap) + len(done) < parts:
+        _, a, b = heapq.heappop(heap)
+        if b - a < 2:
+            done.append((a, b))
+            continue
+        half = (prefix[a] + prefix[b]) / 2
+        cut = min(range(a + 1, b), key=lambda i: (abs(prefix[i] - half), i))
+        heapq.heappush(heap, (-(prefix[cut] - prefix[a]), a, cut))
+        heapq.heappush(heap, (-(prefix[b] - prefix[cut]), cut, b))
+    return sorted(done + [(a, b) for _, a, b in heap])
 
 
 def _group_topological_order(members, succ, pred, position) -> list[str]:

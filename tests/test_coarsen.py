@@ -44,7 +44,7 @@ def expected_group_bytes(graph, coarse):
 @given(dags(), st.integers(1, 45))
 def test_coarsen_keeps_totals_and_stays_acyclic(graph, k):
     coarse = graph.coarsen(k)
-    assert len(coarse) <= max(k, 1)
+    assert len(coarse) == min(k, len(graph))  # every slot used, never more
     assert nx.is_directed_acyclic_graph(coarse.nx)
     assert coarse.total_flops() == pytest.approx(graph.total_flops(), rel=1e-9, abs=1e-6)
     assert coarse.total_bwd_flops() == pytest.approx(graph.total_bwd_flops(), rel=1e-9, abs=1e-6)
@@ -67,6 +67,15 @@ def test_coarsen_chain_is_balanced():
     coarse = chain.coarsen(10)
     assert len(coarse) == 10
     assert {op.flops for op in coarse} == {10.0}
+
+
+def test_coarsen_uses_every_slot_beside_a_dominant_op():
+    # one op heavier than all others together used to collapse the rest
+    ops = [Op(f"n{i}", flops=1.0) for i in range(300)] + [Op("head", flops=1e6)]
+    edges = [Edge(f"n{i}", f"n{i + 1}", 1) for i in range(299)] + [Edge("n299", "head", 1)]
+    coarse = Graph("dominant", ops, edges).coarsen(40)
+    assert len(coarse) == 40
+    assert max(op.flops for op in coarse if op.id != "head") <= 10
 
 
 def test_coarsen_no_op_when_small(tiny_graph):
