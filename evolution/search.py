@@ -163,6 +163,14 @@ class Evolution(Strategy):
         if not math.isinf(room):
             finalists = finalists[:max(1, int(room))]
         plans = [self._expand(space, coarse, g) for g in finalists]
+        origins = [g.origin for g in finalists]
+        if coarse.members is not None:
+            # The seeds ran on the coarse graph; their full-graph plans can be
+            # better than any expanded genome, so they compete too: the search
+            # is then never worse than the heuristics it started from.
+            for name, plan in self._fine_seeds(problem, screen, budget, seed):
+                plans.append(plan)
+                origins.append(name)
         if screen is cost_model and coarse.members is None:
             scores = [g.fitness.values[0] for g in finalists]
             i = int(np.argmin(scores))
@@ -172,9 +180,26 @@ class Evolution(Strategy):
             reports = cost_model.estimate_many(problem, plans)
             i = int(np.argmin([r.objective for r in reports]))
             plan, report = plans[i], reports[i]
-        plan.extra["search"] = {"generations": len(logbook), "origin": finalists[i].origin,
+        plan.extra["search"] = {"generations": len(logbook), "origin": origins[i],
                                 "coarsened": coarse.members is not None}
         return self.finalize(problem, cost_model, budget, plan, report, progress=progress)
+
+    def _fine_seeds(self, problem: "Problem", screen, budget: Budget, seed: int):
+        """(name, plan) of the seed heuristics run on the full graph."""
+        for name in [s for s in self.seeds if s != self.name]:
+            if budget.remaining_evaluations <= len(self.initial) + 1:
+                break
+            try:
+                strategy = get_strategy(name, microbatches=self.microbatches,
+                                        schedule=self.schedule)
+                sub = _sub_budget(budget, self.seed_share / max(len(self.seeds), 1))
+                try:
+                    plan = strategy.search(problem, screen, sub, seed=seed)
+                finally:
+                    budget.charge(sub.used)
+            except PlacerError:
+                continue
+            yield name, plan
 
     def _expand(self, space: Space, coarse, g: OpGenome) -> Plan:
         plan = g.to_plan(space, self.name)
