@@ -138,8 +138,9 @@ class Evolution(Strategy):
             screen = cost_model
         metered = budget.meter(screen)
         bar = _Bar(self.progress_bar, budget)
-        # keep evaluations for the final ranking and finalize's scoring of initial
-        with reserve(budget, len(self.initial) + 1), \
+        # keep evaluations for the final ranking (at least one report) and
+        # finalize's scoring of the initial plans
+        with reserve(budget, len(self.initial) + 2), \
                 Evaluator(space, metered, budget, workers=self.workers) as evaluate:
             seeds = self._seed_genomes(space, screen, budget, seed, coarse)
             best, hof, logbook = self._evolve(space, evaluate, seeds, rng, budget, progress,

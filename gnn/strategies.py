@@ -16,6 +16,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -238,7 +240,16 @@ class Hybrid(_Learned):
     def search(self, problem, cost_model, budget, seed=0, progress=None):
         """Policy plans first, then evolution from them within the same budget."""
         metered = budget.meter(cost_model)
-        plans = self._plans(problem, metered, budget, seed, keep=self.seeds)
+        # The policy gets at most half of what is left, so evolution has room.
+        share = Budget(time=None if math.isinf(budget.remaining_time)
+                       else budget.remaining_time / 2,
+                       evaluations=None if math.isinf(budget.remaining_evaluations)
+                       else max(1, int(budget.remaining_evaluations) // 2))
+        try:
+            plans = self._plans(problem, share.meter(metered.inner), share, seed,
+                                keep=self.seeds)
+        finally:
+            budget.charge(share.used)
         options = dict(self.evolution_options)
         if self.microbatches is not None:
             options.setdefault("microbatches", self.microbatches)
@@ -250,6 +261,8 @@ class Hybrid(_Learned):
             raise StrategyError(f"hybrid needs the evolution strategy: {exc.message}",
                                 fix="install the evolution package (deap) or use method='rl'"
                                 ) from None
+        # evolution already kept the best of its result and these initial plans
         plan = evo.search(problem, metered, budget, seed=seed, progress=progress)
         plan.extra = dict(plan.extra or {}, policy_seeds=len(plans))
-        return self.finalize(problem, metered, budget, plan, progress=progress)
+        plan.method = self.name
+        return plan
