@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 demo: $(VENV)/.installed
-	$(VENV)/bin/placer plan gpt-125m.module --cluster two-sites --method pipeline_dp \
+	$(VENV)/bin/placer plan gpt-125m.module --cluster two-sites --method evolution \
 		--time-budget 20 -o $(OUT)/gpt-125m.two-sites.plan.json
 
 test: $(VENV)/.installed
