@@ -345,6 +345,35 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def cmd_replan(args) -> int:
+    """``placer replan PLAN --without DEV``: re-plan on the surviving devices."""
+    from .api import simulate
+    from .plan import Plan
+    from .replan import replan
+    graph = load_graph(args.graph, args)
+    cluster = load_cluster(args.cluster)
+    old = Plan.load(args.plan)
+    output = args.output or _outputs_next_to(args.plan) + ".replanned.json"
+    options: dict[str, Any] = {}
+    if args.evaluations:
+        options["evaluations"] = args.evaluations
+    plan = replan(graph, cluster, old, args.without, method=args.method, seed=args.seed,
+                  time_budget=args.time_budget, file=args.plan,
+                  check_fingerprints=not args.ignore_fingerprints,
+                  progress=not args.json and sys.stderr.isatty(), **options)
+    reduced = cluster.without(args.without)
+    report = simulate(graph, reduced, plan)
+    plan.save(output)
+    info = plan.extra["replan"]
+    _, plan_text = show_plan(plan)
+    _emit(args, {"plan": output, "method": plan.method, **info, "report": report.to_dict()},
+          f"{graph.name} on {cluster.name} without {', '.join(args.without)} "
+          f"({len(reduced)} devices left), method {plan.method}: "
+          f"{info['moved_ops']} of {len(graph)} ops moved\n{report.summary()}\n\n"
+          f"{plan_text}\n\nwrote {output}")
+    return 0
+
+
 def cmd_simulate(args) -> int:
     from .api import simulate
     from .plan import Plan
@@ -496,6 +525,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     model_options(p)
     p.set_defaults(func=cmd_plan)
+
+    p = _add(sub, "replan", "Re-plan on the devices left after some are lost "
+             "(moves as few ops as it can).",
+             "placer replan plan.json --without b0 --graph gpt-125m --cluster two-sites")
+    p.add_argument("plan", metavar="PLAN", help="the plan made for GRAPH on CLUSTER")
+    p.add_argument("--without", action="append", required=True, metavar="DEVICE",
+                   help="a lost device (repeat for several)")
+    p.add_argument("-g", "--graph", required=True,
+                   help="graph file, shipped graph, zoo model or MODULE:FACTORY")
+    p.add_argument("-c", "--cluster", required=True,
+                   help="the cluster the plan was made for (file or preset name)")
+    p.add_argument("-m", "--method", default="evolution",
+                   help="strategy warm-started from the repaired plan, or 'repair' (no search)")
+    p.add_argument("-o", "--output", help="plan file to write (default PLAN.replanned.json)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--time-budget", type=float, default=30.0, help="seconds of search")
+    p.add_argument("--evaluations", type=int, help="plans the search may score")
+    p.add_argument("--ignore-fingerprints", action="store_true",
+                   help="re-plan even if the plan was made for another graph/cluster")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    model_options(p)
+    p.set_defaults(func=cmd_replan)
 
     p = _add(sub, "simulate", "Simulate a plan and report step time, memory and traffic.",
              "placer simulate graph.json two-sites plan.json --trace run.trace.json")
