@@ -39,6 +39,11 @@ class Device:
     ``efficiency`` is the fraction of peak the cost model assumes (None: the
     cost model's default); ``nic_bandwidth`` caps all of the device's
     cross-device traffic together (None: no shared cap beyond its links).
+
+    >>> d = Device("gpu0", flops=3.12e14, memory=8e10, site="rack1", kind="A100-80GB")
+    >>> d.to_dict()  # doctest: +NORMALIZE_WHITESPACE
+    {'name': 'gpu0', 'flops': 312000000000000.0, 'memory': 80000000000.0,
+     'site': 'rack1', 'kind': 'A100-80GB'}
     """
 
     name: str
@@ -55,6 +60,7 @@ class Device:
         self.memory = float(self.memory)
 
     def to_dict(self) -> dict:
+        """The device as a ``placer.cluster/v1`` device entry (see :class:`Device`)."""
         data = {"name": self.name, "flops": self.flops, "memory": self.memory,
                 "site": self.site}
         for key in ("kind", "efficiency", "nic_bandwidth"):
@@ -66,7 +72,11 @@ class Device:
 
 @dataclass(frozen=True)
 class LinkRule:
-    """Bandwidth (bytes/s) and latency (s) for the pairs a rule covers."""
+    """Bandwidth (bytes/s) and latency (s) for the pairs a rule covers.
+
+    >>> LinkRule(1.25e9, 5e-5).bandwidth
+    1250000000.0
+    """
 
     bandwidth: float
     latency: float
@@ -77,6 +87,13 @@ class Cluster:
 
     ``bandwidth[i, j]`` is bytes/s from device i to device j (``inf`` on the
     diagonal), ``latency[i, j]`` seconds (0 on the diagonal).
+
+    >>> c = Cluster("pair", [Device("g0", 1e14, 4e10), Device("g1", 1e14, 4e10)],
+    ...             bandwidth=[[0, 3e11], [1e11, 0]], latency=[[0, 5e-6], [5e-6, 0]])
+    >>> c
+    Cluster('pair', devices=2, sites=1, flops=2e+14)
+    >>> c.link("g0", "g1"), c.link("g1", "g0")[0], float(c.bandwidth[0, 0])
+    ((300000000000.0, 5e-06), 100000000000.0, inf)
     """
 
     def __init__(self, name: str, devices: Sequence[Device], bandwidth, latency, *,
@@ -133,7 +150,16 @@ class Cluster:
                    meta: dict | None = None) -> "Cluster":
         """Build matrices from a default link, site-pair rules ``(site_a,
         site_b, bandwidth, latency)`` (``site_a == site_b`` means within that
-        site) and device-pair rules; later, more specific rules win."""
+        site) and device-pair rules; later, more specific rules win.
+
+        >>> devices = [Device(f"g{i}", 1e14, 4e10, site="dc" if i < 2 else "edge")
+        ...            for i in range(3)]
+        >>> c = Cluster.from_rules("lab", devices, default=(1e9, 1e-3),
+        ...                        sites=[("dc", "dc", 3e11, 5e-6)],
+        ...                        pairs=[("g1", "g2", 2e9, 5e-4)])
+        >>> c.link("g0", "g1"), c.link("g0", "g2"), c.link("g2", "g1")
+        ((300000000000.0, 5e-06), (1000000000.0, 0.001), (2000000000.0, 0.0005))
+        """
         rules = {"default": {"bandwidth": default[0], "latency": default[1]},
                  "sites": [{"between": [a, b], "bandwidth": bw, "latency": lat}
                            for a, b, bw, lat in sites],
@@ -191,11 +217,19 @@ class Cluster:
 
     @property
     def names(self) -> list[str]:
-        """Device names in order."""
+        """Device names in order.
+
+        >>> Cluster.preset("two-sites").names
+        ['a0', 'a1', 'a2', 'a3', 'b0', 'b1', 'b2', 'b3']
+        """
         return [d.name for d in self.devices]
 
     def index(self, name: str) -> int:
-        """Position of device ``name``."""
+        """Position of device ``name``.
+
+        >>> Cluster.preset("two-sites").index("b0")
+        4
+        """
         try:
             return self._index[name]
         except KeyError:
@@ -206,28 +240,57 @@ class Cluster:
         return name in self._index
 
     def device(self, name: str) -> Device:
+        """The device named ``name`` (:class:`ClusterError` if there is none).
+
+        >>> Cluster.preset("two-sites").device("b0").kind
+        'T4'
+        """
         return self.devices[self.index(name)]
 
     def link(self, src: str, dst: str) -> tuple[float, float]:
-        """(bandwidth bytes/s, latency s) from ``src`` to ``dst``."""
+        """(bandwidth bytes/s, latency s) from ``src`` to ``dst``.
+
+        >>> c = Cluster.preset("two-sites")
+        >>> c.link("a0", "a1"), c.link("a0", "b0")
+        ((12500000000.0, 1e-05), (150000000.0, 0.035))
+        """
         i, j = self.index(src), self.index(dst)
         return float(self.bandwidth[i, j]), float(self.latency[i, j])
 
     def sites(self) -> dict[str, list[str]]:
-        """Site -> device names, in device order."""
+        """Site -> device names, in device order.
+
+        >>> {site: len(names) for site, names in Cluster.preset("two-sites").sites().items()}
+        {'oregon': 4, 'virginia': 4}
+        """
         out: dict[str, list[str]] = {}
         for d in self.devices:
             out.setdefault(d.site, []).append(d.name)
         return out
 
     def total_flops(self) -> float:
+        """Sum of the devices' peak FLOP/s.
+
+        >>> Cluster.preset("a100x8").total_flops()
+        2496000000000000.0
+        """
         return float(sum(d.flops for d in self.devices))
 
     def total_memory(self) -> float:
+        """Sum of the devices' memory in bytes.
+
+        >>> Cluster.preset("a100x8").total_memory()
+        640000000000.0
+        """
         return float(sum(d.memory for d in self.devices))
 
     def subset(self, names: Iterable[str], name: str | None = None) -> "Cluster":
-        """The cluster restricted to ``names`` (in this cluster's order)."""
+        """The cluster restricted to ``names`` (in this cluster's order).
+
+        >>> sub = Cluster.preset("two-sites").subset(["b0", "a0"], name="pair")
+        >>> sub.names, sub.link("a0", "b0")
+        (['a0', 'b0'], (150000000.0, 0.035))
+        """
         keep = set(names)
         for n in keep:
             self.index(n)
@@ -237,7 +300,11 @@ class Cluster:
                        self.bandwidth[sub], self.latency[sub], meta=self.meta)
 
     def without(self, names: Iterable[str]) -> "Cluster":
-        """The cluster minus the devices ``names`` (e.g. failed ones)."""
+        """The cluster minus the devices ``names`` (e.g. failed ones).
+
+        >>> Cluster.preset("two-sites").without(["a0", "b3"]).names
+        ['a1', 'a2', 'a3', 'b0', 'b1', 'b2']
+        """
         drop = set(names)
         for n in drop:
             self.index(n)
@@ -245,6 +312,13 @@ class Cluster:
 
     # --- files ------------------------------------------------------------
     def to_dict(self) -> dict:
+        """The cluster as a ``placer.cluster/v1`` document: its link rules when
+        it was built from rules, else full matrices (``null`` on the diagonal).
+
+        >>> d = Cluster.preset("two-sites").to_dict()
+        >>> d["format"], len(d["devices"]), sorted(d["links"])
+        ('placer.cluster/v1', 8, ['default', 'sites'])
+        """
         data = {"format": FORMAT, "name": self.name}
         data.update(self.meta)
         data["devices"] = [d.to_dict() for d in self.devices]
@@ -256,27 +330,49 @@ class Cluster:
         return data
 
     def fingerprint(self) -> str:
-        """sha256 of devices and full link matrices (rule spelling ignored)."""
+        """sha256 of devices and full link matrices (rule spelling ignored).
+
+        >>> c = Cluster.preset("two-sites")
+        >>> same = Cluster(c.name, c.devices, c.bandwidth, c.latency, meta=c.meta)
+        >>> same.fingerprint() == c.fingerprint()
+        True
+        """
         data = {"devices": [d.to_dict() for d in self.devices],
                 "bandwidth": _matrix_out(self.bandwidth),
                 "latency": _matrix_out(self.latency)}
         return hashlib.sha256(canonical_json(data).encode()).hexdigest()
 
     def save(self, path: PathLike) -> None:
-        """Write ``placer.cluster/v1`` YAML atomically."""
+        """Write ``placer.cluster/v1`` YAML atomically.
+
+        >>> import pathlib, tempfile
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "two-sites.yaml"
+        >>> Cluster.preset("two-sites").save(path)
+        >>> Cluster.load(path).fingerprint() == Cluster.preset("two-sites").fingerprint()
+        True
+        """
         import yaml
         atomic_write_text(path, yaml.safe_dump(self.to_dict(), sort_keys=False,
                                                default_flow_style=None, width=100))
 
     @classmethod
     def load(cls, path: PathLike) -> "Cluster":
-        """Read a ``placer.cluster/v1`` YAML (or JSON) file."""
+        """Read a ``placer.cluster/v1`` YAML (or JSON) file; see :meth:`save`
+        for an example."""
         data = load_document(path, ClusterError)
         return cls.from_dict(data, file=str(path))
 
     @classmethod
     def from_dict(cls, data: dict, *, file: str | None = None) -> "Cluster":
-        """Build a cluster from a parsed ``placer.cluster/v1`` document."""
+        """Build a cluster from a parsed ``placer.cluster/v1`` document.
+
+        >>> c = Cluster.from_dict({
+        ...     "format": "placer.cluster/v1", "name": "lab",
+        ...     "devices": [{"name": "gpu", "count": 2, "flops": 1e14, "memory": 4e10}],
+        ...     "links": {"default": {"bandwidth": 1e10, "latency": 1e-5}}})
+        >>> c.names, c.link("gpu0", "gpu1")
+        (['gpu0', 'gpu1'], (10000000000.0, 1e-05))
+        """
         return wrap_errors(lambda: cls._from_dict(data, file), file)
 
     @classmethod
@@ -322,13 +418,21 @@ class Cluster:
     # --- shipped and local clusters ---------------------------------------
     @staticmethod
     def presets() -> list[str]:
-        """Names of the shipped cluster scenarios."""
+        """Names of the shipped cluster scenarios.
+
+        >>> "two-sites" in Cluster.presets() and "dtfm-worldwide" in Cluster.presets()
+        True
+        """
         folder = data_dir() / "clusters"
         return sorted(p.name.rsplit(".", 1)[0] for p in folder.glob("*.yaml"))
 
     @classmethod
     def preset(cls, name: str) -> "Cluster":
-        """Load a shipped cluster scenario by name (see :meth:`presets`)."""
+        """Load a shipped cluster scenario by name (see :meth:`presets`).
+
+        >>> Cluster.preset("dtfm-worldwide")
+        Cluster('dtfm-worldwide', devices=64, sites=8, flops=8e+15)
+        """
         path = data_dir() / "clusters" / f"{name}.yaml"
         if not path.is_file():
             raise ClusterError(f"unknown preset {name!r}",
@@ -338,7 +442,12 @@ class Cluster:
     @classmethod
     def local(cls) -> "Cluster":
         """This machine: its CPU and any CUDA GPUs, with nominal speeds and
-        PCIe/NVLink-class links (calibrate with ``placer profile``)."""
+        PCIe/NVLink-class links (calibrate with ``placer profile``).
+
+        >>> local = Cluster.local()
+        >>> local.names[0], local.device("cpu").site
+        ('cpu', 'local')
+        """
         import torch
         cores = os.cpu_count() or 1
         try:

@@ -39,6 +39,10 @@ class Op:
     ``bwd_flops`` defaults to twice ``flops``. Ops sharing a ``colocate`` group
     (e.g. users of one shared weight) must be placed on the same devices.
     ``extra`` keeps keys of the file this version does not know.
+
+    >>> op = Op("fc", "linear", flops=1e9, param_bytes=4e6)
+    >>> op.bwd_flops, op.output_bytes
+    (2000000000.0, 0.0)
     """
 
     id: str
@@ -58,6 +62,11 @@ class Op:
         self.output_bytes = float(self.output_bytes)
 
     def to_dict(self) -> dict:
+        """The op as a ``placer.graph/v1`` node (unknown keys kept).
+
+        >>> Op("x", "input", output_bytes=8).to_dict()["output_bytes"]
+        8.0
+        """
         data = {"id": self.id, "op": self.op, "flops": self.flops,
                 "bwd_flops": self.bwd_flops, "param_bytes": self.param_bytes,
                 "output_bytes": self.output_bytes, "colocate": self.colocate}
@@ -67,7 +76,11 @@ class Op:
 
 @dataclass
 class Edge:
-    """A tensor of ``bytes`` flowing from op ``src`` to op ``dst``."""
+    """A tensor of ``bytes`` flowing from op ``src`` to op ``dst``.
+
+    >>> Edge("a", "b", 1024).to_dict()
+    {'src': 'a', 'dst': 'b', 'bytes': 1024.0}
+    """
 
     src: str
     dst: str
@@ -78,6 +91,7 @@ class Edge:
         self.bytes = float(self.bytes)
 
     def to_dict(self) -> dict:
+        """The edge as a ``placer.graph/v1`` edge (unknown keys kept)."""
         data = {"src": self.src, "dst": self.dst, "bytes": self.bytes}
         data.update(self.extra)
         return data
@@ -88,6 +102,14 @@ class Graph:
 
     Construction checks the structure (unique ids, known endpoints, no
     self-loops, no cycles) and raises :class:`placer.errors.GraphError`.
+
+    >>> g = Graph("chain", [Op("a", flops=1e6), Op("b", flops=3e6)], [Edge("a", "b", 64)])
+    >>> g
+    Graph('chain', ops=2, edges=1, flops=4e+06)
+    >>> Graph("loop", [Op("a"), Op("b")], [Edge("a", "b"), Edge("b", "a")])
+    Traceback (most recent call last):
+    ...
+    placer.errors.GraphError: edges: graph has a cycle: a -> b -> a (fix: ...)
     """
 
     def __init__(self, name: str, ops: Iterable[Op], edges: Iterable[Edge] = (), *,
@@ -143,7 +165,11 @@ class Graph:
                 f"flops={self.total_flops():.3g})")
 
     def op(self, op_id: str) -> Op:
-        """The op with id ``op_id``."""
+        """The op with id ``op_id``.
+
+        >>> Graph("g", [Op("a", "relu")]).op("a").op
+        'relu'
+        """
         return self._ops[op_id]
 
     @property
@@ -153,7 +179,11 @@ class Graph:
 
     @property
     def ids(self) -> list[str]:
-        """Op ids in file order."""
+        """Op ids in file order.
+
+        >>> Graph("g", [Op("b"), Op("a")]).ids
+        ['b', 'a']
+        """
         return list(self._ops)
 
     @property
@@ -162,6 +192,13 @@ class Graph:
         return list(self._edges.values())
 
     def edge(self, src: str, dst: str) -> Edge:
+        """The edge from ``src`` to ``dst`` (two tensors between the same ops
+        are one edge carrying both).
+
+        >>> g = Graph("g", [Op("a"), Op("b")], [Edge("a", "b", 8), Edge("a", "b", 4)])
+        >>> g.edge("a", "b").bytes
+        12.0
+        """
         return self._edges[(src, dst)]
 
     @property
@@ -170,9 +207,16 @@ class Graph:
         return self._nx
 
     def predecessors(self, op_id: str) -> list[str]:
+        """Ids of the ops that feed ``op_id``.
+
+        >>> g = Graph("g", [Op("a"), Op("b"), Op("c")], [Edge("a", "c"), Edge("b", "c")])
+        >>> g.predecessors("c"), g.successors("a")
+        (['a', 'b'], ['c'])
+        """
         return list(self._nx.predecessors(op_id))
 
     def successors(self, op_id: str) -> list[str]:
+        """Ids of the ops that ``op_id`` feeds (see :meth:`predecessors`)."""
         return list(self._nx.successors(op_id))
 
     # --- algorithms -------------------------------------------------------
@@ -189,6 +233,12 @@ class Graph:
 
         ``weight`` is ``"compute"`` (forward + backward FLOPs, or forward only
         for inference graphs), ``"flops"`` or ``"bwd_flops"``.
+
+        >>> g = Graph("fork", [Op("a", flops=1), Op("b", flops=5), Op("c", flops=2),
+        ...                    Op("d", flops=1)],
+        ...           [Edge("a", "b"), Edge("a", "c"), Edge("b", "d"), Edge("c", "d")])
+        >>> g.critical_path("flops")
+        (['a', 'b', 'd'], 7.0)
         """
         def cost(op: Op) -> float:
             if weight == "flops":
@@ -215,7 +265,13 @@ class Graph:
         return path[::-1], best[end]
 
     def depths(self) -> dict[str, int]:
-        """Longest number of edges from any source to each op."""
+        """Longest number of edges from any source to each op.
+
+        >>> g = Graph("g", [Op("a"), Op("b"), Op("c")],
+        ...           [Edge("a", "b"), Edge("b", "c"), Edge("a", "c")])
+        >>> g.depths()
+        {'a': 0, 'b': 1, 'c': 2}
+        """
         depth: dict[str, int] = {}
         for op_id in self.topological_order():
             depth[op_id] = max((depth[p] + 1 for p in self._nx.predecessors(op_id)), default=0)
@@ -223,22 +279,36 @@ class Graph:
 
     # --- totals -----------------------------------------------------------
     def total_flops(self) -> float:
+        """Forward FLOPs of all ops (see :meth:`totals` for all figures).
+
+        >>> Graph("g", [Op("a", flops=1e6), Op("b", flops=2e6)]).total_flops()
+        3000000.0
+        """
         return float(sum(op.flops for op in self))
 
     def total_bwd_flops(self) -> float:
+        """Backward FLOPs of all ops."""
         return float(sum(op.bwd_flops for op in self))
 
     def total_param_bytes(self) -> float:
+        """Parameter bytes of all ops."""
         return float(sum(op.param_bytes for op in self))
 
     def total_output_bytes(self) -> float:
+        """Output (activation) bytes of all ops."""
         return float(sum(op.output_bytes for op in self))
 
     def total_edge_bytes(self) -> float:
+        """Bytes carried by all edges."""
         return float(sum(e.bytes for e in self._edges.values()))
 
     def totals(self) -> dict:
-        """Summary figures: ops, edges, FLOPs, parameter and activation bytes."""
+        """Summary figures: ops, edges, FLOPs, parameter and activation bytes.
+
+        >>> t = Graph("g", [Op("a", flops=1e6, param_bytes=64)]).totals()
+        >>> t["ops"], t["bwd_flops"], t["param_bytes"]
+        (1, 2000000.0, 64.0)
+        """
         return {"ops": len(self), "edges": len(self._edges),
                 "flops": self.total_flops(), "bwd_flops": self.total_bwd_flops(),
                 "param_bytes": self.total_param_bytes(),
@@ -246,7 +316,12 @@ class Graph:
                 "edge_bytes": self.total_edge_bytes()}
 
     def colocation_groups(self) -> dict[str, list[str]]:
-        """Colocate label -> op ids that must share devices."""
+        """Colocate label -> op ids that must share devices.
+
+        >>> Graph("tied", [Op("emb", colocate="wte"), Op("mid"),
+        ...                Op("head", colocate="wte")]).colocation_groups()
+        {'wte': ['emb', 'head']}
+        """
         groups: dict[str, list[str]] = {}
         for op in self:
             if op.colocate is not None:
@@ -255,6 +330,12 @@ class Graph:
 
     # --- files ------------------------------------------------------------
     def to_dict(self) -> dict:
+        """The graph as a ``placer.graph/v1`` document (see :meth:`from_dict`).
+
+        >>> d = Graph("g", [Op("a")], training=False).to_dict()
+        >>> d["format"], d["training"], [n["id"] for n in d["nodes"]]
+        ('placer.graph/v1', False, ['a'])
+        """
         data = {"format": FORMAT, "name": self.name}
         if not self.training:
             data["training"] = False
@@ -264,22 +345,45 @@ class Graph:
         return data
 
     def fingerprint(self) -> str:
-        """sha256 of the canonical JSON of the graph (names and costs)."""
+        """sha256 of the canonical JSON of the graph (names and costs).
+
+        >>> a = Graph("g", [Op("x", flops=1)])
+        >>> a.fingerprint() == Graph("g", [Op("x", flops=1.0)]).fingerprint()
+        True
+        >>> a.fingerprint() == Graph("g", [Op("x", flops=2)]).fingerprint()
+        False
+        """
         return hashlib.sha256(canonical_json(self.to_dict()).encode()).hexdigest()
 
     def save(self, path: PathLike) -> None:
-        """Write ``placer.graph/v1`` JSON atomically (gzipped if ``.gz``)."""
+        """Write ``placer.graph/v1`` JSON atomically (gzipped if ``.gz``).
+
+        >>> import pathlib, tempfile
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "g.json.gz"
+        >>> g = Graph("g", [Op("a", flops=1e6), Op("b")], [Edge("a", "b", 8)])
+        >>> g.save(path)
+        >>> Graph.load(path).fingerprint() == g.fingerprint()
+        True
+        """
         atomic_write_text(path, dump_json(self.to_dict()))
 
     @classmethod
     def load(cls, path: PathLike) -> "Graph":
-        """Read a ``placer.graph/v1`` file (JSON, optionally gzipped)."""
+        """Read a ``placer.graph/v1`` file (JSON, optionally gzipped); see
+        :meth:`save` for an example."""
         data = load_document(path, GraphError)
         return cls.from_dict(data, file=str(path))
 
     @classmethod
     def from_dict(cls, data: dict, *, file: str | None = None) -> "Graph":
-        """Build a graph from a parsed ``placer.graph/v1`` document."""
+        """Build a graph from a parsed ``placer.graph/v1`` document.
+
+        >>> g = Graph.from_dict({"format": "placer.graph/v1", "name": "g",
+        ...                      "nodes": [{"id": "a", "flops": 10}, {"id": "b"}],
+        ...                      "edges": [{"src": "a", "dst": "b", "bytes": 4}]})
+        >>> g.op("a").bwd_flops, g.edge("a", "b").bytes
+        (20.0, 4.0)
+        """
         return wrap_errors(lambda: cls._from_dict(data, file), file)
 
     @classmethod
@@ -328,10 +432,20 @@ class Graph:
         sent once per destination). Each group op lists its ``members`` and keeps
         a ``colocate`` label when any member had one (labels joined into one
         class when a group mixes them).
+
+        >>> g = Graph("chain", [Op(f"op{i}", flops=1e6) for i in range(6)],
+        ...           [Edge(f"op{i}", f"op{i + 1}", 8) for i in range(5)])
+        >>> small = g.coarsen(2)
+        >>> len(small), small.total_flops() == g.total_flops()
+        (2, True)
         """
         from .coarsen import coarsen
         return coarsen(self, max_nodes)
 
     def subgraph_members(self) -> dict[str, list[str]]:
-        """For a coarsened graph: group id -> original op ids (else op -> [op])."""
+        """For a coarsened graph: group id -> original op ids (else op -> [op]).
+
+        >>> Graph("g", [Op("a"), Op("b")]).subgraph_members()
+        {'a': ['a'], 'b': ['b']}
+        """
         return {op.id: list(op.extra.get("members", [op.id])) for op in self}
