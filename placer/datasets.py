@@ -44,7 +44,11 @@ SPLITS = ("train", "val", "test")
 # --- models ------------------------------------------------------------------
 
 def models() -> list[str]:
-    """Names of the zoo models (see :mod:`placer.zoo`)."""
+    """Names of the zoo models (see :mod:`placer.zoo`).
+
+    >>> {"gpt-125m", "resnet50", "moe"} <= set(models())
+    True
+    """
     from . import zoo
     return zoo.names()
 
@@ -74,7 +78,11 @@ def _graph_dir():
 
 
 def graphs() -> list[str]:
-    """Names of the shipped traced graphs (``MODEL.GRANULARITY``)."""
+    """Names of the shipped traced graphs (``MODEL.GRANULARITY``).
+
+    >>> {"gpt-125m.module", "gpt-125m.op"} <= set(graphs())
+    True
+    """
     folder = _graph_dir()
     if not folder.is_dir():
         return []
@@ -92,6 +100,11 @@ def graph(name: str) -> Graph:
 
     Synthetic names are ``layered-nN-wW-sS``, ``random_dag-nN-wW-sS`` and
     ``series_parallel-nN-sS``.
+
+    >>> graph("gpt-125m.module")
+    Graph('gpt-125m.module', ops=19, edges=18, flops=2.33e+12)
+    >>> len(graph("random_dag-n30-w4-s0"))
+    30
     """
     match = _SYNTHETIC.match(name)
     if match:
@@ -136,7 +149,11 @@ def family(name: str) -> str:
 
 def split(which: str) -> list[str]:
     """Graph names of split ``which`` (``"train"``, ``"val"`` or ``"test"``);
-    each loads with :func:`graph`."""
+    each loads with :func:`graph`.
+
+    >>> "gpt-125m.module" in split("train"), "moe.module" in split("test")
+    (True, True)
+    """
     if which not in SPLITS:
         raise ValueError(f"unknown split {which!r}; use one of {', '.join(SPLITS)}")
     path = data_dir() / "splits" / f"{which}.txt"
@@ -149,19 +166,32 @@ def split(which: str) -> list[str]:
 
 
 def splits() -> dict[str, list[str]]:
-    """All splits: ``{"train": [...], "val": [...], "test": [...]}``."""
+    """All splits: ``{"train": [...], "val": [...], "test": [...]}``.
+
+    >>> parts = splits()
+    >>> list(parts), set(parts["train"]) & set(parts["test"])
+    (['train', 'val', 'test'], set())
+    """
     return {which: split(which) for which in SPLITS}
 
 
 # --- clusters ------------------------------------------------------------------
 
 def clusters() -> list[str]:
-    """Names of the shipped cluster scenarios (= ``Cluster.presets()``)."""
+    """Names of the shipped cluster scenarios (= ``Cluster.presets()``).
+
+    >>> "dtfm-worldwide" in clusters()
+    True
+    """
     return Cluster.presets()
 
 
 def cluster(name: str) -> Cluster:
-    """Shipped cluster scenario ``name`` (= ``Cluster.preset(name)``)."""
+    """Shipped cluster scenario ``name`` (= ``Cluster.preset(name)``).
+
+    >>> cluster("a100x8")
+    Cluster('a100x8', devices=8, sites=1, flops=2.5e+15)
+    """
     return Cluster.preset(name)
 
 

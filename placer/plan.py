@@ -31,6 +31,10 @@ class Plan:
 
     ``graph`` and ``cluster`` are the fingerprints of what the plan was made
     for (None when unknown); ``predicted`` holds the cost model's figures.
+
+    >>> p = Plan({"embed": ["a0"], "block": ["a0", "a1"], "head": ["b0"]}, microbatches=4)
+    >>> p.schedule, p.method, p.devices_of("block")
+    ('1f1b', 'manual', ['a0', 'a1'])
     """
 
     placement: dict[str, list[str]]
@@ -43,6 +47,7 @@ class Plan:
     extra: dict = field(default_factory=dict)
 
     def devices_of(self, op_id: str) -> list[str]:
+        """The devices that run ``op_id`` (several: data-parallel); see :class:`Plan`."""
         return self.placement[op_id]
 
     def devices_used(self) -> set[str]:
@@ -50,7 +55,14 @@ class Plan:
         return {d for devices in self.placement.values() for d in devices}
 
     def bind(self, graph: "Graph", cluster: "Cluster") -> "Plan":
-        """Record the fingerprints of ``graph`` and ``cluster``; returns self."""
+        """Record the fingerprints of ``graph`` and ``cluster``; returns self.
+
+        >>> from placer import Cluster, Graph, Op
+        >>> g, c = Graph("g", [Op("mm", flops=1e9)]), Cluster.preset("two-sites")
+        >>> p = Plan({"mm": ["a0"]}).bind(g, c)
+        >>> p.graph == g.fingerprint() and p.cluster == c.fingerprint()
+        True
+        """
         self.graph = graph.fingerprint()
         self.cluster = cluster.fingerprint()
         return self
@@ -59,7 +71,17 @@ class Plan:
                  check_fingerprints: bool = True, file: str | None = None) -> "Plan":
         """Check the plan fits ``graph`` and ``cluster``: every op exactly once,
         known devices, non-empty device lists without repeats, colocation
-        kept, fingerprints equal. Raises :class:`PlanError`; returns self."""
+        kept, fingerprints equal. Raises :class:`PlanError`; returns self.
+
+        >>> from placer import Cluster, Graph, Op
+        >>> g, c = Graph("g", [Op("x"), Op("y")]), Cluster.preset("two-sites")
+        >>> Plan({"x": ["a0"], "y": ["b0", "b1"]}).validate(g, c).method
+        'manual'
+        >>> Plan({"x": ["a0"], "y": ["gpu9"]}).validate(g, c)
+        Traceback (most recent call last):
+        ...
+        placer.errors.PlanError: placement.y: unknown device 'gpu9' (fix: ...)
+        """
         if check_fingerprints:
             for label, mine, theirs in (("graph", self.graph, graph),
                                         ("cluster", self.cluster, cluster)):
@@ -103,7 +125,17 @@ class Plan:
         return self
 
     def expand(self, coarse: "Graph") -> "Plan":
-        """Turn a plan over a coarsened graph into one over the original ops."""
+        """Turn a plan over a coarsened graph into one over the original ops.
+
+        >>> from placer import Edge, Graph, Op
+        >>> g = Graph("chain", [Op(f"op{i}", flops=1e6) for i in range(4)],
+        ...           [Edge(f"op{i}", f"op{i + 1}", 8) for i in range(3)])
+        >>> coarse = g.coarsen(2)
+        >>> first, second = coarse.ids
+        >>> fine = Plan({first: ["a0"], second: ["b0"]}).expand(coarse)
+        >>> sorted(fine.placement) == g.ids, sorted(fine.devices_used())
+        (True, ['a0', 'b0'])
+        """
         placement = {}
         for group, members in coarse.subgraph_members().items():
             for op_id in members:
@@ -113,6 +145,11 @@ class Plan:
 
     # --- files ------------------------------------------------------------
     def to_dict(self) -> dict:
+        """The plan as a ``placer.plan/v1`` document (see :meth:`from_dict`).
+
+        >>> Plan({"x": ["a0"]}, microbatches=2).to_dict()["placement"]
+        {'x': ['a0']}
+        """
         data = {"format": FORMAT, "graph": self.graph, "cluster": self.cluster,
                 "method": self.method,
                 "placement": {k: list(v) for k, v in self.placement.items()},
@@ -122,18 +159,33 @@ class Plan:
         return data
 
     def save(self, path: PathLike) -> None:
-        """Write ``placer.plan/v1`` JSON atomically."""
+        """Write ``placer.plan/v1`` JSON atomically.
+
+        >>> import pathlib, tempfile
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "plan.json"
+        >>> Plan({"x": ["a0"], "y": ["b0", "b1"]}, microbatches=8, schedule="gpipe").save(path)
+        >>> back = Plan.load(path)
+        >>> back.placement["y"], back.microbatches, back.schedule
+        (['b0', 'b1'], 8, 'gpipe')
+        """
         atomic_write_text(path, dump_json(self.to_dict()))
 
     @classmethod
     def load(cls, path: PathLike) -> "Plan":
-        """Read a ``placer.plan/v1`` JSON file."""
+        """Read a ``placer.plan/v1`` JSON file; see :meth:`save` for an example."""
         data = load_document(path, PlanError)
         return cls.from_dict(data, file=str(path))
 
     @classmethod
     def from_dict(cls, data: dict, *, file: str | None = None) -> "Plan":
-        """Build a plan from a parsed ``placer.plan/v1`` document."""
+        """Build a plan from a parsed ``placer.plan/v1`` document (a single
+        device may be written as a string).
+
+        >>> p = Plan.from_dict({"format": "placer.plan/v1",
+        ...                     "placement": {"x": "a0", "y": ["a0", "a1"]}})
+        >>> p.placement, p.microbatches, p.schedule
+        ({'x': ['a0'], 'y': ['a0', 'a1']}, 1, '1f1b')
+        """
         return wrap_errors(lambda: cls._from_dict(data, file), file)
 
     @classmethod

@@ -34,7 +34,12 @@ def _save(fig, path: PathLike) -> None:
 
 
 def device_colors(names: list[str]) -> dict[str, tuple]:
-    """A stable colour per device name (tab20, then hsv for large clusters)."""
+    """A stable colour per device name (tab20, then hsv for large clusters).
+
+    >>> colors = device_colors(["a0", "a1", "b0"])
+    >>> list(colors), len(colors["a0"]), colors["a0"] != colors["a1"]
+    (['a0', 'a1', 'b0'], 4, True)
+    """
     plt = _pyplot()
     cmap = plt.get_cmap("tab20" if len(names) <= 20 else "hsv")
     count = max(len(names), 1)
@@ -45,7 +50,18 @@ def plot_placement(graph: "Graph", plan: "Plan", path: PathLike, *,
                    title: str | None = None) -> None:
     """Draw the computation graph by depth, ops coloured by device (striped
     grey for data-parallel ops), cross-device edges thick and red. Graphs
-    over 400 ops are coarsened first (groups take their majority device)."""
+    over 400 ops are coarsened first (groups take their majority device).
+
+    >>> import pathlib, tempfile
+    >>> from placer import Edge, Graph, Op, Plan
+    >>> g = Graph("chain", [Op(f"op{i}", flops=1e6) for i in range(4)],
+    ...           [Edge(f"op{i}", f"op{i + 1}", 8) for i in range(3)])
+    >>> plan = Plan({"op0": ["a0"], "op1": ["a0"], "op2": ["b0"], "op3": ["b0", "b1"]})
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "placement.png"
+    >>> plot_placement(g, plan, path)
+    >>> path.read_bytes()[1:4]
+    b'PNG'
+    """
     plt = _pyplot()
     shown, placement = graph, plan.placement
     if len(graph) > MAX_DRAWN_OPS:
@@ -105,7 +121,15 @@ def plot_placement(graph: "Graph", plan: "Plan", path: PathLike, *,
 
 def plot_cluster(cluster: "Cluster", path: PathLike, *, title: str | None = None) -> None:
     """Draw sites as circles of devices, with the bandwidth and latency of the
-    link between each pair of sites on the line joining them."""
+    link between each pair of sites on the line joining them.
+
+    >>> import pathlib, tempfile
+    >>> from placer import Cluster
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "two-sites.png"
+    >>> plot_cluster(Cluster.preset("two-sites"), path, title="two sites")
+    >>> path.read_bytes()[1:4]
+    b'PNG'
+    """
     plt = _pyplot()
     sites = cluster.sites()
     names = list(sites)
