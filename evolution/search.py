@@ -18,11 +18,26 @@ Graphs larger than ``coarsen_above`` ops are coarsened first and the plan
 expanded back. The search uses deap's toolbox, fitness, hall of fame and
 logbook, built inside :meth:`Evolution.search`; every random choice comes
 from one ``numpy.random.Generator`` seeded by ``seed``.
+
+Checkpoints: with ``checkpoint=PATH`` the search keeps a snapshot of its
+state at the end of every generation (population, hall of fame, logbook,
+random generator, score cache, data-parallel group table, budget spent) and
+writes it atomically to PATH every ``checkpoint_every`` seconds and when it
+is interrupted (KeyboardInterrupt, which the CLI also raises on SIGTERM);
+it then raises :class:`placer.search.base.SearchInterrupted` carrying the
+best plan so far. ``resume=True`` continues from PATH (or starts afresh if
+there is none); with an evaluation budget (and no time limit reached) the
+resumed search ends with exactly the plan of an uninterrupted run with the
+same seed.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
+import time as _time
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -31,7 +46,9 @@ from deap import base, tools
 from placer.cost import get_cost_model
 from placer.errors import PlacerError, StrategyError
 from placer.plan import Plan
-from placer.search.base import Budget, Progress, Strategy, get_strategy, register_strategy
+from placer._io import atomic_write_text, load_document
+from placer.search.base import (Budget, Progress, SearchInterrupted, Strategy, get_strategy,
+                                register_strategy)
 
 from .evaluate import Evaluator
 from .genome import LayoutGenome, OpGenome, Space
@@ -73,7 +90,9 @@ class Evolution(Strategy):
     - ``workers`` (0): processes for scoring large batches;
     - ``coarsen_above`` (1500) / ``coarsen_to`` (400) ops;
     - ``initial_plans``: an alias of ``initial``;
-    - ``progress_bar``: draw a tqdm bar with the best step time so far.
+    - ``progress_bar``: draw a tqdm bar with the best step time so far;
+    - ``checkpoint`` (a file path), ``checkpoint_every`` (60 s) and
+      ``resume``: save the search state / continue it (see the module doc).
     """
 
     name = "evolution"
@@ -87,7 +106,8 @@ class Evolution(Strategy):
                  final_k: int = 4, workers: int = 0, coarsen_above: int = 1500,
                  coarsen_to: int = 400, layouts: bool = True,
                  initial_plans: Plan | Sequence[Plan] | None = None,
-                 progress_bar: bool = False, **common):
+                 progress_bar: bool = False, checkpoint: str | os.PathLike | None = None,
+                 checkpoint_every: float = 60.0, resume: bool = False, **common):
         if initial_plans is not None:
             extra = [initial_plans] if isinstance(initial_plans, Plan) else list(initial_plans)
             init = common.pop("initial", None) or []
@@ -122,6 +142,13 @@ class Evolution(Strategy):
         self.coarsen_to = int(coarsen_to)
         self.layouts = bool(layouts)
         self.progress_bar = bool(progress_bar)
+        if resume and checkpoint is None:
+            raise StrategyError("resume needs a checkpoint file", field="resume",
+                                fix="pass checkpoint=PATH (CLI: --checkpoint PATH)")
+        self.checkpoint = None if checkpoint is None else os.fspath(checkpoint)
+        self.checkpoint_every = float(checkpoint_every)
+        self.resume = bool(resume)
+        self._run: dict | None = None   # the running search's state (checkpoints)
 
     # --- the search ---------------------------------------------------------------
     def search(self, problem: "Problem", cost_model: "CostModel", budget: Budget,
@@ -138,14 +165,29 @@ class Evolution(Strategy):
             screen = cost_model
         metered = budget.meter(screen)
         bar = _Bar(self.progress_bar, budget)
+        identity = self._identity(problem, budget, seed, space)
+        state = self._load_state(identity) if self.resume else None
         # keep evaluations for the final ranking (at least one report) and
         # finalize's scoring of the initial plans
-        with reserve(budget, len(self.initial) + 2), \
-                Evaluator(space, metered, budget, workers=self.workers) as evaluate:
-            seeds = self._seed_genomes(space, screen, budget, seed, coarse)
-            best, hof, logbook = self._evolve(space, evaluate, seeds, rng, budget, progress,
-                                              bar)
-        bar.close()
+        try:
+            with reserve(budget, len(self.initial) + 2), \
+                    Evaluator(space, metered, budget, workers=self.workers) as evaluate:
+                self._run = {"identity": identity, "space": space, "coarse": coarse,
+                             "evaluate": evaluate, "rng": rng, "budget": budget,
+                             "snap": None, "written": _time.perf_counter()}
+                if state is None:
+                    seeds = self._seed_genomes(space, screen, budget, seed, coarse)
+                else:
+                    seeds = self._restore(state, space, evaluate, rng, budget)
+                self._run["seeds"] = seeds
+                best, hof, logbook = self._evolve(space, evaluate, seeds, rng, budget,
+                                                  progress, bar, state)
+        except SearchInterrupted:
+            raise
+        except KeyboardInterrupt:
+            raise self._interrupted() from None
+        finally:
+            bar.close()
         # final ranking of the best distinct plans and each origin's best seed
         finalists: list[OpGenome] = [g for g in hof]
         by_origin: dict[str, OpGenome] = {}
@@ -248,7 +290,7 @@ class Evolution(Strategy):
         return out
 
     def _evolve(self, space: Space, evaluate: Evaluator, seeds: list[OpGenome],
-                rng: np.random.Generator, budget: Budget, progress, bar):
+                rng: np.random.Generator, budget: Budget, progress, bar, state=None):
         toolbox = base.Toolbox()
         toolbox.register("mate", crossover, space, rng=rng)
         toolbox.register("mutate", mutate, space, rng=rng, rate=self.mutation_rate,
@@ -265,23 +307,32 @@ class Evolution(Strategy):
                 g.fitness = _Fitness((v,))
             return values
 
-        score(seeds)
-        pop = _unique(seeds)
-        # fill the population with mutants of the seeds
-        fill = []
-        while len(pop) + len(fill) < self.population and pop:
-            parent = pop[int(rng.integers(len(pop)))]
-            fill.append(toolbox.mutate(parent.copy()))
-        if fill:
-            score(fill)
-            pop = _unique(pop + fill)
-        pop = _best(pop, self.population)
-        hof.update(pop)
-        best = pop[0].fitness.values[0]
-        stale = 0
-        gen = 0
+        if state is None:
+            score(seeds)
+            pop = _unique(seeds)
+            # fill the population with mutants of the seeds
+            fill = []
+            while len(pop) + len(fill) < self.population and pop:
+                parent = pop[int(rng.integers(len(pop)))]
+                fill.append(toolbox.mutate(parent.copy()))
+            if fill:
+                score(fill)
+                pop = _unique(pop + fill)
+            pop = _best(pop, self.population)
+            hof.update(pop)
+            best = pop[0].fitness.values[0]
+            stale = 0
+            gen = 0
+        else:
+            pop = [_genome_in(d) for d in state["population"]]
+            hof.items = [_genome_in(d) for d in state["hall_of_fame"]]
+            hof.keys = [g.fitness for g in reversed(hof.items)]
+            for record in state["logbook"]:
+                logbook.record(**record)
+            best, stale, gen = _num_in(state["best"]), int(state["stale"]), int(state["gen"])
+        self._snapshot(pop, hof, logbook, best, stale, gen)
         self._emit(progress, budget, best, gen, bar)
-        while not budget.exhausted():
+        while not budget.exhausted() and not (state is not None and stale >= self.patience):
             gen += 1
             if self.generations is not None and gen > self.generations:
                 break
@@ -315,10 +366,106 @@ class Evolution(Strategy):
                 best, stale = fits[0], 0
             else:
                 stale += 1
+            self._snapshot(pop, hof, logbook, best, stale, gen)
             self._emit(progress, budget, best, gen, bar)
             if stale >= self.patience:
                 break
         return pop[0], hof, logbook
+
+    # --- checkpoints ----------------------------------------------------------------
+    def _identity(self, problem: "Problem", budget: Budget, seed: int, space: Space) -> str:
+        """What a checkpoint must match to be resumed: graph, cluster, seed,
+        budget, options (a sha256)."""
+        options = {k: v for k, v in sorted(vars(self).items())
+                   if k not in ("checkpoint", "checkpoint_every", "resume", "_run",
+                                "progress_bar", "initial", "workers")}
+        data = {"graph": problem.graph.fingerprint(), "cluster": problem.cluster.fingerprint(),
+                "seed": int(seed), "evaluations": budget.evaluations, "time": budget.time,
+                "options": repr(options),
+                "initial": [sorted(p.placement.items()) for p in self.initial],
+                "microbatches": space.microbatch_choices, "schedules": space.schedule_choices}
+        return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+    def _snapshot(self, pop, hof, logbook, best, stale, gen) -> None:
+        """Remember the state at the end of a generation (cheap: references
+        and lengths of append-only tables); write it if it is time."""
+        run = self._run
+        if run is None or self.checkpoint is None:
+            return
+        run["snap"] = {"population": list(pop), "hall_of_fame": list(hof.items),
+                       "logbook": len(logbook), "logbook_ref": logbook, "best": best,
+                       "stale": stale, "gen": gen, "rng": run["rng"].bit_generator.state,
+                       "cache": len(run["evaluate"].cache),
+                       "groups": len(run["space"].table), "used": run["budget"].used,
+                       "elapsed": run["budget"].elapsed}
+        if _time.perf_counter() - run["written"] >= self.checkpoint_every:
+            self._write_state()
+
+    def _write_state(self) -> bool:
+        """Write the last snapshot to the checkpoint file (atomically)."""
+        run = self._run
+        if run is None or run.get("snap") is None or self.checkpoint is None:
+            return False
+        snap = run["snap"]
+        cache = run["evaluate"].cache
+        entries = [[k.hex(), v if math.isfinite(v) else None]
+                   for k, v in zip(cache, cache.values())][:snap["cache"]]
+        table = run["space"].table
+        data = {"format": STATE_FORMAT, "strategy": self.name, "identity": run["identity"],
+                "gen": snap["gen"], "best": _num_out(snap["best"]), "stale": snap["stale"],
+                "used": snap["used"], "elapsed": snap["elapsed"], "rng": snap["rng"],
+                "groups": [list(g) for g in table.extra()[:snap["groups"] - table.n_devices]],
+                "seeds": [_genome_out(g) for g in run["seeds"]],
+                "population": [_genome_out(g) for g in snap["population"]],
+                "hall_of_fame": [_genome_out(g) for g in snap["hall_of_fame"]],
+                "logbook": [dict(r) for r in snap["logbook_ref"][:snap["logbook"]]],
+                "cache": entries,
+                "best_plan": self._expand(run["space"], run["coarse"],
+                                          snap["population"][0]).to_dict()}
+        atomic_write_text(self.checkpoint, json.dumps(data, default=_json_default) + "\n")
+        run["written"] = _time.perf_counter()
+        return True
+
+    def _interrupted(self) -> SearchInterrupted:
+        """Save the state and build the exception carrying the best plan so far."""
+        run = self._run
+        snap = None if run is None else run.get("snap")
+        if snap is None:
+            return SearchInterrupted(None, None, "interrupted before the first generation")
+        saved = self._write_state()
+        plan = self._expand(run["space"], run["coarse"], snap["population"][0])
+        plan.extra["search"] = {"generations": snap["gen"], "interrupted": True}
+        return SearchInterrupted(plan, self.checkpoint if saved else None,
+                                 f"interrupted after generation {snap['gen']}")
+
+    def _load_state(self, identity: str) -> dict | None:
+        """The checkpoint's state, None if there is no file yet."""
+        from placer.errors import FormatError
+        path = self.checkpoint
+        if path is None or not os.path.exists(path):
+            return None
+        data = load_document(path, FormatError)
+        if not isinstance(data, dict) or data.get("format") != STATE_FORMAT:
+            raise StrategyError("not a search checkpoint", file=path, field="format",
+                                fix=f"expected {STATE_FORMAT}; delete it or give another "
+                                "--checkpoint file")
+        if data.get("identity") != identity:
+            raise StrategyError("checkpoint is of another search (graph, cluster, seed, "
+                                "budget or options differ)", file=path, field="identity",
+                                fix="resume with the same arguments, or delete the file "
+                                "to start afresh")
+        return data
+
+    def _restore(self, state: dict, space: Space, evaluate: Evaluator,
+                 rng: np.random.Generator, budget: Budget) -> list[OpGenome]:
+        """Put the checkpointed tables back; returns the seed genomes."""
+        for devices in state["groups"]:
+            space.table.id(devices)
+        for key, value in state["cache"]:
+            evaluate.cache[bytes.fromhex(key)] = _num_in(value)
+        rng.bit_generator.state = state["rng"]
+        budget.restore(state["used"], state["elapsed"])
+        return [_genome_in(d) for d in state["seeds"]]
 
     def _emit(self, progress, budget: Budget, best: float, gen: int, bar) -> None:
         bar.update(best, gen)
@@ -329,6 +476,38 @@ class Evolution(Strategy):
 
 
 # --- helpers -------------------------------------------------------------------------
+
+#: format tag of the checkpoint files of :class:`Evolution`
+STATE_FORMAT = "placer.evolution-state/v1"
+
+
+def _num_out(x: float):
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _num_in(x) -> float:
+    return float("inf") if x is None else float(x)
+
+
+def _json_default(x):
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.floating):
+        return float(x)
+    raise TypeError(f"cannot write {type(x).__name__} to a checkpoint")
+
+
+def _genome_out(g: OpGenome) -> dict:
+    return {"assign": g.assign.tolist(), "m": int(g.microbatches), "s": g.schedule,
+            "o": g.origin, "f": _num_out(g.fitness.values[0])}
+
+
+def _genome_in(d: dict) -> OpGenome:
+    g = OpGenome(np.asarray(d["assign"], dtype=np.int64), int(d["m"]), d["s"], d["o"])
+    g.fitness = _Fitness((_num_in(d["f"]),))
+    return g
+
 
 class reserve:
     """Context manager: hide ``n`` of ``budget``'s evaluations (if it counts
@@ -474,4 +653,4 @@ class _Bar:
 
 register_strategy(Evolution)
 
-__all__ = ["DEFAULT_SEEDS", "Evolution", "device_chain", "layout_seeds"]
+__all__ = ["DEFAULT_SEEDS", "STATE_FORMAT", "Evolution", "device_chain", "layout_seeds"]

@@ -310,8 +310,28 @@ def _outputs_next_to(path: str) -> str:
     return p
 
 
+def _sigterm_as_interrupt():
+    """Make SIGTERM raise KeyboardInterrupt (so a checkpointing search saves
+    its state); returns the previous handler, or None off the main thread."""
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+    return signal.signal(signal.SIGTERM, handler)
+
+
 def cmd_plan(args) -> int:
     from .api import optimize, simulate
+    from .search.base import SearchInterrupted
+    if args.resume and not args.checkpoint:
+        raise PlacerError("--resume needs the checkpoint file", field="--resume",
+                          fix="add --checkpoint STATE.json (the file the interrupted run wrote)")
+    if args.checkpoint and args.method != "evolution":
+        raise PlacerError(f"method {args.method!r} cannot checkpoint", field="--checkpoint",
+                          fix="use --method evolution, or drop --checkpoint/--resume")
     graph = load_graph(args.model, args)
     cluster = load_cluster(args.cluster)
     options: dict[str, Any] = {}
@@ -319,9 +339,29 @@ def cmd_plan(args) -> int:
         options["microbatches"] = args.microbatches
     if args.schedule:
         options["schedule"] = args.schedule
-    plan = optimize(graph, cluster, method=args.method, seed=args.seed,
-                    time_budget=args.time_budget, progress=not args.json and sys.stderr.isatty(),
-                    **options)
+    if args.evaluations:
+        options["evaluations"] = args.evaluations
+    previous = None
+    if args.checkpoint:
+        options.update(checkpoint=args.checkpoint, resume=args.resume)
+        previous = _sigterm_as_interrupt()
+    try:
+        plan = optimize(graph, cluster, method=args.method, seed=args.seed,
+                        time_budget=args.time_budget,
+                        progress=not args.json and sys.stderr.isatty(), **options)
+    except SearchInterrupted as exc:
+        if exc.plan is None:
+            print(f"placer plan: interrupted ({exc.message}); nothing saved", file=sys.stderr)
+            return 130
+        exc.plan.save(args.output)
+        print(f"placer plan: {exc.message}; best plan so far written to {args.output}"
+              + (f", search state to {exc.checkpoint} (continue with --resume)"
+                 if exc.checkpoint else ""), file=sys.stderr)
+        return 130
+    finally:
+        if previous is not None:
+            import signal
+            signal.signal(signal.SIGTERM, previous)
     report = simulate(graph, cluster, plan)
     plan.save(args.output)
     stem = _outputs_next_to(args.output)
@@ -519,6 +559,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", default="plan.json", help="plan file to write")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--time-budget", type=float, default=30.0, help="seconds of search")
+    p.add_argument("--evaluations", type=int, help="plans the search may score "
+                   "(with a seed: a deterministic budget)")
+    p.add_argument("--checkpoint", metavar="STATE",
+                   help="evolution: save the search state here (every minute and on "
+                        "Ctrl-C/SIGTERM, which also writes the best plan so far to -o)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the search saved in --checkpoint (same arguments)")
     p.add_argument("--microbatches", type=int, help="fix the number of microbatches")
     p.add_argument("--schedule", choices=["gpipe", "1f1b"], help="fix the pipeline schedule")
     p.add_argument("--no-plots", action="store_true", help="do not write PNG pictures")

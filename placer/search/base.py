@@ -144,6 +144,13 @@ class Budget:
         """Ask the search to stop at its next check (e.g. from a progress callback)."""
         self._stopped = True
 
+    def restore(self, used: int, elapsed: float = 0.0) -> "Budget":
+        """Continue a checkpointed search: ``used`` evaluations and
+        ``elapsed`` seconds were spent before (the clock is moved back)."""
+        self.used = int(used)
+        self._t0 = _time.perf_counter() - max(0.0, float(elapsed))
+        return self
+
     def meter(self, cost_model: CostModel) -> "MeteredCostModel":
         """``cost_model`` wrapped so every plan it scores is charged here."""
         if isinstance(cost_model, MeteredCostModel) and cost_model.budget is self:
@@ -211,6 +218,24 @@ class Progress:
 
 
 ProgressCallback = Callable[[Progress], None]
+
+
+class SearchInterrupted(KeyboardInterrupt):
+    """A search stopped by Ctrl-C or SIGTERM that saved what it had.
+
+    ``plan`` is the best plan found so far (None if the search had none
+    yet; :func:`placer.search.optimize` scores and binds it) and
+    ``checkpoint`` the file holding the search state (None if not saved),
+    from which the strategy can resume. A subclass of KeyboardInterrupt,
+    so code unaware of it still sees an interrupt.
+    """
+
+    def __init__(self, plan: "Plan | None" = None, checkpoint: str | None = None,
+                 message: str = ""):
+        super().__init__(message or "search interrupted")
+        self.plan = plan
+        self.checkpoint = checkpoint
+        self.message = message
 
 
 def _no_progress(event: Progress) -> None:

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..cost import Problem, get_cost_model
 from ..errors import StrategyError
-from .base import (Budget, Strategy, _check_plan, get_strategy, predicted_figures,
-                   progress_callback)
+from .base import (Budget, SearchInterrupted, Strategy, _check_plan, get_strategy,
+                   predicted_figures, progress_callback)
 
 if TYPE_CHECKING:
     from ..cluster import Cluster
@@ -64,7 +64,17 @@ def optimize(graph: "Graph", cluster: "Cluster", method: "str | Strategy" = "evo
     budget = Budget(time_budget, evaluations)
     metered = budget.meter(search_model)
     callback = progress_callback(progress)
-    plan = strategy.search(problem, metered, budget, seed, callback)
+    try:
+        plan = strategy.search(problem, metered, budget, seed, callback)
+    except SearchInterrupted as exc:
+        if exc.plan is not None:
+            _check_plan(problem, exc.plan)
+            search = dict(exc.plan.predicted)
+            exc.plan.predicted = predicted_figures(final_model.estimate(problem, exc.plan))
+            exc.plan.predicted["search"] = search
+            exc.plan.method = strategy.name
+            exc.plan.bind(graph, cluster)
+        raise
     _check_plan(problem, plan)
     if isinstance(microbatches, int) and plan.microbatches != microbatches:
         plan.microbatches = microbatches
