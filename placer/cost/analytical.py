@@ -47,7 +47,12 @@ class _Batch:
 
 def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _Batch:
     """Vectorised estimate of plans ``A`` (B, n_ops) of group ids over the
-    group table ``groups``; ``m`` and ``gpipe`` are per plan (B,) arrays."""
+    group table ``groups``; ``m`` and ``gpipe`` are per plan (B,) arrays.
+
+    Everything is computed from the plans' *runs* (maximal stretches of the
+    topological order on one group): per-group sums are differences of
+    prefix sums at run ends, the largest workspace a range maximum, so the
+    work per plan grows with its runs and its cut edges, not its ops."""
     A = np.asarray(A, dtype=np.int64)
     B, n = A.shape
     D = p.n_devices
@@ -55,27 +60,41 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     m = np.broadcast_to(np.asarray(m, dtype=float), (B,))
     gpipe = np.broadcast_to(np.asarray(gpipe, dtype=bool), (B,))
     training = p.training
-    member = np.zeros((G, D))
-    size = np.empty(G)
-    for gid, mem in enumerate(groups):
-        member[gid, list(mem)] = 1.0
-        size[gid] = len(mem)
-    share = member / size[:, None]
-    flat = (A + (np.arange(B) * G)[:, None]).ravel()
+    gt = _group_table(p, groups)
+    member, size, share, slow = gt["member"], gt["size"], gt["share"], gt["slow"]
+    pre = _precomputed(p)
 
-    tiles = _tiles(p, B)
+    # --- runs: (row, first op, end op, group), in row-major order ------------
+    # small ids move less memory in the B x n and B x E passes below
+    small = A.astype(np.int16 if G < 2 ** 15 else np.int32)
+    hr, hc = np.divmod(np.flatnonzero(small[:, 1:] != small[:, :-1]), max(n - 1, 1))
+    runs = np.bincount(hr, minlength=B) + 1
+    R = B + len(hr)
+    row_first = np.zeros(B, dtype=np.int64)
+    np.cumsum(runs[:-1], out=row_first[1:])
+    run_row = np.repeat(np.arange(B), runs)
+    run_start = np.zeros(R, dtype=np.int64)
+    run_start[np.arange(len(hr)) + hr + 1] = hc + 1
+    run_end = np.empty(R, dtype=np.int64)
+    run_end[:-1] = run_start[1:]
+    run_end[row_first + runs - 1] = n
+    run_group = A[run_row, run_start]
+    key = run_row * G + run_group
 
-    def gsum(name):
-        return np.bincount(flat, tiles[name], minlength=B * G).reshape(B, G)
+    # per-group sums from prefix sums at run boundaries
+    seg = pre["cum"][run_end] - pre["cum"][run_start]
 
-    count = gsum("ones")
-    lf = gsum("flops")
+    def gsum(col):
+        return np.bincount(key, seg[:, col], minlength=B * G).reshape(B, G)
+
+    count = gsum(0)
+    lf = gsum(1)
     per_mb = 1.0 / m[:, None]
     inv_rate = share / p.rate[None, :]
     ovh = p.op_overhead
     cf = (lf * per_mb) @ inv_rate + (count @ member) * ovh
     if training:
-        lb = gsum("bwd_flops")
+        lb = gsum(2)
         cb = (lb * per_mb) @ inv_rate + (count @ member) * ovh
         if p.recompute:
             cb = cb + cf
@@ -86,33 +105,37 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
 
     # --- tensors crossing devices -----------------------------------------
     L = np.zeros((B, D * D))
-    speed = np.minimum(p.bandwidth, np.minimum(p.nic_bandwidth[:, None],
-                                               p.nic_bandwidth[None, :]))
+    speed = pre["speed"]
     phases = 2.0 if training else 1.0
-    # per edge: latency + transfer time of its tensor for one microbatch when
-    # it crosses groups (the replicas of a data-parallel group send and
-    # receive in parallel), twice when gradients come back the same way
-    edge_w = np.zeros((B, p.n_edges))
     xfer = np.zeros(B)
     if p.n_edges:
         src, dst, eb = _edges_by_source(p)
-        gu = A[:, src]
-        gv = A[:, dst]
-        rows, cut = np.nonzero(gu != gv)            # few: only edges between groups
+        # op-major copy: gathering whole rows of B ids per edge is fast
+        AT = np.ascontiguousarray(small.T)
+        E = len(src)
+        crossing = np.flatnonzero(AT[src] != AT[dst])  # few: only edges between groups
+        cut, rows = np.divmod(crossing, B)
+        if len(rows):                                  # plan-major order
+            rows, cut = np.divmod(np.sort(rows * E + cut), E)
         if len(rows):
-            cu, cv = gu[rows, cut], gv[rows, cut]
-            lat, cost = _pair_delay(p, groups, cu, cv, speed)
-            edge_w[rows, cut] = phases * lat
+            cu = A[rows, src[cut]]
+            cv = A[rows, dst[cut]]
             # an op's output goes once to each destination group; edges are
-            # sorted by source, so a repeat sits within the last few entries
-            key = (rows * n + src[cut]) * G + cv
-            dup = np.zeros(len(key), dtype=bool)
-            for lag in (1, 2, 3):
-                dup[lag:] |= key[lag:] == key[:-lag]
-            keep = ~dup
+            # sorted by source, so repeats sit together
+            key_e = (rows * n + src[cut]) * G + cv
+            lags = pre["lags"]
+            if lags <= 8:
+                dup = np.zeros(len(key_e), dtype=bool)
+                for lag in range(1, lags + 1):
+                    dup[lag:] |= key_e[lag:] == key_e[:-lag]
+                keep = ~dup
+            else:
+                keep = np.zeros(len(key_e), dtype=bool)
+                keep[np.unique(key_e, return_index=True)[1]] = True
             rows, cu, cv, nb = rows[keep], cu[keep], cv[keep], eb[cut[keep]]
+            cost = _pair_cost(p, groups, cu, cv, speed)
             # tensors crossing one link wait for each other: count them all
-            xfer = np.bincount(rows, nb * cost[keep], minlength=B)
+            xfer = np.bincount(rows, nb * cost, minlength=B)
             single = (cu < D) & (cv < D)
             if single.any():
                 keys = rows[single] * (D * D) + cu[single] * D + cv[single]
@@ -157,31 +180,30 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
         nic_out, nic_in = fwd_out, fwd_in
         beta = beta_f
     # --- fill: the critical path of one microbatch (forward and backward) ----
-    slow = (member / p.rate[None, :]).max(axis=1)
-    work = p.flops + (p.bwd_flops if training else 0.0)
-    node_w = work[None, :] * (slow / size)[A] * per_mb + ovh * phases
-    fill = _longest_path(p, node_w, edge_w) + phases * xfer * per_mb[:, 0]
-    hr, hc = np.nonzero(A[:, 1:] != A[:, :-1])
+    # Each op carries its share of the graph's critical path (see
+    # _precomputed), weighted by its group's speed; every switch of group
+    # along the topological order adds its latency (twice when training).
+    crit = pre["crit_work"]
+    run_w = (crit[run_end] - crit[run_start]) * (slow / size)[run_group] / m[run_row]
+    fill = np.bincount(run_row, run_w, minlength=B) + ovh * phases * pre["crit_ops"]
+    if len(hr):
+        lat = _pair_latency(p, groups, A[hr, hc], A[hr, hc + 1])
+        fill = fill + phases * np.bincount(hr, lat, minlength=B)
+    fill = fill + phases * xfer * per_mb[:, 0]
     # --- first op of each group and device (ops are in topological order) ----
-    # a group's first op starts a run: only row starts and switches qualify
-    sr = np.r_[np.arange(B), hr]
-    sc = np.r_[np.zeros(B, dtype=np.int64), hc + 1]
     first_g = np.full(B * G, n, dtype=np.int64)
-    np.minimum.at(first_g, sr * G + A[sr, sc], sc)
+    np.minimum.at(first_g, key, run_start)
     first_g = first_g.reshape(B, G)
     first_d = first_g[:, :D].copy()
-    dp_rows, dp_dev, dp_gid = _dp_entries(groups, D, first_g[:, D:] < n)
+    dp_rows, dp_dev, dp_gid = _dp_entries(gt, D, first_g[:, D:] < n)
     if len(dp_rows):
         np.minimum.at(first_d, (dp_rows, dp_dev), first_g[dp_rows, dp_gid])
     used = first_d < n
-    # 1F1B lets the first of S devices hold S microbatches, so a round trip
-    # (about the fill time) is shared by at most S microbatches
     # run of a position = switches before it (switch keys are sorted)
     skey = hr * n + hc + 1
-    row_start = np.searchsorted(skey, np.arange(B) * n)
-    runs = (np.diff(np.r_[row_start, len(skey)]) + 1)[:, None]
     qry = np.arange(B)[:, None] * n + np.minimum(first_d, n - 1)
-    run_first = np.searchsorted(skey, qry, side="right") - row_start[:, None]
+    run_first = np.searchsorted(skey, qry, side="right") - (row_first - np.arange(B))[:, None]
+    runs = runs[:, None]
     held_1f1b = inflight(p, run_first, runs, used, m[:, None], "1f1b")
     if training:
         # the first device holds R microbatches (R runs), so a round trip
@@ -189,13 +211,13 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
         beta = np.where(gpipe, beta, np.maximum(beta, fill / runs[:, 0]))
     step = (m - 1) * beta + fill
 
-
     # --- all-reduce of data-parallel groups ----------------------------------
+    lp = gsum(3)
+    lp = np.where(gsum(5) > 0, lp, 0.0)      # exactly 0 without parameters
+    ar = None
     if training and G > D:
-        lp = gsum("param_bytes")
+        coef = gt["coef"]
         dp = np.arange(G) >= D
-        coef = np.array([_coefficients(p, tuple(groups[g])) if g >= D else (0, 0, 0, 0)
-                         for g in range(G)])
         buckets = np.maximum(np.ceil(lp / p.bucket_bytes), 1.0)
         ar = np.minimum(coef[:, 0] * buckets + coef[:, 1] * lp,
                         coef[:, 2] * buckets + coef[:, 3] * lp)
@@ -209,20 +231,17 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
             # all buckets but the last overlap the group's own last backward
             slack = slack + bgt * (buckets - 1) / buckets
             step = np.maximum(step, step + (ar - slack).max(axis=1))
-    else:
-        lp = gsum("param_bytes") if G > 0 else None
-        ar = None
 
     # --- memory -------------------------------------------------------------------
-    if lp is None or not training or G <= D:
-        lp = gsum("param_bytes")
     params = lp @ member
-    acts = gsum("output_bytes") @ share
+    acts = gsum(4) @ share
     recv = L.sum(axis=1)
-    # max per group: write values in increasing order, the last write wins
-    ws_order = _ws_order(p)
+    # largest workspace per group: range maxima over its runs
+    lg = pre["log2"][run_end - run_start]
+    table = pre["sparse_max"]
+    run_ws = np.maximum(table[lg, run_start], table[lg, run_end - (1 << lg)])
     wsg = np.zeros(B * G)
-    wsg[(A[:, ws_order] + (np.arange(B) * G)[:, None]).ravel()] = tiles["ws_sorted"]
+    np.maximum.at(wsg, key, run_ws)
     wsg = wsg.reshape(B, G) / size[None, :]
     ws = wsg[:, :D].copy()
     if len(dp_rows):
@@ -250,111 +269,155 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     return out
 
 
-def _levels(p: Problem):
-    """A level-by-level plan of the longest path: ops renumbered by depth (so
-    each level's ops are one slice) and edges sorted by (depth of their
-    destination, destination). Returns (op order, edge order, levels) with
-    levels ``[(edge slice, new sources, reduceat starts or None, op slice)]``."""
-    hit = getattr(p, "_levels_cache", None)
-    if hit is None:
-        src, dst, _ = _edges_by_source(p)
-        depth = np.zeros(p.n_ops, dtype=np.int64)
-        for op_id, d in p.graph.depths().items():
-            depth[p.index[op_id]] = d
-        op_order = np.lexsort((np.arange(p.n_ops), depth))
-        new = np.empty(p.n_ops, dtype=np.int64)
-        new[op_order] = np.arange(p.n_ops)
-        nd, ns = new[dst], new[src]
-        edge_order = np.lexsort((nd, depth[dst]))
-        nd, ns, lv = nd[edge_order], ns[edge_order], depth[dst][edge_order]
-        levels = []
-        if len(nd):
-            bounds = np.flatnonzero(np.r_[True, lv[1:] != lv[:-1], True])
-            for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-                d = nd[a:b]
-                starts = np.flatnonzero(np.r_[True, d[1:] != d[:-1]])
-                levels.append((slice(a, b), ns[a:b],
-                               None if len(starts) == b - a else starts,
-                               slice(int(d[0]), int(d[-1]) + 1)))
-        hit = p._levels_cache = (op_order, edge_order, levels)
+def _precomputed(p: Problem) -> dict:
+    """Plan-independent arrays of a problem, built once: prefix sums of the
+    per-op weights, a sparse table of workspace range maxima, the critical
+    shares and the link speeds."""
+    hit = getattr(p, "_analytical_pre", None)
+    if hit is not None:
+        return hit
+    n = p.n_ops
+    cols = np.stack([np.ones(n), p.flops, p.bwd_flops, p.param_bytes, p.output_bytes,
+                     (p.param_bytes > 0).astype(float)], axis=1)
+    cum = np.zeros((n + 1, cols.shape[1]))
+    np.cumsum(cols, axis=0, out=cum[1:])
+    # sparse table: table[k, i] = max(workspace[i : i + 2**k])
+    levels = [p.workspace_bytes.astype(float)]
+    while (1 << len(levels)) <= n:
+        prev, half = levels[-1], 1 << (len(levels) - 1)
+        nxt = prev.copy()
+        nxt[:n - half] = np.maximum(prev[:n - half], prev[half:])
+        levels.append(nxt)
+    log2 = np.array([0] + [k.bit_length() - 1 for k in range(1, n + 1)], dtype=np.int64)
+    crit_work, crit_ops = _critical_shares(p)
+    speed = np.minimum(p.bandwidth, np.minimum(p.nic_bandwidth[:, None],
+                                               p.nic_bandwidth[None, :]))
+    src, _, _ = _edges_by_source(p)
+    outdeg = np.bincount(src, minlength=n) if len(src) else np.zeros(1, dtype=np.int64)
+    hit = p._analytical_pre = {"cum": cum, "sparse_max": np.stack(levels), "log2": log2,
+                               "crit_work": crit_work, "crit_ops": crit_ops,
+                               "speed": speed, "lags": max(int(outdeg.max()) - 1, 0)}
     return hit
 
 
-def _longest_path(p: Problem, node_w: np.ndarray, edge_w: np.ndarray) -> np.ndarray:
-    """Heaviest path per plan: node weights (B, n), edge weights (B, E)
-    (edge columns in source-sorted order)."""
-    op_order, edge_order, levels = _levels(p)
-    # op-major layout in level order: each level reads rows, writes a slice
-    dist = np.ascontiguousarray(node_w.T[op_order])
-    ew = np.ascontiguousarray(edge_w.T[edge_order])
-    for edges, srcs, starts, ops in levels:
-        cand = dist[srcs] + ew[edges]
-        dist[ops] += cand if starts is None else np.maximum.reduceat(cand, starts, axis=0)
-    return dist.max(axis=0)
+def _critical_shares(p: Problem):
+    """Each op's share of the critical path, so a plan's fill is a sum over
+    its runs instead of a longest-path pass per plan.
+
+    With reference weights ``w`` (work at the mean device speed plus the
+    launch overheads), ``h[i]`` is the heaviest path ending at op i and
+    ``H[i] = max(h[:i + 1])``; op i's share is ``H[i] - H[i - 1]`` (>= 0;
+    the shares add up to the critical path). Returned as the prefix sums of
+    the shares in FLOPs (share x work / w) and the shares' op count
+    (share / w summed), so a chain weighs exactly its ops."""
+    n = p.n_ops
+    work = p.flops + (p.bwd_flops if p.training else 0.0)
+    phases = 2.0 if p.training else 1.0
+    ovh = p.op_overhead * phases
+    w = work / float(np.mean(p.rate)) + ovh
+    h = w.copy()
+    if p.n_edges:
+        order = np.argsort(p.edge_dst, kind="stable")
+        es, ed = p.edge_src[order].tolist(), p.edge_dst[order].tolist()
+        hl = h.tolist()
+        wl = w.tolist()
+        best = [0.0] * n
+        j = 0
+        for i in range(n):
+            while j < len(ed) and ed[j] == i:
+                v = hl[es[j]]
+                if v > best[i]:
+                    best[i] = v
+                j += 1
+            hl[i] = wl[i] + best[i]
+        h = np.array(hl)
+    H = np.maximum.accumulate(h) if n else h
+    c = np.diff(H, prepend=0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        frac = np.where(w > 0, c / w, 0.0)
+    crit_work = np.zeros(n + 1)
+    np.cumsum(frac * work, out=crit_work[1:])
+    return crit_work, float(frac.sum())
 
 
-def _pair_delay(p: Problem, groups, cu: np.ndarray, cv: np.ndarray, speed: np.ndarray):
-    """Latency and seconds per byte between groups ``cu`` and ``cv`` (arrays):
-    the slowest member pair's latency and link or interface."""
+def _group_table(p: Problem, groups) -> dict:
+    """Arrays of a group table (cached for the last few tables)."""
+    cache = p.__dict__.setdefault("_group_tables", {})
+    tkey = tuple(map(tuple, groups))
+    hit = cache.get(tkey)
+    if hit is not None:
+        return hit
+    if len(cache) >= 16:
+        cache.clear()
     D = p.n_devices
-    lat = np.empty(len(cu))
-    cost = np.empty(len(cu))
-    single = (cu < D) & (cv < D)
-    lat[single] = p.latency[cu[single], cv[single]]
-    cost[single] = 1.0 / speed[cu[single], cv[single]]
-    if not single.all():
-        dm = ~single
-        pad = _padded(groups, D)
-        lat_ext = np.zeros((D + 1, D + 1))
-        lat_ext[:D, :D] = p.latency
-        mu, mv = pad[cu[dm]], pad[cv[dm]]
-        lat[dm] = lat_ext[mu[:, :, None], mv[:, None, :]].max(axis=(1, 2))
-        G = len(groups)
-        upk, inv = np.unique(cu[dm] * G + cv[dm], return_inverse=True)
-        worst = np.array([_pair_sparse(p, groups[k // G], groups[k % G])[2]
-                          for k in upk.tolist()])
-        cost[dm] = worst[inv]
-    return lat, cost
-
-
-def _padded(groups, D: int) -> np.ndarray:
-    """(G, K) device indices of each group, padded with D."""
-    width = max(len(g) for g in groups)
-    pad = np.full((len(groups), width), D, dtype=np.int64)
-    for gid, mem in enumerate(groups):
+    G = len(tkey)
+    member = np.zeros((G, D))
+    size = np.empty(G)
+    for gid, mem in enumerate(tkey):
+        member[gid, list(mem)] = 1.0
+        size[gid] = len(mem)
+    share = member / size[:, None]
+    slow = (member / p.rate[None, :]).max(axis=1)
+    width = max(len(g) for g in tkey)
+    pad = np.full((G, width), D, dtype=np.int64)
+    for gid, mem in enumerate(tkey):
         pad[gid, :len(mem)] = mem
-    return pad
+    coef = np.array([_coefficients(p, tkey[g]) if g >= D else (0, 0, 0, 0)
+                     for g in range(G)], dtype=float).reshape(G, 4)
+    sizes = size[D:].astype(np.int64)
+    hit = cache[tkey] = {"member": member, "size": size, "share": share, "slow": slow,
+                         "pad": pad, "coef": coef, "dp_sizes": sizes,
+                         "dp_pad": np.where(pad[D:] < D, pad[D:], -1)}
+    return hit
 
 
-def _dp_entries(groups, D: int, present: np.ndarray):
+def _pair_latency(p: Problem, groups, cu: np.ndarray, cv: np.ndarray) -> np.ndarray:
+    """Latency between groups ``cu`` and ``cv`` (arrays): the slowest member pair's."""
+    D = p.n_devices
+    single = (cu < D) & (cv < D)
+    if single.all():
+        return p.latency[cu, cv]
+    lat = np.empty(len(cu))
+    lat[single] = p.latency[cu[single], cv[single]]
+    dm = ~single
+    pad = _group_table(p, groups)["pad"]
+    lat_ext = np.zeros((D + 1, D + 1))
+    lat_ext[:D, :D] = p.latency
+    mu, mv = pad[cu[dm]], pad[cv[dm]]
+    lat[dm] = lat_ext[mu[:, :, None], mv[:, None, :]].max(axis=(1, 2))
+    return lat
+
+
+def _pair_cost(p: Problem, groups, cu: np.ndarray, cv: np.ndarray,
+               speed: np.ndarray) -> np.ndarray:
+    """Seconds per byte between groups ``cu`` and ``cv`` (arrays): the
+    slowest member link or interface."""
+    D = p.n_devices
+    single = (cu < D) & (cv < D)
+    if single.all():
+        return 1.0 / speed[cu, cv]
+    cost = np.empty(len(cu))
+    cost[single] = 1.0 / speed[cu[single], cv[single]]
+    dm = ~single
+    G = len(groups)
+    upk, inv = np.unique(cu[dm] * G + cv[dm], return_inverse=True)
+    worst = np.array([_pair_sparse(p, groups[k // G], groups[k % G])[2]
+                      for k in upk.tolist()])
+    cost[dm] = worst[inv]
+    return cost
+
+
+def _dp_entries(gt: dict, D: int, present: np.ndarray):
     """(plan row, device, group id) for every member of every data-parallel
     group a plan uses (``present``: (B, G - D) bool)."""
     rows, cols = np.nonzero(present)
     if not len(rows):
         e = np.zeros(0, dtype=np.int64)
         return e, e, e
-    sizes = np.array([len(groups[D + k]) for k in range(present.shape[1])])
-    pad = np.full((present.shape[1], sizes.max()), -1, dtype=np.int64)
-    for k in range(present.shape[1]):
-        pad[k, :sizes[k]] = groups[D + k]
-    devs = pad[cols]
+    devs = gt["dp_pad"][cols]
     keep = devs >= 0
     return (np.broadcast_to(rows[:, None], devs.shape)[keep], devs[keep],
             np.broadcast_to(cols[:, None] + D, devs.shape)[keep])
-
-
-def _tiles(p: Problem, B: int) -> dict:
-    """Per-op weights repeated for B plans (cached for the last B)."""
-    hit = getattr(p, "_tiles", None)
-    if hit is None or hit[0] != B:
-        order = _ws_order(p)
-        arrays = {"ones": np.ones(p.n_ops), "flops": p.flops, "bwd_flops": p.bwd_flops,
-                  "param_bytes": p.param_bytes, "output_bytes": p.output_bytes,
-                  "ws_sorted": p.workspace_bytes[order]}
-        hit = (B, {k: np.tile(v, B) for k, v in arrays.items()})
-        if B * p.n_ops <= 1 << 21:      # keep at most ~100 MB of them
-            p._tiles = hit
-    return hit[1]
 
 
 def _edges_by_source(p: Problem):
@@ -364,12 +427,6 @@ def _edges_by_source(p: Problem):
         o = p.edge_order
         hit = p._by_source = (p.edge_src[o], p.edge_dst[o], p.edge_bytes[o])
     return hit
-
-
-def _ws_order(p: Problem) -> np.ndarray:
-    if getattr(p, "_ws_sorted", None) is None:
-        p._ws_sorted = np.argsort(p.workspace_bytes, kind="stable")
-    return p._ws_sorted
 
 
 def _pair_sparse(p: Problem, src, dst):
