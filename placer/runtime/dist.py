@@ -21,6 +21,17 @@ assigns ranks, host 0's address as the endpoint)::
     torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d \\
         --rdzv-endpoint HOST0:29400 --rdzv-id placer-job \\
         -m placer.runtime.dist plan.json --model gpt-125m --tiny --batch 8
+
+Faults (:func:`launch`): every rank records its stage (``build``, ``step
+2``, ``step 2: waiting for rank 0``, ``gather``...) in a small status file.
+The parent stops the run with one :class:`placer.errors.PlacerError` line
+naming the rank, its device and its stage as soon as a rank dies (exits
+without finishing, e.g. killed or ``os._exit``) or fails, or when no rank
+has made progress for ``fault_timeout`` seconds once all have started
+(interpreter start-up is bounded by ``timeout`` only) (a hang: it names the rank
+the others wait for, or the one that is not waiting); every child process is
+killed and reaped before the error propagates. ``fault_timeout`` must exceed
+the longest single op's compute time.
 """
 
 from __future__ import annotations
@@ -40,14 +51,14 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from ..errors import PlanError
+from ..errors import PlacerError, PlanError
 from .engine import Engine, Routes, device_orders
 from .run import (MeasuredReport, _as_device, build_optimizer, default_loss, join_outputs,
                   predict, prepare, sink_device)
 
 _DEBUG = bool(os.environ.get("PLACER_DEBUG_COMM"))
 
-__all__ = ["launch", "run_rank", "rank_devices", "launch_main", "rank_main"]
+__all__ = ["RankError", "launch", "run_rank", "rank_devices", "launch_main", "rank_main"]
 
 
 def rank_devices(plan, cluster=None) -> list[str]:
@@ -61,6 +72,73 @@ def rank_devices(plan, cluster=None) -> list[str]:
             if d not in seen:
                 seen.append(d)
     return seen
+
+
+class RankError(PlacerError):
+    """A rank of a distributed run died, failed or hung."""
+
+
+class _Status:
+    """This rank's stage in a small file the launcher polls (one fixed-size
+    record rewritten in place: cheap enough for every blocking call)."""
+
+    SIZE = 512
+
+    def __init__(self, path: str | None, rank: int):
+        self.rank = rank
+        self.stage = "start"
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600) if path else None
+        self.count = 0
+
+    def set(self, stage: str, state: str = "running", error: str = "") -> None:
+        self.stage = stage
+        if self.fd is None:
+            return
+        self.count += 1
+        record = json.dumps({"rank": self.rank, "stage": stage, "state": state,
+                             "count": self.count, "time": time.time(),
+                             "error": error[:200]})
+        data = record.encode()[:self.SIZE - 1].ljust(self.SIZE - 1) + b"\n"
+        os.pwrite(self.fd, data, 0)
+
+    def wait(self, peer: int | None, what: str = ""):
+        """Context manager: mark this rank as waiting for ``peer`` (None: a
+        collective) during a blocking call."""
+        status = self
+
+        class _Waiting:
+            def __enter__(self_inner):
+                status._outer = status.stage
+                status.set(f"{status.stage}: waiting for "
+                           + (f"rank {peer}" if peer is not None else (what or "a collective")))
+
+            def __exit__(self_inner, *exc):
+                status.set(status._outer)
+        return _Waiting()
+
+
+_STATUS = _Status(None, 0)   # replaced by the launcher's children
+
+
+def _read_status(path: str) -> dict | None:
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read().decode().strip() or "null")
+    except (OSError, ValueError):
+        return None
+
+
+def _maybe_inject_fault(rank: int, step: int) -> None:
+    """Test hook: ``PLACER_TEST_FAULT="RANK:STEP:exit"`` makes that rank
+    ``os._exit(3)`` at the start of that step; ``...:hang`` makes it sleep."""
+    spec = os.environ.get("PLACER_TEST_FAULT")
+    if not spec:
+        return
+    r, st, kind = spec.split(":")
+    if int(r) == rank and int(st) == step:
+        if kind == "exit":
+            os._exit(3)
+        time.sleep(10 ** 6)
 
 
 class DistTransport:
@@ -94,7 +172,8 @@ class DistTransport:
         start = time.perf_counter()
         buf = torch.empty(tuple(shape), dtype=dtype,
                           device="cpu" if self.stage else self.device)
-        dist.recv(buf, src=self.rank_of[src], tag=tag)
+        with _STATUS.wait(self.rank_of[src]):
+            dist.recv(buf, src=self.rank_of[src], tag=tag)
         self.comm_time[self.me] += time.perf_counter() - start
         if _DEBUG:
             print(f"[{self.me}] recv tag {tag} from {src} {tuple(shape)} "
@@ -102,8 +181,9 @@ class DistTransport:
         return buf.to(self.device) if self.stage else buf
 
     def finish(self) -> None:
-        for work, _ in self.pending:
-            work.wait()
+        with _STATUS.wait(None, "sends to complete"):
+            for work, _ in self.pending:
+                work.wait()
         self.pending.clear()
         self.box.clear()
 
@@ -118,7 +198,8 @@ class DistTransport:
         start = time.perf_counter()
         flat = tensors[self.me]
         data = flat.to("cpu") if self.stage else flat
-        dist.all_reduce(data, op=dist.ReduceOp.SUM, group=self.groups[holders])
+        with _STATUS.wait(None, f"all-reduce over {', '.join(holders)}"):
+            dist.all_reduce(data, op=dist.ReduceOp.SUM, group=self.groups[holders])
         if self.stage:
             flat.copy_(data)
         self.comm_time[self.me] += time.perf_counter() - start
@@ -163,13 +244,16 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     compute = comm = 0.0
     peak_act = 0.0
     for step in range(steps + warmup):
+        _STATUS.set(f"step {step}")
+        _maybe_inject_fault(rank, step)
         for p in params:
             p.grad = None
         transport.comm_time.clear()
         if tdev.type == "cuda":
             torch.cuda.synchronize(tdev)
             torch.cuda.reset_peak_memory_stats(tdev)
-        dist.barrier()
+        with _STATUS.wait(None, "the step barrier"):
+            dist.barrier()
         start = time.perf_counter()
         last = engine.step(inputs, targets, offsets)
         if training:
@@ -181,7 +265,8 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
         if tdev.type == "cuda":
             torch.cuda.synchronize(tdev)
         elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        with _STATUS.wait(None, "the step's end"):
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         if step >= warmup:
             times.append(float(elapsed))
             losses.append(last["loss"])
@@ -204,7 +289,9 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
             "gradients": grads, "parameters": engine.state(), "compute": compute,
             "comm": comm, "peak": peak}
     gathered = [None] * world if rank == 0 else None
-    dist.gather_object(mine, gathered, dst=0)
+    _STATUS.set("gather results")
+    with _STATUS.wait(None, "the results gather"):
+        dist.gather_object(mine, gathered, dst=0)
     if rank != 0:
         return None
     merged = {"loss": None, "losses": [], "outputs": None, "gradients": {}, "parameters": {}}
@@ -249,26 +336,88 @@ def _init(backend: str, timeout: float) -> None:
 
 def _child(index: int, world: int, port: int, backend: str, timeout: float, build,
            plan_dict: dict, kwargs: dict, out_path: str, cluster_dict) -> None:
+    global _STATUS
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                        "RANK": str(index), "WORLD_SIZE": str(world),
                        "LOCAL_RANK": str(index)})
+    _STATUS = _Status(_status_path(out_path, index), index)
+    _STATUS.set("start-up")
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     from ..cluster import Cluster
     from ..plan import Plan
+    _STATUS.set("joining the process group")
     _init(backend, timeout)
     try:
+        _STATUS.set("building the model")
         model, inputs = build()
         cluster = Cluster.from_dict(cluster_dict) if cluster_dict else None
+        _STATUS.set("preparing the plan")
         result = run_rank(model, Plan.from_dict(plan_dict), inputs, cluster=cluster, **kwargs)
         if result is not None:
+            _STATUS.set("saving results")
             torch.save(result, out_path + ".tmp")
             os.replace(out_path + ".tmp", out_path)
+        _STATUS.set("done", "done")
+    except BaseException as exc:
+        text = str(exc).strip().splitlines()
+        _STATUS.set(_STATUS.stage, "failed", f"{type(exc).__name__}: {text[-1] if text else ''}")
+        raise
     finally:
         dist.destroy_process_group()
 
 
+def _status_path(out_path: str, rank: int) -> str:
+    return os.path.join(os.path.dirname(out_path), f"rank{rank}.status")
+
+
+def _diagnose(statuses: list, codes: list, devs: list[str], hung_for: float | None) -> str:
+    """One line naming the faulty rank, its device and stage."""
+    def where(r: int) -> str:
+        st = statuses[r] or {}
+        return f"rank {r} (device {devs[r]}) in stage {st.get('stage', 'start-up')!r}"
+    if hung_for is None:
+        # a rank that died without reporting a failure is the cause; else the
+        # first to fail (the others fail after it, losing their peer)
+        dead = [r for r, c in enumerate(codes)
+                if c not in (None, 0) and (statuses[r] or {}).get("state") != "failed"]
+        if dead:
+            r = dead[0]
+            code = codes[r]
+            how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+            return f"{where(r)} died ({how})"
+        failed = [r for r, s in enumerate(statuses) if s and s.get("state") == "failed"]
+        if failed:
+            r = min(failed, key=lambda i: statuses[i]["time"])
+            return f"{where(r)} failed: {statuses[r].get('error', '')}"
+        r = next(r for r, c in enumerate(codes) if c not in (None, 0))
+        return f"{where(r)} exited with code {codes[r]}"
+    # a hang: the rank others wait for, else a rank that is not waiting
+    waited: dict[int, int] = defaultdict(int)
+    for s in statuses:
+        stage = (s or {}).get("stage", "")
+        if ": waiting for rank " in stage:
+            waited[int(stage.rsplit(" ", 1)[1])] += 1
+    busy = [r for r, s in enumerate(statuses)
+            if (s or {}).get("state") == "running" and "waiting for" not in s.get("stage", "")]
+    for r in sorted(waited, key=lambda r: (-waited[r], r)):
+        if r in busy or (statuses[r] or {}).get("state") != "done":
+            return f"{where(r)} made no progress for {hung_for:.0f} s (hung)"
+    r = busy[0] if busy else 0
+    return f"{where(r)} made no progress for {hung_for:.0f} s (hung)"
+
+
+def _stop(processes) -> None:
+    """Kill and reap every child still alive."""
+    for p in processes:
+        if p.is_alive():
+            p.kill()
+    for p in processes:
+        p.join(10)
+
+
 def launch(plan, build: Callable[[], tuple], *, nproc: int | None = None, backend: str = "gloo",
-           timeout: float = 300.0, cluster=None, **kwargs) -> dict:
+           timeout: float = 300.0, cluster=None, fault_timeout: float = 60.0,
+           **kwargs) -> dict:
     """Start one local process per plan device (torch.multiprocessing, spawn),
     run :func:`run_rank` in each and return rank 0's result.
 
@@ -276,7 +425,10 @@ def launch(plan, build: Callable[[], tuple], *, nproc: int | None = None, backen
     (a module-level function or ``functools.partial``) and deterministic,
     since every rank builds the model itself. ``kwargs`` go to
     :func:`run_rank`. Processes that have not finished after ``timeout``
-    seconds are killed and :class:`PlanError` is raised."""
+    seconds are killed and :class:`PlanError` is raised. A rank that dies or
+    fails, or a run in which no rank progresses for ``fault_timeout``
+    seconds, stops every process and raises :class:`RankError` naming the
+    rank, its device and its stage (see the module doc)."""
     import torch.multiprocessing as mp
     devs = rank_devices(plan, cluster)
     nproc = nproc or len(devs)
@@ -289,22 +441,49 @@ def launch(plan, build: Callable[[], tuple], *, nproc: int | None = None, backen
             _child, args=(nproc, _free_port(), backend, timeout, build, plan.to_dict(), kwargs,
                           out, cluster.to_dict() if cluster is not None else None),
             nprocs=nproc, join=False, start_method="spawn")
-        deadline = time.monotonic() + timeout + 30
         try:
-            while not ctx.join(timeout=max(0.1, min(5.0, deadline - time.monotonic()))):
-                if time.monotonic() > deadline:
-                    raise PlanError(f"ranks did not finish within {timeout:.0f} s",
-                                    fix="raise the timeout or check the plan")
-        except mp.ProcessRaisedException as exc:
-            raise PlanError(f"a rank failed: {str(exc).strip().splitlines()[-1]}") from None
-        except mp.ProcessExitedException as exc:
-            raise PlanError(f"a rank exited: {exc}") from None
+            _watch(ctx.processes, [_status_path(out, r) for r in range(nproc)], devs,
+                   timeout, fault_timeout)
         finally:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-                p.join(5)
+            _stop(ctx.processes)
+        if not os.path.exists(out):
+            raise RankError("rank 0 finished without writing its results",
+                            fix="check the plan and the model")
         return torch.load(out, weights_only=True)
+
+
+def _watch(processes, status_paths: list[str], devs: list[str], timeout: float,
+           fault_timeout: float) -> None:
+    """Poll the children until all exit 0; raise on a death, failure or hang."""
+    deadline = time.monotonic() + timeout + 30
+    last_change, seen = time.monotonic(), None
+    poll = min(0.05, fault_timeout / 10)
+    while True:
+        codes = [p.exitcode for p in processes]
+        if all(c == 0 for c in codes):
+            return
+        if any(c not in (None, 0) for c in codes):
+            time.sleep(0.2)   # let the other ranks record their state
+            codes = [p.exitcode for p in processes]
+            statuses = [_read_status(p) for p in status_paths]
+            raise RankError(_diagnose(statuses, codes, devs, None),
+                            fix="see the rank's log above; rerun once the device is back, "
+                            "or replan without it (placer replan --without)")
+        statuses = [_read_status(p) for p in status_paths]
+        now = time.monotonic()
+        marks = [(s or {}).get("count") for s in statuses]
+        if marks != seen or None in marks:   # the clock starts once every rank is up
+            seen, last_change = marks, now
+        elif now - last_change > fault_timeout:
+            _stop(processes)
+            raise RankError(_diagnose(statuses, [p.exitcode for p in processes], devs,
+                                      now - last_change),
+                            fix="check that device and its links; raise --fault-timeout "
+                            "if one op legitimately takes longer")
+        if now > deadline:
+            raise PlanError(f"ranks did not finish within {timeout:.0f} s",
+                            fix="raise the timeout or check the plan")
+        time.sleep(poll)
 
 
 # --------------------------------------------------------------------------
@@ -326,6 +505,10 @@ def _parser(prog: str, with_nproc: bool) -> argparse.ArgumentParser:
     ap.add_argument("--inference", action="store_true")
     ap.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
     ap.add_argument("--timeout", type=float, default=600.0)
+    if with_nproc:
+        ap.add_argument("--fault-timeout", type=float, default=60.0,
+                        help="seconds without progress on any rank before the run is "
+                             "stopped as hung")
     ap.add_argument("--json", default=None, help="write the measured report here")
     if with_nproc:
         ap.add_argument("--nproc", type=int, default=None,
@@ -375,7 +558,7 @@ def launch_main(argv: list[str] | None = None) -> int:
     ns = _parser("placer launch", True).parse_args(argv)
     plan, build, kwargs, cluster = _common(ns)
     result = launch(plan, build, nproc=ns.nproc, backend=ns.backend, timeout=ns.timeout,
-                    cluster=cluster, **kwargs)
+                    cluster=cluster, fault_timeout=ns.fault_timeout, **kwargs)
     _print(result, ns.json)
     return 0
 
