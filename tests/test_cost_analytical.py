@@ -119,3 +119,24 @@ def test_problem_options_round_trip():
     p = Problem(chain(2), cluster(2), recompute=True, op_overhead=1e-6, bucket_bytes=1e6)
     q = Problem(chain(3), cluster(3), **p.options)
     assert q.options == p.options
+
+
+def test_array_path_matches_plans_on_random_plans():
+    # runs, cut edges and data-parallel groups: both paths give the same objectives
+    from placer.bench.cost import bench_cluster, bench_graph, random_plans
+    g = bench_graph(120, seed=5)
+    c = bench_cluster(8)
+    p = Problem(g, c)
+    plans = random_plans(g, c, 30, seed=5, microbatches=4)
+    ana = Analytical()
+    reports = ana.estimate_many(p, plans)
+    table: dict = {}
+    rows = np.stack([p.compile(plan, table).op_group for plan in plans])
+    groups = p.compile(plans[-1], table).groups[p.n_devices:]
+    for schedule in ("gpipe", "1f1b"):
+        pick = [i for i, plan in enumerate(plans) if plan.schedule == schedule]
+        fast = ana.step_times(p, rows[pick], groups=groups, microbatches=4,
+                              schedule=schedule)
+        assert fast.tolist() == [reports[i].objective for i in pick]
+        single = [ana.estimate(p, plans[i]).objective for i in pick]
+        assert fast == pytest.approx(single, rel=1e-12)

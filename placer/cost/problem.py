@@ -40,6 +40,8 @@ OBJECTIVES = ("step_time", "throughput", "memory")
 #: infeasible ones still rank by how far over they are.
 INFEASIBLE = 1e9
 
+_FIRST = itemgetter(0)
+
 
 @dataclass
 class Compiled:
@@ -210,16 +212,16 @@ class Problem:
             groups = {}
         table = [(i,) for i in range(self.n_devices)]
         try:
-            if sum(map(len, values)) == n:
-                op_group = np.fromiter(map(dev.__getitem__, map(itemgetter(0), values)),
-                                       dtype=np.int64, count=n)
-            else:
-                keys = list(map(tuple, values))
-                memo: dict = {}
-                for devices in dict.fromkeys(keys):
-                    if len(devices) == 1:
-                        memo[devices] = dev[devices[0]]
-                        continue
+            # one dict lookup per op, at C speed, on each op's first device;
+            # only ops on several devices (data-parallel) go through tuples
+            op_group = np.fromiter(map(dev.__getitem__, map(_FIRST, values)),
+                                   dtype=np.int64, count=n)
+            if sum(map(len, values)) != n:
+                lens = np.fromiter(map(len, values), dtype=np.int64, count=n)
+                multi = np.flatnonzero(lens != 1)
+                keys = list(map(tuple, map(values.__getitem__, multi.tolist())))
+                memo = dict.fromkeys(keys)
+                for devices in memo:
                     key = tuple(sorted(dev[d] for d in devices))
                     if len(set(key)) != len(key) or not key:
                         raise PlanError(f"bad device list {list(devices)!r}",
@@ -228,14 +230,14 @@ class Problem:
                     if gid is None:
                         gid = groups[key] = self.n_devices + len(groups)
                     memo[devices] = gid
-                out = list(map(memo.__getitem__, keys))
-                op_group = np.array(out, dtype=np.int64)
+                op_group[multi] = list(map(memo.__getitem__, keys))
         except (KeyError, IndexError):
             bad = next((d for v in values for d in (v or [None]) if d not in dev), None)
+            if bad is None:
+                raise PlanError(f"bad device list {[]!r}", field="placement") from None
             raise PlanError(f"unknown device {bad!r}", field="placement",
                             fix=f"use devices of cluster {self.cluster.name!r}") from None
-        for key, gid in sorted(groups.items(), key=lambda kv: kv[1]):
-            table.append(key)
+        table += sorted(groups, key=groups.__getitem__)
         return Compiled(op_group, table, plan.microbatches, plan.schedule)
 
     def compile_array(self, assignment, groups: Sequence[Sequence[int]] = (), *,
