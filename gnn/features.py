@@ -291,3 +291,56 @@ def _union(parent: np.ndarray, a: int, b: int) -> None:
         # the earliest unit in topological order decides for the group
         lo, hi = min(ra, rb), max(ra, rb)
         parent[hi] = lo
+
+
+def to_data(graph, cluster, *, max_units: int = 128, **problem_options) -> HeteroData:
+    """The ``HeteroData`` of ``graph`` on ``cluster``: op and device nodes,
+    op-op flow edges (bytes), device-device link edges (bandwidth, latency)
+    and candidate-placement edges, all with normalized features.
+
+    >>> import placer
+    >>> data = to_data(placer.datasets.graph("gpt-125m.module"), placer.Cluster.preset("two-sites"))
+    >>> data["op"].num_nodes, data["dev"].num_nodes
+    (19, 8)
+    """
+    from placer.cost import Problem
+    return encode_problem(Problem(graph, cluster, **problem_options), max_units=max_units).data
+
+
+class ProblemDataset:
+    """A sequence of (graph, cluster) problems as ``HeteroData`` for training.
+
+    ``graphs`` are names for :func:`placer.datasets.graph` (or Graph objects),
+    ``clusters`` preset names (or Cluster objects); every pair is one item,
+    encoded on first access and cached. Works with
+    ``torch_geometric.loader.DataLoader``.
+
+    >>> ds = ProblemDataset(["gpt-125m.module"], ["two-sites", "a100x8"])
+    >>> len(ds), ds[1]["dev"].num_nodes
+    (2, 8)
+    """
+
+    def __init__(self, graphs, clusters, *, max_units: int = 128, **problem_options):
+        from placer import Cluster, datasets
+        self.graphs = [datasets.graph(g) if isinstance(g, str) else g for g in graphs]
+        self.clusters = [Cluster.preset(c) if isinstance(c, str) else c for c in clusters]
+        self.pairs = [(g, c) for g in self.graphs for c in self.clusters]
+        self.max_units = max_units
+        self.options = problem_options
+        self._cache: dict[int, HeteroData] = {}
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, index: int) -> HeteroData:
+        if index not in self._cache:
+            graph, cluster = self.pairs[index]
+            self._cache[index] = to_data(graph, cluster, max_units=self.max_units,
+                                         **self.options)
+        return self._cache[index]
+
+    @classmethod
+    def split(cls, which: str, clusters, **options) -> "ProblemDataset":
+        """The problems of dataset split ``which`` ("train", "val", "test")."""
+        from placer import datasets
+        return cls(datasets.split(which), clusters, **options)
