@@ -435,6 +435,38 @@ def cmd_simulate(args) -> int:
     return 0
 
 
+def cmd_compare(args) -> int:
+    """Simulate several plans of one graph on one cluster side by side."""
+    from .api import simulate
+    from .plan import Plan
+    graph = load_graph(args.graph, args)
+    cluster = load_cluster(args.cluster)
+    rows, data = [], []
+    for path in args.plans:
+        plan = Plan.load(path)
+        plan.validate(graph, cluster, check_fingerprints=not args.ignore_fingerprints,
+                      file=path)
+        report = simulate(graph, cluster, plan)
+        peak = max(report.peak_memory.values(), default=0.0)
+        data.append({"plan": path, "method": plan.method, "step_time": report.step_time,
+                     "feasible": report.feasible, "peak_memory": peak,
+                     "devices": len(plan.devices_used()), "microbatches": plan.microbatches,
+                     "schedule": plan.schedule, "bottleneck": report.bottleneck})
+    best = min((d["step_time"] for d in data if d["feasible"]), default=None)
+    for d in data:
+        ratio = f"{d['step_time'] / best:.2f}x" if best else "-"
+        rows.append([d["plan"], d["method"], f"{d['step_time'] * 1e3:.3f} ms", ratio,
+                     "yes" if d["feasible"] else "NO", _fmt_bytes(d["peak_memory"]),
+                     str(d["devices"]), f"{d['microbatches']} {d['schedule']}"])
+    if args.plot:
+        from .plots import plot_comparison
+        plot_comparison(data, args.plot, title=f"{graph.name} on {cluster.name}")
+    _emit(args, {"graph": graph.name, "cluster": cluster.name, "plans": data},
+          _table(rows, ["plan", "method", "step", "vs best", "fits", "peak mem", "devices",
+                        "pipeline"]) + (f"\nwrote {args.plot}" if args.plot else ""))
+    return 0
+
+
 def cmd_bench(args) -> int:
     out = args.output or f"bench-{args.what}.json"
     if args.what == "cost":
@@ -607,6 +639,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     model_options(p)
     p.set_defaults(func=cmd_simulate)
+
+    p = _add(sub, "compare", "Simulate several plans of one graph on one cluster side by side.",
+             "placer compare graph.json two-sites heft.json evolution.json --plot cmp.png")
+    p.add_argument("graph", metavar="GRAPH")
+    p.add_argument("cluster", metavar="CLUSTER")
+    p.add_argument("plans", metavar="PLAN", nargs="+")
+    p.add_argument("--plot", metavar="PNG", help="draw step times as bars")
+    p.add_argument("--ignore-fingerprints", action="store_true",
+                   help="compare even plans made for another graph/cluster")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    model_options(p)
+    p.set_defaults(func=cmd_compare)
 
     p = _add(sub, "datasets", "List shipped models, graphs, cluster scenarios and splits.",
              "placer datasets --json")

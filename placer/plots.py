@@ -193,3 +193,23 @@ def _rate(bytes_per_s: float) -> str:
         if bits >= scale:
             return f"{bits / scale:.3g} {unit}"
     return f"{bits:.3g} b/s"
+
+
+def plot_comparison(rows: list[dict], path: PathLike, *, title: str = "") -> None:
+    """Bars of simulated step time per plan (hatched: over memory), as
+    written by ``placer compare``; ``rows`` have ``plan``, ``method``,
+    ``step_time`` and ``feasible``."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(rows) + 2), 3.5))
+    labels = [f"{r['method']}\n{str(r['plan']).rsplit('/', 1)[-1]}" for r in rows]
+    times = [r["step_time"] * 1e3 for r in rows]
+    bars = ax.bar(range(len(rows)), times, color=["#1f77b4" if r["feasible"] else "#d62728"
+                                                   for r in rows])
+    for bar, r in zip(bars, rows):
+        if not r["feasible"]:
+            bar.set_hatch("//")
+    ax.set_xticks(range(len(rows)), labels, fontsize=8)
+    ax.set_ylabel("simulated step time (ms)")
+    ax.set_title(title + ("\nred, hatched: over a device's memory"
+                          if not all(r["feasible"] for r in rows) else ""), fontsize=10)
+    _save(fig, path)

@@ -118,3 +118,23 @@ def test_bad_plan_for_graph_is_exit_2(tmp_path, tiny_graph):
     Plan({"fc1": ["a0"]}).save(ppath)
     out = run_cli("simulate", str(gpath), "two-sites", str(ppath))
     assert out.returncode == 2 and "not placed" in out.stderr
+
+
+def test_compare_plans(tmp_path, tiny_graph):
+    cluster = Cluster.preset("two-sites")
+    gpath = tmp_path / "g.json"
+    tiny_graph.save(gpath)
+    one = tmp_path / "one.json"
+    split = tmp_path / "split.json"
+    Plan({op.id: ["a0"] for op in tiny_graph}, method="one").save(one)
+    Plan({"x": ["a0"], "fc1": ["a0"], "act": ["b0"], "fc2": ["b0"]}, method="wan").save(split)
+    out = run_cli("compare", str(gpath), "two-sites", str(one), str(split), "--json",
+                  "--plot", str(tmp_path / "cmp.png"))
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)["plans"]
+    assert [r["method"] for r in rows] == ["one", "wan"]
+    # crossing the 35 ms WAN twice (forward and backward) cannot be faster
+    assert rows[1]["step_time"] > rows[0]["step_time"] + 0.07
+    assert (tmp_path / "cmp.png").read_bytes()[:4] == b"\x89PNG"
+    bad = run_cli("compare", str(gpath), "two-sites", str(gpath))
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
