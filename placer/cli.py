@@ -259,7 +259,8 @@ def show_plan(plan) -> tuple[dict, str]:
             per_device[d] = per_device.get(d, 0) + 1
     rows = [[d, str(n)] for d, n in sorted(per_device.items())]
     predicted = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                          for k, v in plan.predicted.items() if not isinstance(v, dict))
+                          for k, v in plan.predicted.items()
+                          if k in ("step_time", "feasible", "microbatches", "schedule"))
     text = (f"plan by {plan.method}: {len(plan.placement)} ops on {len(per_device)} device(s), "
             f"{replicated} data-parallel; {plan.microbatches} microbatch(es), {plan.schedule}\n"
             + (f"predicted: {predicted}\n" if predicted else "") + "\n"
@@ -377,8 +378,12 @@ def cmd_plan(args) -> int:
             "method": plan.method, "microbatches": plan.microbatches,
             "schedule": plan.schedule, "report": report.to_dict()}
     _, plan_text = show_plan(plan)
+    why = plan.predicted.get("infeasible") or []
+    if why:
+        data["infeasible"] = why
     text = (f"{graph.name} ({len(graph)} ops) on {cluster.name} ({len(cluster)} devices), "
-            f"method {plan.method}\n{report.summary()}\n\n{plan_text}\n\n"
+            f"method {plan.method}\n{report.summary()}\n"
+            + "".join(f"DOES NOT FIT: {line}\n" for line in why) + f"\n{plan_text}\n\n"
             f"wrote {args.output}, {stem}.trace.json"
             + "".join(f", {p}" for p in pictures))
     _emit(args, data, text)

@@ -86,5 +86,8 @@ def optimize(graph: "Graph", cluster: "Cluster", method: "str | Strategy" = "evo
     report = final_model.estimate(problem, plan)
     plan.predicted = predicted_figures(report)
     plan.predicted["search"] = search
+    if not report.feasible:
+        from ..explain import explain_infeasible
+        plan.predicted["infeasible"] = explain_infeasible(problem, plan, report, final_model)
     plan.method = strategy.name
     return plan.bind(graph, cluster)
