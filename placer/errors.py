@@ -13,6 +13,9 @@ print one line and exit with status 2.
 from __future__ import annotations
 
 
+_CONTROL = {c: f"\\x{c:02x}" for c in range(32)} | {10: "\\n", 13: "\\r", 9: "\\t"}
+
+
 class PlacerError(Exception):
     """Base of every error placer raises on purpose.
 
@@ -33,7 +36,8 @@ class PlacerError(Exception):
         text = ": ".join(parts + [self.message])
         if self.fix:
             text += f" (fix: {self.fix})"
-        return text
+        # one line, always: names from user files may hold newlines or controls
+        return text.translate(_CONTROL)
 
     def located(self, file: str | None) -> "PlacerError":
         """Return this error with ``file`` filled in when it was unknown."""

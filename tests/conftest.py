@@ -2,6 +2,13 @@ import os
 import sys
 
 import pytest
+from hypothesis import settings
+
+# Deterministic by default (CI must not fail on a newly drawn example);
+# HYPOTHESIS_PROFILE=explore draws fresh examples on every run.
+settings.register_profile("default", derandomize=True)
+settings.register_profile("explore", derandomize=False, max_examples=1000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
