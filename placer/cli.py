@@ -21,10 +21,6 @@ from .errors import PlacerError, TraceError
 EXIT_BAD_INPUT = 2
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, but usage errors exit 2 with one line (argparse's own style)."""
-
-
 def _formatter(prog: str) -> argparse.HelpFormatter:
     return argparse.RawDescriptionHelpFormatter(prog, max_help_position=32)
 
@@ -325,7 +321,7 @@ def _sigterm_as_interrupt():
 
 
 def cmd_plan(args) -> int:
-    from .api import optimize, simulate
+    from .search import optimize_with_report
     from .search.base import SearchInterrupted
     if args.resume and not args.checkpoint:
         raise PlacerError("--resume needs the checkpoint file", field="--resume",
@@ -347,9 +343,9 @@ def cmd_plan(args) -> int:
         options.update(checkpoint=args.checkpoint, resume=args.resume)
         previous = _sigterm_as_interrupt()
     try:
-        plan = optimize(graph, cluster, method=args.method, seed=args.seed,
-                        time_budget=args.time_budget,
-                        progress=not args.json and sys.stderr.isatty(), **options)
+        plan, report = optimize_with_report(
+            graph, cluster, method=args.method, seed=args.seed, time_budget=args.time_budget,
+            progress=not args.json and sys.stderr.isatty(), **options)
     except SearchInterrupted as exc:
         if exc.plan is None:
             print(f"placer plan: interrupted ({exc.message}); nothing saved", file=sys.stderr)
@@ -363,7 +359,6 @@ def cmd_plan(args) -> int:
         if previous is not None:
             import signal
             signal.signal(signal.SIGTERM, previous)
-    report = simulate(graph, cluster, plan)
     plan.save(args.output)
     stem = _outputs_next_to(args.output)
     pictures = []
@@ -515,26 +510,20 @@ def cmd_run(argv: list[str]) -> int:
     return 0
 
 
+_DELEGATE_TARGETS = {"launch": "placer.runtime.dist:launch_main",
+                     "profile": "placer.runtime.profile:profile_main",
+                     "tune": "placer.tune:tune_main"}
+
+
 def _delegate(name: str) -> Callable[[list[str]], int]:
     """Subcommands whose parsers live with their code."""
-    def launch(argv):
-        from .runtime.dist import launch_main
-        return launch_main(argv)
-
-    def profile(argv):
-        from .runtime.profile import profile_main
-        return profile_main(argv)
-
-    def tune(argv):
-        from .tune import tune_main
-        return tune_main(argv)
-
-    def train(argv):
+    if name == "run":
+        return cmd_run
+    if name == "train":
         from gnn.train import main as train_main
-        return train_main(argv, prog="placer train")
-
-    return {"run": cmd_run, "launch": launch, "profile": profile, "tune": tune,
-            "train": train}[name]
+        return lambda argv: train_main(argv, prog="placer train")
+    module_name, _, attr = _DELEGATE_TARGETS[name].partition(":")
+    return getattr(importlib.import_module(module_name), attr)
 
 
 DELEGATED = {
@@ -555,7 +544,7 @@ DELEGATED = {
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of the ``placer`` command."""
-    parser = _Parser(prog="placer", formatter_class=_formatter,
+    parser = argparse.ArgumentParser(prog="placer", formatter_class=_formatter,
                      description="Decide where every part of a model runs on a cluster, "
                                  "then run it that way.",
                      epilog="example:\n  placer plan gpt-125m --cluster two-sites -o plan.json")

@@ -166,7 +166,7 @@ def plot_cluster(cluster: "Cluster", path: PathLike, *, title: str | None = None
                                                                    len(cluster), 1.0),
                        color=kind_color[device.kind or "device"], edgecolors="black",
                        linewidths=0.4, zorder=3)
-        inner = [m for m in members[1:2]]
+        inner = members[1:2]
         label = site
         if inner:
             bw, lat = cluster.link(members[0], inner[0])

@@ -255,13 +255,10 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
         with _STATUS.wait(None, "the step barrier"):
             dist.barrier()
         start = time.perf_counter()
-        last = engine.step(inputs, targets, offsets)
-        if training:
-            engine.allreduce()
-            if step == steps + warmup - 1:
-                grads = engine.gradients()
-            if opt is not None:
-                opt.step()
+        last, kept = engine.train_step(inputs, targets, offsets, training=training,
+                                       optimizer=opt,
+                                       keep_gradients=step == steps + warmup - 1)
+        grads = kept if kept is not None else grads
         if tdev.type == "cuda":
             torch.cuda.synchronize(tdev)
         elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)

@@ -677,6 +677,22 @@ class Engine:
                     p.grad = flat[offset:offset + n].view_as(p).clone()
                     offset += n
 
+    def train_step(self, inputs: list, targets: Any, batch_offsets: list[int], *,
+                   training: bool, optimizer=None, keep_gradients: bool = False):
+        """One step: forward (and backward) of every microbatch, the all-reduce
+        of replicated gradients and the optimizer step. Returns the step's
+        result (see :meth:`step`) and the gradients before the optimizer step
+        when ``keep_gradients`` (else None)."""
+        last = self.step(inputs, targets, batch_offsets)
+        grads = None
+        if training:
+            self.allreduce()
+            if keep_gradients:
+                grads = self.gradients()
+            if optimizer is not None:
+                optimizer.step()
+        return last, grads
+
     def gradients(self) -> dict[str, torch.Tensor]:
         """Parameter name -> gradient (from the first local holder), on CPU."""
         out = {}

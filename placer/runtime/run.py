@@ -264,7 +264,7 @@ def run(model: torch.nn.Module, plan, example_inputs: Any, *, steps: int = 3,
     opt = build_optimizer(optimizer, engine.parameters()) if training else None
     params = engine.parameters()
 
-    times, losses, last = [], [], None
+    times, losses, last, grads = [], [], None, {}
     act_peak: dict[str, float] = {}
     compute: dict[str, float] = {}
     comm: dict[str, float] = {}
@@ -277,13 +277,10 @@ def run(model: torch.nn.Module, plan, example_inputs: Any, *, steps: int = 3,
         transport.comm_time.clear()
         _sync(dmap.values())
         start = time.perf_counter()
-        last = engine.step(inputs, targets, offsets)
-        if training:
-            engine.allreduce()
-            if step == steps + warmup - 1:
-                grads = engine.gradients()
-            if opt is not None:
-                opt.step()
+        last, kept = engine.train_step(inputs, targets, offsets, training=training,
+                                       optimizer=opt,
+                                       keep_gradients=step == steps + warmup - 1)
+        grads = kept if kept is not None else grads
         _sync(dmap.values())
         elapsed = time.perf_counter() - start
         if step >= warmup:

@@ -24,8 +24,8 @@ from __future__ import annotations
 from .base import (LAZY, Budget, MeteredCostModel, Progress, Strategy, get_strategy,
                    print_progress, progress_callback, register_lazy, register_strategy,
                    strategies, unregister_strategy)
-from .runner import optimize
+from .runner import optimize, optimize_with_report
 
 __all__ = ["Budget", "LAZY", "MeteredCostModel", "Progress", "Strategy", "get_strategy",
-           "optimize", "print_progress", "progress_callback", "register_lazy",
+           "optimize", "optimize_with_report", "print_progress", "progress_callback", "register_lazy",
            "register_strategy", "strategies", "unregister_strategy"]

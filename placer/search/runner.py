@@ -14,16 +14,27 @@ if TYPE_CHECKING:
     from ..cluster import Cluster
     from ..graph import Graph
     from ..plan import Plan
+    from ..cost import Report
 
 
 def optimize(graph: "Graph", cluster: "Cluster", method: "str | Strategy" = "evolution",
-             seed: int = 0, time_budget: float | None = 30.0, *,
-             evaluations: int | None = None, cost_model: Any = "analytical",
-             final_cost_model: Any = "simulator",
-             progress: "bool | Callable | None" = None, microbatches=None,
-             schedule: str | None = None, problem_options: dict | None = None,
-             initial=None, **strategy_options: Any) -> "Plan":
-    """Search a plan for ``graph`` on ``cluster`` with strategy ``method``.
+             seed: int = 0, time_budget: float | None = 30.0, **options: Any) -> "Plan":
+    """Search a plan for ``graph`` on ``cluster``; the options and an example
+    are in :func:`optimize_with_report`, which also returns the final report."""
+    return optimize_with_report(graph, cluster, method, seed, time_budget, **options)[0]
+
+
+def optimize_with_report(graph: "Graph", cluster: "Cluster",
+                         method: "str | Strategy" = "evolution",
+                         seed: int = 0, time_budget: float | None = 30.0, *,
+                         evaluations: int | None = None, cost_model: Any = "analytical",
+                         final_cost_model: Any = "simulator",
+                         progress: "bool | Callable | None" = None, microbatches=None,
+                         schedule: str | None = None, problem_options: dict | None = None,
+                         initial=None, **strategy_options: Any) -> "tuple[Plan, Report]":
+    """Search a plan for ``graph`` on ``cluster`` with strategy ``method``;
+    returns the plan and the final cost model's report of it (so callers that
+    want its trace or Gantt chart need not simulate again).
 
     - ``time_budget`` (seconds) and/or ``evaluations`` (plans scored) bound
       the search (None: unbounded);
@@ -46,9 +57,10 @@ def optimize(graph: "Graph", cluster: "Cluster", method: "str | Strategy" = "evo
 
     >>> import placer
     >>> g = placer.datasets.layered(40, width=4, seed=0)
-    >>> plan = optimize(g, placer.Cluster.preset("two-sites"), "even_pipeline")
-    >>> plan.method, plan.predicted["feasible"]
-    ('even_pipeline', True)
+    >>> plan, report = optimize_with_report(g, placer.Cluster.preset("two-sites"),
+    ...                                     "even_pipeline")
+    >>> plan.method, plan.predicted["feasible"], report.step_time == plan.predicted["step_time"]
+    ('even_pipeline', True, True)
     """
     problem = Problem(graph, cluster, **(problem_options or {}))
     if isinstance(method, Strategy):
@@ -90,4 +102,4 @@ def optimize(graph: "Graph", cluster: "Cluster", method: "str | Strategy" = "evo
         from ..explain import explain_infeasible
         plan.predicted["infeasible"] = explain_infeasible(problem, plan, report, final_model)
     plan.method = strategy.name
-    return plan.bind(graph, cluster)
+    return plan.bind(graph, cluster), report
