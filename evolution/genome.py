@@ -180,7 +180,10 @@ class Space:
         work = problem.flops + (problem.bwd_flops if problem.training else 0.0)
         work = work + problem.op_overhead * problem.rate.mean() * (2 if problem.training else 1)
         self.work = work
-        self.cum_work = np.cumsum(work)
+        # colocation repair moves an op's work to its class's first member,
+        # so stages are balanced on the work each position really carries
+        self.cum_work = np.cumsum(np.bincount(rep, work, minlength=n) if self.has_colocation
+                                  else work)
         # devices nearest first (highest bandwidth, then lowest latency)
         bw = np.where(np.eye(D, dtype=bool), -np.inf, problem.bandwidth)
         self.near = np.array([np.lexsort((problem.latency[d], -bw[d]))[:-1] if D > 1 else

@@ -1,10 +1,13 @@
 """``placer bench search``: every strategy on every case of a suite.
 
 For each case (graph x cluster) and strategy: the step time of its plan
-(analytical model), feasibility and planning time; its ratio to the best
-heuristic on that case, to the best of HEFT, m-SCT and pipeline_dp, and to a
-lower bound ``max(total work / total speed, critical path on the fastest
-device)``. Writes a results JSON and a PNG comparing the ratios.
+(analytical model, the search's screening model) and, for the final
+ranking, by the event simulator; feasibility and planning time; its ratio to
+the best heuristic on that case, to the best of HEFT, m-SCT and pipeline_dp,
+and to a lower bound (:func:`lower_bound`: the total work over the total
+speed, tightened by the per-op launch overhead along paths; the plain
+``work / speed`` ratio is kept beside it), by either model. Writes a results
+JSON and a PNG comparing the ratios.
 
 A case's graph may carry a ``.xN`` suffix (``gpt-1.3b.module.x128``): the
 traced batch scaled N times (:func:`evolution.dtfm.scale_batch`), e.g. the
@@ -74,13 +77,92 @@ def load_case(spec: str):
     return g, c
 
 
+def work_speed_bound(problem) -> float:
+    """Total work over total sustained speed (the issue's first bound)."""
+    return float(_op_work(problem).sum() / problem.rate.sum())
+
+
+def _op_work(problem) -> np.ndarray:
+    p = problem
+    work = p.flops + (p.bwd_flops if p.training else 0.0)
+    if p.training and p.recompute:
+        work = work + p.flops
+    return np.asarray(work, dtype=float)
+
+
 def lower_bound(problem) -> float:
-    """Total work over total sustained speed. (The critical path on the
-    fastest device, reported beside it, bounds only plans without data
-    parallelism: replicas split an op's batch.)"""
-    g = problem.graph
-    work = g.total_flops() + (g.total_bwd_flops() if g.training else 0.0)
-    return work / problem.rate.sum()
+    """A lower bound of any plan's step time, at least the work over the
+    total speed (:func:`work_speed_bound`).
+
+    Say op i runs as ``k_i >= 1`` *pieces* (replicas x microbatches), each
+    launch costing ``c`` (the per-op overhead, once per phase). Then
+
+    - the devices' speed-weighted busy time holds all work and launches:
+      ``T * sum(rate) >= W + rate_min * c * sum_i k_i``;
+    - a sample of the batch crosses every op of a path P in order, and the
+      piece holding a random sample is ``1/k_i`` of op i on average:
+      ``T >= sum_{i in P} (w_i / (k_i * rate_max) + c)``.
+
+    ``T`` is at least the smaller, over every ``k``, of the larger of the
+    two; for a fixed path that is at least ``lambda * first + (1 - lambda) *
+    second`` minimised over ``k`` in closed form (any ``lambda`` in [0, 1]).
+    This takes the best over a grid of ``lambda`` and a few heavy paths.
+    With no launch overhead it is ``W / sum(rate)``; the critical path on
+    the fastest device alone is no bound once ops are split into
+    microbatches or replicas. Communication and memory are left out, so it
+    bounds the simulator and the analytical model alike."""
+    p = problem
+    w = _op_work(p)
+    R, rmin, rmax = float(p.rate.sum()), float(p.rate.min()), float(p.rate.max())
+    W = float(w.sum())
+    base = W / R
+    c = p.op_overhead * (2.0 if p.training else 1.0)
+    n = len(w)
+    if c <= 0 or n == 0:
+        return base
+    lam = np.linspace(0.0, 1.0, 201)[1:, None]             # (grid, 1)
+    best = base
+    for on_path in _heavy_paths(p, w / rmax, c):
+        wp = w[on_path][None, :]
+        a = lam * rmin * c / R                              # launch price per piece
+        b = (1.0 - lam) * wp / rmax                         # path price x piece
+        k = np.maximum(1.0, np.sqrt(b / a))
+        first = (W + rmin * c * (n - on_path.sum() + k.sum(axis=1, keepdims=True))) / R
+        second = (wp / (k * rmax)).sum(axis=1, keepdims=True) + c * on_path.sum()
+        value = lam * first + (1.0 - lam) * second
+        best = max(best, float(value.max()))
+    return best
+
+
+def _heavy_paths(problem, t: np.ndarray, c: float) -> list[np.ndarray]:
+    """Boolean masks of the heaviest paths for op weights ``t / k + c``,
+    ``k`` in 1, 4, 16, ... (from compute-bound to launch-bound)."""
+    from ..search.common import context
+    ctx = context(problem)
+    n = len(t)
+    ks = 4.0 ** np.arange(8)
+    wt = t[:, None] / ks[None, :] + c                       # (n, K)
+    h = np.empty_like(wt)
+    parent = np.full(wt.shape, -1, dtype=np.int64)
+    cols = np.arange(len(ks))
+    for i in range(n):
+        preds, _ = ctx.preds(i)
+        if len(preds):
+            hp = h[preds]
+            j = hp.argmax(axis=0)
+            h[i] = wt[i] + hp[j, cols]
+            parent[i] = preds[j]
+        else:
+            h[i] = wt[i]
+    masks = []
+    for q in range(len(ks)):
+        mask = np.zeros(n, dtype=bool)
+        i = int(h[:, q].argmax())
+        while i >= 0:
+            mask[i] = True
+            i = int(parent[i, q])
+        masks.append(mask)
+    return masks
 
 
 def critical_path_time(problem) -> float:
@@ -97,7 +179,9 @@ def run_case(spec: str, strategies: Sequence[str], seconds: float | None, seed: 
     g, c = load_case(spec)
     problem = Problem(g, c)
     model = get_cost_model("analytical")
+    sim = get_cost_model("simulator")
     lb = lower_bound(problem)
+    ws = work_speed_bound(problem)
     rows = {}
     for name in strategies:
         if seconds is None:
@@ -113,71 +197,108 @@ def run_case(spec: str, strategies: Sequence[str], seconds: float | None, seed: 
             continue
         wall = time.perf_counter() - t0
         rep = model.estimate(problem, plan)
+        srep = sim.estimate(problem, plan)
         rows[name] = {"step_time": rep.step_time, "feasible": bool(rep.feasible),
+                      "sim_step_time": srep.step_time, "sim_feasible": bool(srep.feasible),
                       "objective": rep.objective, "planning_seconds": wall,
                       "microbatches": plan.microbatches, "schedule": plan.schedule,
                       "devices_used": len(plan.devices_used())}
         log(f"  {spec:45s} {name:14s} step {rep.step_time:10.4g}s "
-            f"{'ok ' if rep.feasible else 'OOM'} {wall:6.1f}s")
-    # ratios compare feasible plans only (infeasible ones have no step time to beat)
-    feas = {k: v for k, v in rows.items() if v.get("feasible")}
-    best_h = min((v["step_time"] for k, v in feas.items() if k in HEURISTICS), default=None)
-    best_s = min((v["step_time"] for k, v in feas.items() if k in STRONG), default=None)
-    for v in rows.values():
-        ok = v.get("feasible")
-        v["ratio_best_heuristic"] = v["step_time"] / best_h if ok and best_h else None
-        v["ratio_best_strong"] = v["step_time"] / best_s if ok and best_s else None
-        v["ratio_lower_bound"] = v["step_time"] / lb if ok else None
+            f"{'ok ' if rep.feasible else 'OOM'} sim {srep.step_time:10.4g}s {wall:6.1f}s")
+    best = {}
+    for tag, step, feasible in (("", "step_time", "feasible"),
+                                ("sim_", "sim_step_time", "sim_feasible")):
+        best[tag] = _ratios(rows, step, feasible, tag, lb, ws)
     return {"case": spec, "graph": g.name, "ops": len(g), "cluster": c.name,
-            "devices": len(c), "lower_bound": lb,
-            "critical_path_fastest": critical_path_time(problem), "best_heuristic": best_h,
-            "best_of_heft_msct_pipeline_dp": best_s, "strategies": rows}
+            "devices": len(c), "lower_bound": lb, "work_speed_bound": ws,
+            "critical_path_fastest": critical_path_time(problem),
+            "best_heuristic": best[""][0], "best_of_heft_msct_pipeline_dp": best[""][1],
+            "sim_best_heuristic": best["sim_"][0],
+            "sim_best_of_heft_msct_pipeline_dp": best["sim_"][1], "strategies": rows}
+
+
+def _ratios(rows: dict, step: str, feasible: str, tag: str, lb: float, ws: float):
+    """Fill ``{tag}ratio_*`` of every row from the ``step`` times of its
+    feasible plans (infeasible ones have no step time to beat); returns the
+    best heuristic's and the best strong heuristic's step times."""
+    feas = {k: v for k, v in rows.items() if v.get(feasible)}
+    best_h = min((v[step] for k, v in feas.items() if k in HEURISTICS), default=None)
+    best_s = min((v[step] for k, v in feas.items() if k in STRONG), default=None)
+    for v in rows.values():
+        ok = v.get(feasible)
+        v[f"{tag}ratio_best_heuristic"] = v[step] / best_h if ok and best_h else None
+        v[f"{tag}ratio_best_strong"] = v[step] / best_s if ok and best_s else None
+        v[f"{tag}ratio_lower_bound"] = v[step] / lb if ok else None
+        v[f"{tag}ratio_work_speed"] = v[step] / ws if ok else None
+    return best_h, best_s
 
 
 def summarize(results: list[dict]) -> dict:
     """Per strategy: mean speed-up over the best of HEFT/m-SCT/pipeline_dp
     (``1 - ratio``), worst ratio to the best heuristic, mean ratio to the
-    lower bound."""
+    lower bound (and to ``work / speed``); the same from the simulator's
+    step times under ``sim_``-prefixed keys."""
     out = {}
     names = sorted({n for r in results for n in r["strategies"]})
     for n in names:
-        rows = [r["strategies"][n] for r in results if r["strategies"].get(n, {}).get("feasible")]
-        if not rows:
-            continue
-        strong = [x["ratio_best_strong"] for x in rows if x.get("ratio_best_strong")]
-        heur = [x["ratio_best_heuristic"] for x in rows if x.get("ratio_best_heuristic")]
-        out[n] = {"cases": len(rows),
-                  "mean_faster_than_best_strong": 1 - float(np.mean(strong)) if strong else None,
-                  "worst_ratio_best_heuristic": max(heur) if heur else None,
-                  "mean_ratio_lower_bound": float(np.mean([x["ratio_lower_bound"]
-                                                           for x in rows])),
-                  "infeasible_cases": sum(1 for r in results
-                                          if r["strategies"].get(n, {}).get("feasible") is False),
-                  "max_planning_seconds": max(x["planning_seconds"] for x in rows)}
+        entry = {}
+        for tag, feasible in (("", "feasible"), ("sim_", "sim_feasible")):
+            part = _summary(results, n, tag, feasible)
+            if part:
+                entry.update(part)
+        if entry:
+            out[n] = entry
+    return out
+
+
+def _summary(results: list[dict], n: str, tag: str, feasible: str) -> dict:
+    rows = [r["strategies"][n] for r in results if r["strategies"].get(n, {}).get(feasible)]
+    if not rows:
+        return {}
+    strong = [x[f"{tag}ratio_best_strong"] for x in rows if x.get(f"{tag}ratio_best_strong")]
+    heur = [x[f"{tag}ratio_best_heuristic"] for x in rows
+            if x.get(f"{tag}ratio_best_heuristic")]
+    out = {f"{tag}cases": len(rows),
+           f"{tag}mean_faster_than_best_strong": 1 - float(np.mean(strong)) if strong else None,
+           f"{tag}worst_ratio_best_heuristic": max(heur) if heur else None,
+           f"{tag}mean_ratio_lower_bound": float(np.mean([x[f"{tag}ratio_lower_bound"]
+                                                          for x in rows])),
+           f"{tag}mean_ratio_work_speed": float(np.mean([x[f"{tag}ratio_work_speed"]
+                                                         for x in rows])),
+           f"{tag}infeasible_cases": sum(1 for r in results
+                                         if r["strategies"].get(n, {}).get(feasible) is False)}
+    if not tag:
+        out["max_planning_seconds"] = max(x["planning_seconds"] for x in rows)
     return out
 
 
 def plot(results: list[dict], path: str) -> None:
-    """Bars of each strategy's ratio to the best heuristic, per case (PNG)."""
+    """Bars of each strategy's ratio to the best heuristic, per case, by the
+    analytical model (top) and the simulator (bottom); the legend sits
+    right of the bars (PNG)."""
     import matplotlib
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
     names = sorted({n for r in results for n in r["strategies"]
-                    if r["strategies"][n].get("feasible")})
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(results)), 4.5))
+                    if r["strategies"][n].get("feasible")
+                    or r["strategies"][n].get("sim_feasible")})
+    fig, axes = plt.subplots(2, 1, figsize=(max(7, 1.6 * len(results) + 2.5), 8), sharex=True)
     width = 0.8 / max(len(names), 1)
-    for k, n in enumerate(names):
-        vals = [min(r["strategies"].get(n, {}).get("ratio_best_heuristic") or np.nan, 3.0)
-                for r in results]
-        ax.bar(np.arange(len(results)) + k * width, vals, width, label=n)
-    ax.axhline(1.0, color="k", lw=0.8)
-    ax.set_xticks(np.arange(len(results)) + 0.4 - width / 2,
-                  [r["case"].replace("@", "\n") for r in results], fontsize=7)
-    ax.set_ylabel("step time / best heuristic (capped at 3)")
-    ax.legend(fontsize=7, ncol=3)
+    x = np.arange(len(results))
+    for ax, tag, title in ((axes[0], "", "analytical model"), (axes[1], "sim_", "simulator")):
+        for k, n in enumerate(names):
+            vals = [min(r["strategies"].get(n, {}).get(f"{tag}ratio_best_heuristic") or np.nan,
+                        3.0) for r in results]
+            ax.bar(x + k * width, vals, width, label=n, color=plt.cm.tab20(k % 20))
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_ylabel("step / best heuristic (cap 3)")
+        ax.set_title(title, fontsize=9)
+    axes[1].set_xticks(x + 0.4 - width / 2, [r["case"].replace("@", "\n") for r in results],
+                       fontsize=7)
+    axes[0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
     plt.close(fig)
     atomic_write_bytes(path, buf.getvalue())
 
@@ -209,4 +330,5 @@ def _clean(x):
     return str(x)
 
 
-__all__ = ["SUITES", "bench_search", "load_case", "lower_bound", "run_case", "summarize"]
+__all__ = ["SUITES", "bench_search", "load_case", "lower_bound", "run_case", "summarize",
+           "work_speed_bound"]
