@@ -272,9 +272,11 @@ def _val_problems(cost):
 
 
 def train(config: TrainConfig, out=None, *, resume: bool = False, progress: bool = True,
-          validate: bool = True, log=None) -> Trainer:
+          validate: bool = True, log=None, time_budget: float | None = None) -> Trainer:
     """Train (or resume) a policy; checkpoints, CSV log and learning curve go
-    to ``out`` (a stem: ``out.pt``, ``out.json``, ``out.csv``, ``out.png``)."""
+    to ``out`` (a stem: ``out.pt``, ``out.json``, ``out.csv``, ``out.png``).
+    With ``time_budget`` (seconds of this call) training stops after the
+    iteration that spends it and saves a checkpoint that ``resume`` continues."""
     if resume:
         if out is None:
             raise StrategyError("resume needs the checkpoint to continue", field="out")
@@ -312,9 +314,13 @@ def train(config: TrainConfig, out=None, *, resume: bool = False, progress: bool
                             best=f"{row['best']:.3f}")
         if log is not None:
             log(row)
-        if out is not None and (it % cfg.checkpoint_every == 0 or it == cfg.iterations):
+        over_budget = time_budget is not None and time.perf_counter() - t0 >= time_budget
+        if out is not None and (it % cfg.checkpoint_every == 0 or it == cfg.iterations
+                                or over_budget):
             trainer.save(out, elapsed=row["seconds"])
             _write_logs(out, trainer.history)
+        if over_budget:
+            break
     if bar is not None:
         bar.close()
     return trainer
@@ -415,8 +421,13 @@ def tune(trials: int, base: TrainConfig, iterations: int, out=None,
 def build_parser(prog: str = "train_policy.py") -> argparse.ArgumentParser:
     """The argument parser of :func:`main`."""
     d = TrainConfig()
-    p = argparse.ArgumentParser(prog=prog, description="Train a placement policy (REINFORCE "
-                                "with a per-problem baseline) on the training split.")
+    from placer._cli import add_json, add_time_budget, command_parser
+    p = command_parser(prog, "Train a placement policy (REINFORCE with a per-problem baseline) "
+                       "on the training split; checkpoints are state dicts plus JSON.",
+                       f"{prog} --iterations 200 -o policy --time-budget 600",
+                       f"{prog} --iterations 400 -o policy --resume   # continue that run",
+                       "placer plan gpt-125m --cluster two-sites --method rl  "
+                       "# uses the shipped policy")
     p.add_argument("-o", "--out", default="gnn/checkpoints/policy",
                    help="checkpoint stem: writes STEM.pt, .json, .train.pt, .csv, .png")
     p.add_argument("--iterations", type=int, default=d.iterations)
@@ -441,6 +452,9 @@ def build_parser(prog: str = "train_policy.py") -> argparse.ArgumentParser:
     p.add_argument("--tune-iterations", type=int, default=100)
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--no-progress", action="store_true")
+    add_time_budget(p, "training (stops after the running iteration, saving a checkpoint "
+                    "that --resume continues)")
+    add_json(p)
     return p
 
 
@@ -463,8 +477,13 @@ def main(argv: list[str] | None = None, prog: str = "train_policy.py") -> int:
                               "best_value": result["best_value"]}, indent=1))
             return 0
         t0 = time.perf_counter()
-        trainer = train(cfg, args.out, resume=args.resume, progress=not args.no_progress)
+        trainer = train(cfg, args.out, resume=args.resume, progress=not args.no_progress,
+                        time_budget=args.time_budget)
         last = trainer.history[-1] if trainer.history else {}
+        if args.json:
+            print(json.dumps({"iterations": trainer.iteration, "checkpoint": f"{args.out}.pt",
+                              "seconds": last.get("seconds"), "last": last}, indent=1))
+            return 0
         print(f"trained {trainer.iteration} iterations in {time.perf_counter() - t0:.1f}s "
               f"(total {last.get('seconds', 0):.1f}s); last val {last.get('val', math.nan):.3f}; "
               f"checkpoint {args.out}.pt")

@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import __version__
+from ._cli import formatter
 from .errors import PlacerError, TraceError
 
 EXIT_BAD_INPUT = 2
 
 
-def _formatter(prog: str) -> argparse.HelpFormatter:
-    return argparse.RawDescriptionHelpFormatter(prog, max_help_position=32)
+_formatter = formatter
 
 
 def _add(sub, name: str, help_text: str, example: str) -> argparse.ArgumentParser:
@@ -49,7 +49,7 @@ def _parse_shape(text: str) -> tuple[int, ...]:
 
 
 def load_model(spec: str, input_shapes: list[str] | None = None, input_dtype: str = "float32",
-               batch: int | None = None, seq: int | None = None):
+               batch: int | None = None, seq: int | None = None, tiny: bool = False):
     """``module:factory`` or a zoo name -> ``(module, example_inputs)``."""
     import torch
     from . import datasets
@@ -90,7 +90,7 @@ def load_model(spec: str, input_shapes: list[str] | None = None, input_dtype: st
                 inputs.append(torch.randint(0, 2, shape, generator=generator, dtype=dtype))
         return made, tuple(inputs)
     if spec in datasets.models():
-        return datasets.model(spec, batch=batch, seq=seq)
+        return datasets.model(spec, batch=batch, seq=seq, tiny=tiny)
     raise PlacerError(f"unknown model {spec!r}", field="MODEL",
                       fix="give MODULE:FACTORY, a graph file, or a zoo model: "
                       + ", ".join(datasets.models()))
@@ -103,7 +103,7 @@ def load_graph(spec: str, args: argparse.Namespace | None = None):
 
     if _is_graph_file(spec):
         return Graph.load(spec)
-    if ":" not in spec and spec in datasets.graphs():
+    if ":" not in spec and spec in datasets.graphs() and not getattr(args, "tiny", False):
         return datasets.graph(spec)
     granularity = getattr(args, "granularity", None) or "module"
     if ":" not in spec and spec not in datasets.models():
@@ -114,7 +114,8 @@ def load_graph(spec: str, args: argparse.Namespace | None = None):
     from .trace import trace
     model, inputs = load_model(spec, getattr(args, "input_shape", None),
                                getattr(args, "input_dtype", "float32"),
-                               getattr(args, "batch", None), getattr(args, "seq", None))
+                               getattr(args, "batch", None), getattr(args, "seq", None),
+                               getattr(args, "tiny", False))
     return trace(model, inputs, granularity=granularity, name=spec.rpartition(":")[2])
 
 
@@ -478,10 +479,12 @@ def cmd_bench(args) -> int:
             bench_heuristics(out=out, seed=args.seed)
         else:
             from .bench.search_evolution import bench_search
-            bench_search(out=out, quick=args.quick, suite=args.suite, seed=args.seed)
+            bench_search(out=out, quick=args.quick, suite=args.suite, seed=args.seed,
+                         seconds=args.time_budget)
     elif args.what == "learned":
         from .bench.learned import bench_learned
-        bench_learned(out=out, quick=args.quick, seed=args.seed)
+        extra = {} if args.time_budget is None else {"time_budget": args.time_budget}
+        bench_learned(out=out, quick=args.quick, seed=args.seed, **extra)
     elif args.what == "runtime":
         from .bench.runtime import accuracy, netns, overhead
         from ._io import atomic_write_text, dump_json
@@ -506,7 +509,7 @@ def cmd_run(argv: list[str]) -> int:
     result = run(model, plan, inputs, cluster=cluster, **kwargs)
     report = result.report
     _print({"report": {**report.to_dict(), "predicted": report.predicted},
-            "loss": None if result.loss is None else float(result.loss)}, ns.json)
+            "loss": None if result.loss is None else float(result.loss)}, ns)
     return 0
 
 
@@ -560,6 +563,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--input-dtype", default="float32", help="dtype of the example inputs")
         p.add_argument("--batch", type=int, help="batch size for zoo models")
         p.add_argument("--seq", type=int, help="sequence length / image side for zoo models")
+        p.add_argument("--tiny", action="store_true",
+                       help="zoo models: the small test configuration (as `placer run --tiny`)")
 
     p = _add(sub, "trace", "Trace a PyTorch model into a placer.graph/v1 file.",
              "placer trace mymodels:resnet --input-shape 8,3,224,224 -o resnet.json")
@@ -659,6 +664,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--suite", help="search: quick, hetero, homo, dtfm, scale or heuristics; "
                                    "runtime: overhead, accuracy or netns")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--time-budget", type=float, metavar="SECONDS",
+                   help="search and learned: seconds per strategy and case "
+                        "(default: the suite's own)")
     p.set_defaults(func=cmd_bench)
 
     for name, (help_text, example) in DELEGATED.items():

@@ -106,10 +106,11 @@ def storage_for(url: str):
 def tune(cases: Sequence[str] = DEFAULT_CASES, *, trials: int = 20,
          storage: str = DEFAULT_STORAGE, study: str = DEFAULT_STUDY,
          evaluations: int = 400, output: str | None = "placer-tune.json", seed: int | None = None,
-         progress: bool = False) -> dict:
+         progress: bool = False, time_budget: float | None = None) -> dict:
     """Run ``trials`` trials of the shared study and return (and write to
     ``output``) the best configuration: ``{"config": ..., "value": ...,
-    "trials": ..., "cases": ..., "study": ..., "storage": ...}``."""
+    "trials": ..., "cases": ..., "study": ..., "storage": ...}``. With
+    ``time_budget`` (seconds) no trial starts after the budget is spent."""
     import optuna
     if trials < 1:
         raise StrategyError(f"trials must be >= 1, got {trials!r}", field="--trials")
@@ -131,7 +132,7 @@ def tune(cases: Sequence[str] = DEFAULT_CASES, *, trials: int = 20,
             atomic_write_text(output, json.dumps(_best(study_, cases, study, storage),
                                                  indent=2) + "\n")
 
-    st.optimize(objective, n_trials=int(trials), callbacks=[save])
+    st.optimize(objective, n_trials=int(trials), callbacks=[save], timeout=time_budget)
     result = _best(st, cases, study, storage)
     if output:
         atomic_write_text(output, json.dumps(result, indent=2) + "\n")
@@ -161,9 +162,12 @@ def _safe_url(url: str) -> str:
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     """The arguments of ``placer tune`` (added to ``parser`` if given)."""
-    p = parser or argparse.ArgumentParser(
-        prog="placer tune", description="Tune the evolutionary search's hyperparameters "
-        "over benchmark cases (Optuna, shared RDB study).")
+    from ._cli import add_json, add_seed, add_time_budget, command_parser
+    p = parser or command_parser(
+        "placer tune", "Tune the evolutionary search's hyperparameters over benchmark cases "
+        "(Optuna TPE; the study lives in an RDB so it resumes and several workers share it).",
+        "placer tune --trials 20 --storage sqlite:///tune.db -o best.json",
+        "placer tune --trials 20 --storage postgresql://user@db-host/placer   # on each machine")
     p.add_argument("--case", action="append", metavar="GRAPH@CLUSTER",
                    help="benchmark case (repeat); default: " + ", ".join(DEFAULT_CASES))
     p.add_argument("--trials", type=int, default=20, help="trials this worker runs")
@@ -174,8 +178,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="evaluation budget of each search run")
     p.add_argument("-o", "--output", default="placer-tune.json",
                    help="JSON file for the best configuration")
-    p.add_argument("--seed", type=int, default=None, help="sampler seed")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_seed(p, "TPE sampler", default=None)
+    add_time_budget(p, "tuning in this worker (stops after the running trial)")
+    add_json(p)
     return p
 
 
@@ -183,7 +188,7 @@ def run_args(args: argparse.Namespace) -> int:
     """Run ``placer tune`` from parsed arguments (for the CLI)."""
     result = tune(args.case or DEFAULT_CASES, trials=args.trials, storage=args.storage,
                   study=args.study, evaluations=args.evaluations, output=args.output,
-                  seed=args.seed)
+                  seed=args.seed, time_budget=args.time_budget)
     if getattr(args, "json", False):
         print(json.dumps(result, indent=2))
     else:

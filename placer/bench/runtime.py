@@ -246,7 +246,7 @@ def netns(plans: int = 2, nproc: int = 2, rate: str = "200mbit", model: str = MO
                        "--cluster", cluster_path, "--steps", str(steps),
                        "--timeout", str(timeout), "--config", json.dumps(CONFIG)]
                 if i == 0:
-                    cmd += ["--json", out]
+                    cmd += ["-o", out]
                 procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                               stderr=subprocess.PIPE, text=True))
             try:

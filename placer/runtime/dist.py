@@ -486,8 +486,22 @@ def _watch(processes, status_paths: list[str], devs: list[str], timeout: float,
 # --------------------------------------------------------------------------
 # command lines
 # --------------------------------------------------------------------------
+_EXAMPLES = {
+    "placer run": ("placer plan gpt-125m --tiny --cluster local -o plan.json",
+                   "placer run plan.json --model gpt-125m --tiny --steps 3 --cluster local"),
+    "placer launch": ("placer plan gpt-125m --tiny --cluster hetero-lab --method even_pipeline "
+                      "-o plan.json",
+                      "placer launch plan.json --model gpt-125m --tiny -o measured.json"),
+}
+
+
 def _parser(prog: str, with_nproc: bool) -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=prog, description="Run a plan on torch.distributed ranks.")
+    from .._cli import add_json, add_seed, command_parser
+    description = ("Run a plan on torch.distributed ranks, one per device, and measure it."
+                   if with_nproc else "Run a plan on this machine's devices and measure it.")
+    ap = command_parser(prog, description, *_EXAMPLES.get(
+        prog, ("torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d "
+               "--rdzv-endpoint HOST:29500 -m placer.runtime.dist plan.json --model gpt-125m",)))
     ap.add_argument("plan", help="placer.plan/v1 JSON")
     ap.add_argument("--model", required=True, help="zoo model name (placer datasets models)")
     ap.add_argument("--tiny", action="store_true", help="the zoo's small test configuration")
@@ -506,39 +520,46 @@ def _parser(prog: str, with_nproc: bool) -> argparse.ArgumentParser:
         ap.add_argument("--fault-timeout", type=float, default=60.0,
                         help="seconds without progress on any rank before the run is "
                              "stopped as hung")
-    ap.add_argument("--json", default=None, help="write the measured report here")
+    add_seed(ap, "model's weights and example inputs")
+    ap.add_argument("-o", "--output", default=None, help="write the measured report (JSON) here")
+    add_json(ap)
     if with_nproc:
         ap.add_argument("--nproc", type=int, default=None,
                         help="processes to start (default: the plan's devices)")
     return ap
 
 
-def _zoo_build(name, tiny, batch, seq, config=None):
+def _zoo_build(name, tiny, batch, seq, config=None, seed=0):
     from .. import zoo
-    return zoo.build(name, batch=batch, seq=seq, tiny=tiny, **(config or {}))
+    return zoo.build(name, batch=batch, seq=seq, tiny=tiny, seed=seed, **(config or {}))
 
 
 def _cluster(arg):
-    from ..cluster import Cluster
-    if arg is None:
-        return None
-    return Cluster.load(arg) if os.path.exists(arg) else Cluster.preset(arg)
+    from ..cli import load_cluster
+    return None if arg is None else load_cluster(arg)
 
 
 def _common(ns) -> tuple:
     from ..plan import Plan
     plan = Plan.load(ns.plan)
     build = functools.partial(_zoo_build, ns.model, ns.tiny, ns.batch, ns.seq,
-                              json.loads(ns.config) if ns.config else None)
+                              json.loads(ns.config) if ns.config else None, ns.seed)
     kwargs = {"steps": ns.steps, "warmup": ns.warmup, "training": not ns.inference}
     if ns.lr is not None:
         kwargs["optimizer"] = functools.partial(torch.optim.SGD, lr=ns.lr)
     return plan, build, kwargs, _cluster(ns.cluster)
 
 
-def _print(result: dict, path: str | None) -> None:
+def _print(result: dict, ns) -> None:
+    """Print the measured report (text, or JSON with ``--json``); write it to ``-o``."""
     from .._io import atomic_write_text, dump_json
     rep = result["report"]
+    path = ns.output
+    if ns.json:
+        print(dump_json({**rep, "loss": result.get("loss")}).rstrip())
+        if path:
+            atomic_write_text(path, dump_json({k: v for k, v in rep.items()}))
+        return
     pred = rep.get("predicted")
     line = f"step {rep['step_time'] * 1e3:.2f} ms measured"
     if pred:
@@ -556,7 +577,7 @@ def launch_main(argv: list[str] | None = None) -> int:
     plan, build, kwargs, cluster = _common(ns)
     result = launch(plan, build, nproc=ns.nproc, backend=ns.backend, timeout=ns.timeout,
                     cluster=cluster, fault_timeout=ns.fault_timeout, **kwargs)
-    _print(result, ns.json)
+    _print(result, ns)
     return 0
 
 
@@ -569,7 +590,7 @@ def rank_main(argv: list[str] | None = None) -> int:
         model, inputs = build()
         result = run_rank(model, plan, inputs, cluster=cluster, **kwargs)
         if result is not None:
-            _print(result, ns.json)
+            _print(result, ns)
     finally:
         dist.destroy_process_group()
     return 0

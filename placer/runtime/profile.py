@@ -18,6 +18,7 @@ measurements rather than from peak FLOPs.
 from __future__ import annotations
 
 import copy
+import json
 import statistics
 import time
 from typing import Any
@@ -227,9 +228,12 @@ def calibrated_graph(graph: Graph, cluster: Cluster, device: str | None = None,
 def profile_main(argv: list[str] | None = None) -> int:
     """``placer profile --model NAME [--tiny] [--batch B] [--cluster C] -o graph.json
     [--cluster-out c.yaml]``: measure and write the calibrated graph/cluster."""
-    import argparse
-    ap = argparse.ArgumentParser(prog="placer profile",
-                                 description="Measure per-op times on this machine.")
+    from .._cli import add_json, add_seed, command_parser
+    ap = command_parser("placer profile", "Measure per-op times on this machine's devices and "
+                        "write a calibrated graph (and cluster) for the cost model.",
+                        "placer profile --model gpt-125m --tiny -o gpt.measured.json "
+                        "--cluster-out local.yaml",
+                        "placer plan gpt.measured.json --cluster local.yaml -o plan.json")
     ap.add_argument("--model", required=True, help="zoo model name")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--batch", type=int, default=None)
@@ -237,21 +241,29 @@ def profile_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cluster", default=None, help="cluster file or preset (default: local)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    add_seed(ap, "model's weights and example inputs")
     ap.add_argument("-o", "--output", required=True, help="graph JSON to write")
     ap.add_argument("--cluster-out", default=None, help="calibrated cluster YAML to write")
+    add_json(ap)
     ns = ap.parse_args(argv)
     from .. import zoo
     from .dist import _cluster
     if ns.threads:
         torch.set_num_threads(ns.threads)
-    model, inputs = zoo.build(ns.model, batch=ns.batch, seq=ns.seq, tiny=ns.tiny)
+    model, inputs = zoo.build(ns.model, batch=ns.batch, seq=ns.seq, tiny=ns.tiny, seed=ns.seed)
     graph, cluster = profile(model, inputs, cluster=_cluster(ns.cluster), repeats=ns.repeats)
     graph.save(ns.output)
     if ns.cluster_out:
         cluster.save(ns.cluster_out)
-    for d in cluster.devices:
-        if "op_overhead" in d.extra:
-            print(f"{d.name}: efficiency {d.efficiency:.3g}, op overhead "
-                  f"{d.extra['op_overhead'] * 1e6:.1f} us, measured step "
-                  f"{d.extra['measured_step'] * 1e3:.2f} ms")
+    rows = [{"device": d.name, "efficiency": d.efficiency,
+             "op_overhead_s": d.extra["op_overhead"], "measured_step_s": d.extra["measured_step"]}
+            for d in cluster.devices if "op_overhead" in d.extra]
+    if ns.json:
+        print(json.dumps({"graph": ns.output, "cluster": ns.cluster_out, "devices": rows},
+                         indent=1))
+        return 0
+    for r in rows:
+        print(f"{r['device']}: efficiency {r['efficiency']:.3g}, op overhead "
+              f"{r['op_overhead_s'] * 1e6:.1f} us, measured step "
+              f"{r['measured_step_s'] * 1e3:.2f} ms")
     return 0

@@ -130,7 +130,7 @@ def num_params(module: nn.Module) -> int:
 
 def build(name: str, batch: int | None = None, seq: int | None = None,
           device: str | torch.device | None = None, *, tiny: bool = False,
-          **overrides) -> tuple[nn.Module, tuple]:
+          seed: int = 0, **overrides) -> tuple[nn.Module, tuple]:
     """Build zoo model ``name`` and example inputs for one training step.
 
     ``batch``/``seq`` default per model (e.g. GPT: 8 x 1024); ``overrides``
@@ -138,7 +138,7 @@ def build(name: str, batch: int | None = None, seq: int | None = None,
     entry's small test config. The model is built on ``meta`` (nothing
     allocated, inputs on ``meta`` too) when ``device="meta"`` or when its
     parameters exceed :data:`META_THRESHOLD_BYTES`; otherwise on ``device``
-    (default CPU) with deterministic weights (seed 0) and inputs.
+    (default CPU) with weights and inputs drawn from ``seed``.
     """
     e = entry(name)
     cfg = config(name, batch, seq, tiny, **overrides)
@@ -147,13 +147,13 @@ def build(name: str, batch: int | None = None, seq: int | None = None,
         module = e.build(cfg)
     target = torch.device(device) if device is not None else torch.device("cpu")
     if target.type != "meta" and param_bytes(module) <= META_THRESHOLD_BYTES:
-        with _seeded(0), torch.device(target):
+        with _seeded(seed), torch.device(target):
             module = e.build(cfg)
     else:
         target = torch.device("meta")
     generator = None
     if target.type != "meta":
-        generator = torch.Generator(device="cpu").manual_seed(0)
+        generator = torch.Generator(device="cpu").manual_seed(seed)
     inputs = tuple(t.to(target) for t in e.inputs(cfg, batch, seq, target, generator))
     return module, inputs
 

@@ -1,0 +1,37 @@
+"""Conventions shared by every ``placer`` subcommand's parser: a description,
+an example in ``--help``, ``--seed``, ``--time-budget``, ``--json`` and
+``-o/--output`` spelled and explained the same way everywhere."""
+from __future__ import annotations
+
+import argparse
+
+
+def formatter(prog: str) -> argparse.HelpFormatter:
+    """Help formatter that keeps the example's line breaks."""
+    return argparse.RawDescriptionHelpFormatter(prog, max_help_position=32)
+
+
+def command_parser(prog: str, description: str, *examples: str) -> argparse.ArgumentParser:
+    """A parser for a subcommand whose ``--help`` ends with runnable examples."""
+    lines = "\n".join(f"  {e}" for e in examples)
+    return argparse.ArgumentParser(prog=prog, description=description,
+                                   epilog=f"example{'s' if len(examples) > 1 else ''}:\n{lines}",
+                                   formatter_class=formatter)
+
+
+def add_seed(p: argparse.ArgumentParser, what: str = "random choices", default: int | None = 0):
+    """``--seed N``: the same seed and inputs give the same result."""
+    p.add_argument("--seed", type=int, default=default,
+                   help=f"seed of the {what} (same seed, same result; default {default})")
+
+
+def add_time_budget(p: argparse.ArgumentParser, what: str, default: float | None = None):
+    """``--time-budget SECONDS``: stop ``what`` after this long, keeping the best so far."""
+    p.add_argument("--time-budget", type=float, default=default, metavar="SECONDS",
+                   help=f"seconds of {what}" + ("" if default is None else f" (default {default:g})")
+                   + ("; unlimited when not given" if default is None else ""))
+
+
+def add_json(p: argparse.ArgumentParser) -> None:
+    """``--json``: print machine-readable output instead of text."""
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
