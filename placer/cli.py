@@ -343,10 +343,13 @@ def cmd_plan(args) -> int:
     if args.checkpoint:
         options.update(checkpoint=args.checkpoint, resume=args.resume)
         previous = _sigterm_as_interrupt()
+    from .convergence import Convergence
+    from .search.base import print_progress
+    convergence = Convergence(print_progress if not args.json and sys.stderr.isatty() else None)
     try:
         plan, report = optimize_with_report(
             graph, cluster, method=args.method, seed=args.seed, time_budget=args.time_budget,
-            progress=not args.json and sys.stderr.isatty(), **options)
+            progress=convergence, **options)
     except SearchInterrupted as exc:
         if exc.plan is None:
             print(f"placer plan: interrupted ({exc.message}); nothing saved", file=sys.stderr)
@@ -369,8 +372,12 @@ def cmd_plan(args) -> int:
         plot_placement(graph, plan, stem + ".placement.png",
                        title=f"{graph.name} on {cluster.name}: placement by {plan.method}")
         report.plot_gantt(stem + ".gantt.png", title=f"{graph.name} on {cluster.name} ({plan.method})")
-        pictures += [stem + ".placement.png", stem + ".gantt.png"]
+        convergence.plot(stem + ".convergence.png",
+                         title=f"{graph.name} on {cluster.name}: search convergence "
+                               "(search model's step time)")
+        pictures += [stem + ".placement.png", stem + ".gantt.png", stem + ".convergence.png"]
     data = {"plan": args.output, "trace": stem + ".trace.json", "pictures": pictures,
+            "convergence": convergence.to_dict(),
             "method": plan.method, "microbatches": plan.microbatches,
             "schedule": plan.schedule, "report": report.to_dict()}
     _, plan_text = show_plan(plan)

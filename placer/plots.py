@@ -213,3 +213,32 @@ def plot_comparison(rows: list[dict], path: PathLike, *, title: str = "") -> Non
     ax.set_title(title + ("\nred, hatched: over a device's memory"
                           if not all(r["feasible"] for r in rows) else ""), fontsize=10)
     _save(fig, path)
+
+
+def plot_convergence(series: dict[str, list[dict]], path: PathLike, *, title: str = "") -> None:
+    """Best step time found so far against search time, one line per
+    strategy (``series`` as recorded by :class:`placer.convergence.Convergence`);
+    a strategy that reported once (a heuristic) is a single marker."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    names = sorted(series)
+    cmap = plt.get_cmap("tab10")
+    colors = {n: cmap(i % 10) for i, n in enumerate(names)}
+    for name in names:
+        rows = series[name]
+        if not rows:
+            continue
+        xs = [max(r["seconds"], 1e-3) for r in rows]
+        ys = [r["step_time"] * 1e3 for r in rows]
+        if len(rows) == 1:
+            ax.plot(xs, ys, "o", color=colors[name], label=name)
+        else:
+            ax.step(xs, ys, where="post", color=colors[name], label=name, lw=1.6)
+            ax.plot(xs[-1:], ys[-1:], "o", color=colors[name], ms=4)
+    ax.set_xscale("log")
+    ax.set_xlabel("search time (s, log scale)")
+    ax.set_ylabel("best step time found (ms)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.set_title(title or "search convergence", fontsize=10)
+    _save(fig, path)

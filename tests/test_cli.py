@@ -92,8 +92,12 @@ def test_plan_run_and_simulate_end_to_end(tmp_path, capsys):
                  "--time-budget", "5", "-o", str(ppath), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["report"]["feasible"] and data["report"]["step_time"] > 0
+    assert {p.rsplit(".", 2)[-2] for p in data["pictures"]} == {"placement", "gantt",
+                                                                "convergence"}
     for picture in data["pictures"]:
         assert (tmp_path / picture.rsplit("/", 1)[-1]).read_bytes()[:4] == b"\x89PNG"
+    series = data["convergence"]["even_pipeline"]
+    assert series and series[-1]["step_time"] > 0
     plan = Plan.load(ppath)
     plan.validate(graph, Cluster.preset("two-sites"))
     assert main(["simulate", str(gpath), "two-sites", str(ppath), "--json",
@@ -110,6 +114,32 @@ def test_delegated_commands_have_help():
     for name in ("run", "launch", "profile", "tune", "train"):
         out = run_cli(name, "--help")
         assert out.returncode == 0 and "usage: placer" in out.stdout, (name, out.stderr)
+
+
+#: flags each subcommand must offer (the CLI's conventions in README)
+CONVENTIONS = {
+    "trace": ["-o", "--json"], "show": ["--json"],
+    "plan": ["-o", "--json", "--seed", "--time-budget"],
+    "replan": ["-o", "--json", "--seed", "--time-budget"],
+    "simulate": ["--json"], "compare": ["--json"], "datasets": ["--json"],
+    "bench": ["-o", "--seed", "--time-budget"],
+    "run": ["-o", "--json", "--seed"], "launch": ["-o", "--json", "--seed"],
+    "profile": ["-o", "--json", "--seed"],
+    "tune": ["-o", "--json", "--seed", "--time-budget"],
+    "train": ["-o", "--json", "--seed", "--time-budget"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONVENTIONS))
+def test_every_command_help_has_an_example_and_the_conventions(name, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main([name, "--help"])
+    assert stop.value.code == 0
+    text = capsys.readouterr().out
+    example = text.split("example", 1)[1]
+    assert f"placer {name}" in example, text
+    for flag in CONVENTIONS[name]:
+        assert f" {flag}" in text, (name, flag)
 
 
 def test_bad_plan_for_graph_is_exit_2(tmp_path, tiny_graph):
