@@ -34,13 +34,32 @@ def optimize(graph: "Graph", cluster: "Cluster", method: str = "evolution", seed
              time_budget: float = 30.0, **options: Any) -> "Plan":
     """Search a plan for ``graph`` on ``cluster`` with strategy ``method``
     (see :func:`strategies`); the returned plan's ``predicted`` block holds
-    the simulator's figures. Options go to :func:`placer.search.optimize`."""
+    the simulator's figures. Options (``evaluations``, ``progress``,
+    ``microbatches``, ``schedule``, ...) are described in
+    :func:`placer.search.optimize_with_report`.
+
+    >>> import placer
+    >>> g = placer.datasets.graph("gpt-125m.module")
+    >>> c = placer.Cluster.preset("two-sites")
+    >>> heft = placer.optimize(g, c, "heft")
+    >>> best = placer.optimize(g, c, "evolution", seed=1, time_budget=None, evaluations=400)
+    >>> best.predicted["step_time"] <= heft.predicted["step_time"]
+    True
+    >>> best.placement == placer.optimize(g, c, "evolution", seed=1, time_budget=None,
+    ...                                   evaluations=400).placement   # same seed, same plan
+    True
+    """
     from .search import optimize as _optimize
     return _optimize(graph, cluster, method=method, seed=seed, time_budget=time_budget,
                      **options)
 
 
 def strategies() -> list[str]:
-    """Names usable as ``method=`` in :func:`optimize`."""
+    """Names usable as ``method=`` in :func:`optimize`.
+
+    >>> import placer
+    >>> {"heft", "m_sct", "pipeline_dp", "evolution", "dtfm", "rl"} <= set(placer.strategies())
+    True
+    """
     from .search import strategies as _strategies
     return _strategies()

@@ -96,6 +96,17 @@ def trace(model: torch.nn.Module, example_inputs: Any, *, granularity: str = "op
 
     Raises :class:`placer.errors.TraceError` when the inputs are unusable or
     neither tracer captures the model.
+
+    >>> import torch, placer
+    >>> mlp = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+    ...                           torch.nn.Linear(32, 4))
+    >>> g = placer.trace(mlp, torch.randn(8, 16))
+    >>> g.topological_order(), g.total_param_bytes() == 4 * (16 * 32 + 32 + 32 * 4 + 4)
+    (['input', '0', '1', '2'], True)
+    >>> g.op("0").flops == 2 * 8 * 16 * 32     # 2 x batch x in x out
+    True
+    >>> g.op("2").bwd_flops == 2 * g.op("2").flops   # input and weight gradients
+    True
     """
     if not isinstance(model, torch.nn.Module):
         raise TraceError(f"expected a torch.nn.Module, got {type(model).__name__}",
