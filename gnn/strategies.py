@@ -27,6 +27,7 @@ from placer.search.base import Budget, Strategy, get_strategy, register_strategy
 
 from .checkpoint import default_checkpoint, load_policy
 from .features import encode_problem
+from .model import FastDecoder
 from .problems import best_times, reference, reward
 
 __all__ = ["RL", "Hybrid", "policy_plans"]
@@ -94,63 +95,79 @@ class _OneThread:
 
 
 def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: int = 0,
-                 samples: int = 32, batch: int = 32, refine: int = 2, max_units: int = 256,
+                 samples: int = 32, batch: int = 32, refine: int = 2, max_units: int = 96,
                  temperature: float = 1.0, microbatches=None, schedules=("1f1b",),
-                 keep: int = 1):
+                 keep: int = 1, baselines: bool = True):
     """Decode and score placements; returns ``[(objective, device per op,
-    microbatches, schedule)]`` of the ``keep`` best distinct ones, best first.
+    microbatches, schedule, source)]`` of the ``keep`` best distinct ones,
+    best first. ``source`` says where the plan came from: ``"policy"`` (one-shot
+    decoding), ``"refined"`` (a refinement round) or ``"baseline"``.
 
-    Stops early when ``budget`` is spent (the greedy plan is always scored).
+    One encoder pass; one batched decoding of the greedy placement and
+    ``samples`` sampled ones (:class:`gnn.model.FastDecoder`); with
+    ``baselines`` the simple reference plans (one device, even pipelines) join
+    them; then ``refine`` rounds re-decide every unit of the best plan so far
+    given the others (greedy plus ``batch`` samples, capped by ``samples``).
+    Everything is scored with ``cost_model``'s array path at each microbatch
+    count and schedule. Stops early when ``budget`` is spent (the greedy plan
+    is always scored).
     """
     pg = encode_problem(problem, max_units)
-    gen = torch.Generator().manual_seed(int(seed))
+    rng = np.random.default_rng(int(seed))
     choices = list(microbatches) if microbatches else _choices(problem)
     found: dict = {}
 
-    def score(actions: torch.Tensor) -> np.ndarray:
-        units = actions.numpy()
+    def score(rows: np.ndarray, source: str, units: bool = True) -> None:
         per_combo = max(len(choices) * len(schedules), 1)
-        room = budget.allow(len(units) * per_combo)
+        room = budget.allow(len(rows) * per_combo)
         n = max(room // per_combo, 1 if budget.used == 0 else 0)
-        units = units[:n]
-        if not len(units):
-            return units
-        A = pg.expand(units)
+        rows = rows[:n]
+        if not len(rows):
+            return
+        A = pg.expand(rows) if units else rows
         t, m, s = best_times(cost_model, problem, A, choices, schedules)
         for row, tt, mm, ss in zip(A, t, m, s):
             key = row.tobytes()
             if key not in found or tt < found[key][0]:
-                found[key] = (float(tt), row, int(mm), schedules[int(ss)])
-        return units
+                found[key] = (float(tt), row, int(mm), schedules[int(ss)], source)
 
     with torch.no_grad(), _OneThread():
-        enc = policy.static_scores(pg)
-        score(policy.sample(pg, 1, greedy=True, encoded=enc).actions)
-        drawn = 0
-        while drawn < samples and not budget.exhausted():
-            k = min(batch, samples - drawn)
-            score(policy.sample(pg, k, generator=gen, encoded=enc,
-                                temperature=temperature).actions)
-            drawn += k
+        decoder = FastDecoder(policy, pg)
+        score(decoder.decode(1 + samples, greedy=1, rng=rng, temperature=temperature),
+              "policy")
+        if baselines and not budget.exhausted():
+            score(_baseline_rows(problem), "baseline", units=False)
         for _ in range(max(refine, 0)):
             if budget.exhausted() or not found:
                 break
             best = min(found.values(), key=lambda v: v[0])
-            first = np.zeros(pg.n_units, dtype=np.int64)
-            first[pg.unit_of[::-1]] = best[1][np.arange(len(pg.unit_of))[::-1]]
-            score(policy.sample(pg, 1, greedy=True, context=first, encoded=enc).actions)
-            if samples:
-                score(policy.sample(pg, min(batch, samples), generator=gen, context=first,
-                                    encoded=enc, temperature=temperature).actions)
+            k = 1 + min(batch, samples)
+            score(decoder.decode(k, greedy=1, rng=rng, temperature=temperature,
+                                 context=_unit_row(pg, best[1])), "refined")
     return sorted(found.values(), key=lambda v: v[0])[:keep]
+
+
+def _unit_row(pg, op_row: np.ndarray) -> np.ndarray:
+    """Device per unit from device per op: the device of each unit's first op."""
+    first = np.zeros(pg.n_units, dtype=np.int64)
+    first[pg.unit_of[::-1]] = op_row[::-1]
+    return first
+
+
+def _baseline_rows(problem) -> np.ndarray:
+    """The simple reference plans (device per op) of :mod:`gnn.problems`,
+    colocation kept."""
+    from .problems import _colocated, pipeline_assignments
+    return _colocated(problem, pipeline_assignments(problem))
 
 
 class _Learned(Strategy):
     """Options shared by the learned strategies."""
 
     def __init__(self, *, checkpoint=None, samples: int = 32, batch: int = 32,
-                 refine: int = 2, max_units: int = 256, temperature: float = 1.0,
-                 finetune: float = 0.0, finetune_steps: int | None = None, **base):
+                 refine: int = 2, max_units: int = 96, temperature: float = 1.0,
+                 finetune: float = 0.0, finetune_steps: int | None = None,
+                 baselines: bool = True, **base):
         super().__init__(**base)
         for label, value, low in (("samples", samples, 0), ("batch", batch, 1),
                                   ("max_units", max_units, 1)):
@@ -167,6 +184,7 @@ class _Learned(Strategy):
         self.samples, self.batch, self.refine = int(samples), int(batch), int(refine)
         self.max_units, self.temperature = int(max_units), float(temperature)
         self.finetune, self.finetune_steps = float(finetune), finetune_steps
+        self.baselines = bool(baselines)
 
     def _plans(self, problem, cost_model, budget, seed, keep):
         from placer.plan import Plan
@@ -185,12 +203,12 @@ class _Learned(Strategy):
                              max_units=self.max_units, temperature=self.temperature,
                              microbatches=self.microbatch_choices(problem)
                              if self.microbatches is not None else None,
-                             schedules=schedules, keep=keep)
+                             schedules=schedules, keep=keep, baselines=self.baselines)
         names = problem.devices
         out = []
-        for _, row, m, s in found:
+        for _, row, m, s, source in found:
             placement = {op: [names[d]] for op, d in zip(problem.ids, row.tolist())}
-            out.append(Plan(placement, m, s, self.name))
+            out.append(Plan(placement, m, s, self.name, extra={"source": source}))
         return out
 
 
@@ -201,9 +219,12 @@ class RL(_Learned):
     Options: ``checkpoint`` (stem; default the shipped policy), ``samples``
     (placements drawn besides the greedy one; 0: greedy only), ``batch``
     (samples decoded together), ``refine`` (refinement rounds),
-    ``max_units`` (decision units; larger graphs are cut into runs),
-    ``temperature``, ``finetune`` (seconds of REINFORCE on the target first)
-    or ``finetune_steps``.
+    ``max_units`` (decision units; larger graphs are cut into runs; the
+    shipped policy was trained with 96), ``temperature``, ``baselines``
+    (also score the simple reference plans and refine from the best, default
+    True), ``finetune`` (seconds of REINFORCE on the target first) or
+    ``finetune_steps``. The plan's ``extra["source"]`` says whether the
+    policy's one-shot decoding, a refinement round or a baseline won.
     """
 
     name = "rl"
