@@ -321,13 +321,33 @@ def _sigterm_as_interrupt():
     return signal.signal(signal.SIGTERM, handler)
 
 
+def _methods(text: str) -> list[str]:
+    from .search import strategies
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in strategies()]
+    if not methods or unknown:
+        raise PlacerError(f"unknown method {(unknown or [text])[0]!r}", field="--method",
+                          fix="use one of " + ", ".join(strategies())
+                          + " (several, comma-separated, to keep the best)")
+    if len(set(methods)) != len(methods):
+        raise PlacerError(f"method named twice in {text!r}", field="--method",
+                          fix="name each strategy once")
+    return methods
+
+
+def _best_of(results: list) -> tuple:
+    """The (plan, report) with the shortest predicted step among feasible ones."""
+    return min(results, key=lambda r: (not r[1].feasible, r[1].step_time))
+
+
 def cmd_plan(args) -> int:
     from .search import optimize_with_report
     from .search.base import SearchInterrupted
+    methods = _methods(args.method)
     if args.resume and not args.checkpoint:
         raise PlacerError("--resume needs the checkpoint file", field="--resume",
                           fix="add --checkpoint STATE.json (the file the interrupted run wrote)")
-    if args.checkpoint and args.method != "evolution":
+    if args.checkpoint and methods != ["evolution"]:
         raise PlacerError(f"method {args.method!r} cannot checkpoint", field="--checkpoint",
                           fix="use --method evolution, or drop --checkpoint/--resume")
     graph = load_graph(args.model, args)
@@ -346,15 +366,21 @@ def cmd_plan(args) -> int:
     from .convergence import Convergence
     from .search.base import print_progress
     convergence = Convergence(print_progress if not args.json and sys.stderr.isatty() else None)
+    results: list = []
     try:
-        plan, report = optimize_with_report(
-            graph, cluster, method=args.method, seed=args.seed, time_budget=args.time_budget,
-            progress=convergence, **options)
+        for method in methods:
+            results.append(optimize_with_report(
+                graph, cluster, method=method, seed=args.seed, time_budget=args.time_budget,
+                progress=convergence.labelled(method) if len(methods) > 1 else convergence,
+                **options))
     except SearchInterrupted as exc:
-        if exc.plan is None:
+        saved = [p for p, _ in results] + ([exc.plan] if exc.plan is not None else [])
+        if not saved:
             print(f"placer plan: interrupted ({exc.message}); nothing saved", file=sys.stderr)
             return 130
-        exc.plan.save(args.output)
+        best = min(saved, key=lambda p: (not p.predicted.get("feasible", False),
+                                         p.predicted.get("step_time", float("inf"))))
+        best.save(args.output)
         print(f"placer plan: {exc.message}; best plan so far written to {args.output}"
               + (f", search state to {exc.checkpoint} (continue with --resume)"
                  if exc.checkpoint else ""), file=sys.stderr)
@@ -363,6 +389,7 @@ def cmd_plan(args) -> int:
         if previous is not None:
             import signal
             signal.signal(signal.SIGTERM, previous)
+    plan, report = _best_of(results)
     plan.save(args.output)
     stem = _outputs_next_to(args.output)
     pictures = []
@@ -378,14 +405,20 @@ def cmd_plan(args) -> int:
         pictures += [stem + ".placement.png", stem + ".gantt.png", stem + ".convergence.png"]
     data = {"plan": args.output, "trace": stem + ".trace.json", "pictures": pictures,
             "convergence": convergence.to_dict(),
+            "candidates": [{"method": p.method, "step_time": r.step_time, "feasible": r.feasible,
+                            "search_seconds": p.predicted["search"].get("search_seconds")}
+                           for p, r in results],
             "method": plan.method, "microbatches": plan.microbatches,
             "schedule": plan.schedule, "report": report.to_dict()}
     _, plan_text = show_plan(plan)
     why = plan.predicted.get("infeasible") or []
     if why:
         data["infeasible"] = why
+    compared = "" if len(results) < 2 else "kept the best of: " + ", ".join(
+        f"{p.method} {r.step_time * 1e3:.4g} ms{'' if r.feasible else ' (does not fit)'}"
+        for p, r in results) + "\n"
     text = (f"{graph.name} ({len(graph)} ops) on {cluster.name} ({len(cluster)} devices), "
-            f"method {plan.method}\n{report.summary()}\n"
+            f"method {plan.method}\n{compared}{report.summary()}\n"
             + "".join(f"DOES NOT FIT: {line}\n" for line in why) + f"\n{plan_text}\n\n"
             f"wrote {args.output}, {stem}.trace.json"
             + "".join(f", {p}" for p in pictures))
@@ -593,7 +626,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", metavar="MODEL",
                    help="graph file, shipped graph, zoo model or MODULE:FACTORY")
     p.add_argument("-c", "--cluster", required=True, help="cluster file or preset name")
-    p.add_argument("-m", "--method", default="evolution", help="strategy (see placer.strategies())")
+    p.add_argument("-m", "--method", default="evolution",
+                   help="strategy (see placer.strategies()); several comma-separated run "
+                        "one after another (each with --time-budget) and the best plan is kept")
     p.add_argument("-o", "--output", default="plan.json", help="plan file to write")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--time-budget", type=float, default=30.0, help="seconds of search")

@@ -168,3 +168,26 @@ def test_compare_plans(tmp_path, tiny_graph):
     assert (tmp_path / "cmp.png").read_bytes()[:4] == b"\x89PNG"
     bad = run_cli("compare", str(gpath), "two-sites", str(gpath))
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_plan_with_several_methods_keeps_the_best(tmp_path, capsys, tiny_graph):
+    gpath, ppath = tmp_path / "g.json", tmp_path / "plan.json"
+    tiny_graph.save(gpath)
+    assert main(["plan", str(gpath), "--cluster", "two-sites", "--method",
+                 "single,round_robin,heft", "-o", str(ppath), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    steps = {c["method"]: c["step_time"] for c in data["candidates"]}
+    assert set(steps) == {"single", "round_robin", "heft"}
+    assert data["report"]["step_time"] == min(steps.values())
+    assert Plan.load(ppath).method == min(steps, key=steps.get)
+    assert set(data["convergence"]) == set(steps)
+
+
+def test_plan_unknown_method_is_one_line_exit_2(tmp_path, tiny_graph):
+    gpath = tmp_path / "g.json"
+    tiny_graph.save(gpath)
+    out = run_cli("plan", str(gpath), "--cluster", "two-sites", "--method", "heft,nope",
+                  "-o", str(tmp_path / "p.json"))
+    assert out.returncode == 2 and "'nope'" in out.stderr and "--method" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "p.json").exists()
