@@ -242,3 +242,54 @@ def plot_convergence(series: dict[str, list[dict]], path: PathLike, *, title: st
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.set_title(title or "search convergence", fontsize=10)
     _save(fig, path)
+
+
+_GANTT_COLORS = {"forward": "tab:blue", "backward": "tab:orange", "transfer": "tab:green",
+                 "allreduce": "tab:red", "compute": "tab:gray"}
+
+
+def _microbatch(event) -> int | None:
+    mb = event.args.get("microbatch")
+    if mb is None and " mb" in event.name:
+        tail = event.name.rsplit(" mb", 1)[1]
+        mb = int(tail) if tail.isdigit() else None
+    return mb
+
+
+def plot_gantt(report, path: PathLike, *, title: str | None = None) -> None:
+    """A Gantt chart (PNG) of a report's timeline: a row per device and per
+    busy link; colour is the kind of work, and microbatches alternate dark
+    and light with their number written on bars wide enough to hold it."""
+    from matplotlib.patches import Patch
+    plt = _pyplot()
+    events = report.events()
+    lanes: list[str] = []
+    for name in list(report.peak_memory) + [e.lane for e in events]:
+        if name not in lanes:
+            lanes.append(name)
+    row = {name: i for i, name in enumerate(lanes)}
+    fig, ax = plt.subplots(figsize=(12, 1.0 + 0.3 * max(len(lanes), 1)))
+    span = max([e.start + e.duration for e in events] or [1.0]) * 1e3
+    bars: dict[tuple, list] = {}
+    for e in events:
+        mb = _microbatch(e)
+        shade = 1.0 if mb is None or mb % 2 == 0 else 0.55
+        bars.setdefault((e.category, e.lane, shade), []).append((e.start * 1e3, e.duration * 1e3))
+        if mb is not None and e.duration * 1e3 > 0.025 * span and e.category != "transfer":
+            ax.text(e.start * 1e3 + e.duration * 5e2, row[e.lane], str(mb), ha="center",
+                    va="center", fontsize=6, color="white")
+    cats: list[str] = []
+    for (cat, lane, shade), spans in bars.items():
+        ax.broken_barh(spans, (row[lane] - 0.4, 0.8), facecolors=_GANTT_COLORS.get(cat, "tab:purple"),
+                       alpha=shade, edgecolor="white", linewidth=0.4)
+        if cat not in cats:
+            cats.append(cat)
+    handles = [Patch(color=_GANTT_COLORS.get(c, "tab:purple"), label=c) for c in cats]
+    ax.set_yticks(range(len(lanes)), lanes, fontsize=7)
+    ax.set_ylim(len(lanes) - 0.5, -0.5)
+    ax.set_xlabel("time (ms); microbatches alternate dark/light, numbered where they fit")
+    ax.set_title(title or f"{report.model or 'report'}: step {report.step_time * 1e3:.4g} ms")
+    if handles:
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7,
+                  frameon=False)
+    _save(fig, path)

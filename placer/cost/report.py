@@ -148,44 +148,10 @@ class Report:
         atomic_write_text(path, json.dumps(doc, separators=(",", ":")))
 
     def plot_gantt(self, path: PathLike, *, title: str | None = None) -> None:
-        """Save a Gantt chart (PNG) of the timeline: a row per device and link."""
-        import io
-
-        import matplotlib
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
-
-        events = self.events()
-        lanes: list[str] = []
-        for name in list(self.peak_memory) + [e.lane for e in events]:
-            if name not in lanes:
-                lanes.append(name)
-        colors = {"forward": "tab:blue", "backward": "tab:orange", "transfer": "tab:green",
-                  "allreduce": "tab:red", "compute": "tab:gray"}
-        fig, ax = plt.subplots(figsize=(12, 1.0 + 0.3 * max(len(lanes), 1)))
-        from matplotlib.patches import Patch
-        row = {name: i for i, name in enumerate(lanes)}
-        bars: dict[tuple[str, str], list] = {}
-        for e in events:
-            bars.setdefault((e.category, e.lane), []).append((e.start * 1e3, e.duration * 1e3))
-        cats: list[str] = []
-        for (cat, lane), spans in bars.items():
-            ax.broken_barh(spans, (row[lane] - 0.4, 0.8),
-                           facecolors=colors.get(cat, "tab:purple"), linewidth=0)
-            if cat not in cats:
-                cats.append(cat)
-        handles = [Patch(color=colors.get(cat, "tab:purple"), label=cat) for cat in cats]
-        ax.set_yticks(range(len(lanes)), lanes, fontsize=7)
-        ax.set_ylim(len(lanes) - 0.5, -0.5)
-        ax.set_xlabel("time (ms)")
-        ax.set_title(title or f"{self.model or 'report'}: step {_time(self.step_time)}")
-        if handles:
-            ax.legend(handles=handles, loc="upper right", fontsize=7)
-        fig.tight_layout()
-        buffer = io.BytesIO()
-        fig.savefig(buffer, format="png", dpi=100)
-        plt.close(fig)
-        atomic_write_bytes(path, buffer.getvalue())
+        """Save a Gantt chart (PNG) of the timeline: a row per device and link
+        (see :func:`placer.plots.plot_gantt`)."""
+        from ..plots import plot_gantt
+        plot_gantt(self, path, title=title)
 
 
 class _Frozen:
