@@ -42,30 +42,65 @@ def _build(model=MODEL, batch=8, seq=32, **config):
     return zoo.build(model, batch=batch, seq=seq, **(config or CONFIG))
 
 
-def overhead(model: str = MODEL, batch: int = 8, seq: int = 32, steps: int = 20,
-             threads: int = 1, **config) -> dict:
-    """Median step time of plain PyTorch (forward, backward, SGD step) and of
-    :func:`placer.run` with every op on one device; ``ratio - 1`` is the
-    runtime's overhead."""
+def overhead(model: str = MODEL, batch: int = 8, seq: int = 32, steps: int = 30,
+             threads: int = 1, microbatches: int = 1, **config) -> dict:
+    """Plain PyTorch (forward, backward, SGD step) vs :func:`placer.run` with
+    every op on one device, interleaved A/B/A/B in this process so that the
+    machine's load changes hit both alike. ``overhead`` is the median of the
+    per-pair ratios less one; wall-clock and process CPU time are both
+    reported (CPU time ignores time the process spent preempted).
+    ``microbatches`` > 1 makes plain PyTorch accumulate over as many slices."""
+    from placer.runtime.run import Runner
     torch.set_num_threads(threads)
     module, inputs = _build(model, batch, seq, **config)
     ref = copy.deepcopy(module)
     opt = torch.optim.SGD(ref.parameters(), lr=1e-3)
-    times = []
-    for i in range(steps + 3):
-        start = time.perf_counter()
+    rows = [b - a for a, b in _row_bounds(batch, microbatches)]
+
+    def plain_step():
         opt.zero_grad(set_to_none=True)
-        placer.runtime.default_loss(ref(*inputs)).backward()
+        start = 0
+        for n in rows:
+            part = [t[start:start + n] for t in inputs]
+            (placer.runtime.default_loss(ref(*part)) * (n / batch)).backward()
+            start += n
         opt.step()
-        if i >= 3:
-            times.append(time.perf_counter() - start)
-    plain = statistics.median(times)
+
     graph = placer.trace(module, inputs)
-    plan = placer.Plan({op: ["cpu"] for op in graph.ids})
-    result = placer.runtime.run(module, plan, inputs, steps=steps, warmup=3, graph=graph,
-                                optimizer=functools.partial(torch.optim.SGD, lr=1e-3))
-    placed = result.report.step_time
-    return {"plain": plain, "placed": placed, "overhead": placed / plain - 1}
+    plan = placer.Plan({op: ["cpu"] for op in graph.ids}, microbatches=microbatches)
+    runner = Runner(module, plan, inputs, graph=graph,
+                    optimizer=functools.partial(torch.optim.SGD, lr=1e-3))
+    pairs = []
+    for i in range(steps + 3):
+        wall_a, cpu_a = _timed(plain_step)
+        wall_b, cpu_b = _timed(lambda: runner.step())
+        if i >= 3:
+            pairs.append((wall_a, wall_b, cpu_a, cpu_b))
+    med = statistics.median
+    return {"plain": med(p[0] for p in pairs), "placed": med(p[1] for p in pairs),
+            "overhead": med(p[1] / p[0] for p in pairs) - 1,
+            "plain_cpu": med(p[2] for p in pairs), "placed_cpu": med(p[3] for p in pairs),
+            "overhead_cpu": med(p[3] / p[2] for p in pairs) - 1,
+            "microbatches": microbatches, "steps": steps, "load": _load()}
+
+
+def _row_bounds(n: int, k: int) -> list[tuple]:
+    from placer.runtime.engine import _bounds
+    return _bounds(n, k)
+
+
+def _timed(fn) -> tuple[float, float]:
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def _load() -> float:
+    """The 1-minute load average (how busy the machine was), or -1."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return -1.0
 
 
 def _pingpong_child(rank, world, port, sizes, out):

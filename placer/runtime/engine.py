@@ -382,8 +382,10 @@ class Engine:
         self.loss_weights = loss_weights
         self.order = order                 # [(device, task)] for the local devices
         #: count the bytes autograd saves (CPU peak memory); costs a Python
-        #: call per saved tensor, so it is off when every device is CUDA
+        #: call per saved tensor, so it is off when every device is CUDA and
+        #: done in the first step only (every step saves the same tensors)
         self.count_saved = any(torch_devices[d].type != "cuda" for d in local)
+        self._peak_act: dict | None = None
         self.modules: dict[Inst, torch.nn.Module] = {}
         self.copies: dict[str, dict[str, torch.Tensor]] = {}   # device -> name -> tensor
         self._build()
@@ -439,20 +441,46 @@ class Engine:
         return out
 
     # --- one step -------------------------------------------------------
+    def incoming(self) -> list[tuple]:
+        """Every message this process receives in one step, as
+        ``(tag, shape, dtype, src device, dst device)``: activations sent to a
+        local device and gradients returned to one, from devices hosted
+        elsewhere. The same for every step, so a transport can post its
+        receives before the step starts."""
+        if hasattr(self, "_incoming"):
+            return self._incoming
+        out = []
+        for m, msgs in enumerate(self.routes.msgs):
+            for msg in msgs.values():
+                info = self.split.values[msg.value]
+                src = self.routes.device_of[msg.src]
+                shape = self._msg_shape(msg, m, info)
+                if msg.dst in self.local and not self.transport.hosts(src):
+                    out.append((msg.tag, shape, info.dtype, src, msg.dst))
+                if self.training and msg.grad and src in self.local \
+                        and not self.transport.hosts(msg.dst):
+                    out.append((msg.tag + 1, shape, info.dtype, msg.dst, src))
+        self._incoming = sorted(out, key=lambda x: x[0])
+        return self._incoming
+
     def step(self, inputs: list, targets: Any, batch_offsets: list[int]) -> dict:
         """Forward (and backward) every microbatch; returns the sink's outputs
         per microbatch and the weighted loss (on the sink's process)."""
         st = _StepState()
         stats = StepStats()
+        post = getattr(self.transport, "post", None)
+        if post is not None:
+            post(self.incoming())
         self._inputs = inputs
         self._targets = targets
         self._offsets = batch_offsets
+        count = self.count_saved and self._peak_act is None
         for dev, task in self.order:
             kind, m, inst = task
             start = time.perf_counter()
             comm_before = sum(self.transport.comm_time.values())
             before = stats.act_bytes[dev]
-            with (_SavedBytes(stats, dev) if self.count_saved else _NoCount()):
+            with (_SavedBytes(stats, dev) if count else _NoCount()):
                 if kind == "F":
                     if inst == self.routes.sink:
                         self._sink(m, st)
@@ -469,6 +497,10 @@ class Engine:
             waited = sum(self.transport.comm_time.values()) - comm_before
             stats.compute[dev] += time.perf_counter() - start - waited
         self.transport.finish()
+        if count:
+            self._peak_act = dict(stats.peak_act)
+        elif self._peak_act is not None:
+            stats.peak_act.update(self._peak_act)
         return {"outputs": st.outputs, "loss": st.loss, "stats": stats}
 
     def _input_value(self, m: int, j: int, dev: str, rows: tuple | None, shape_only: bool):

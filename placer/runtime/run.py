@@ -210,6 +210,62 @@ def _sync(devices) -> None:
             torch.cuda.synchronize(d)
 
 
+class Runner:
+    """A plan split, placed and ready to step in this process: what
+    :func:`run` drives, exposed so a caller can interleave its steps with
+    other work (the overhead benchmark alternates it with plain PyTorch).
+    Arguments as for :func:`run`."""
+
+    def __init__(self, model, plan, example_inputs, *, optimizer=None, loss_fn=None,
+                 targets=None, graph=None, cluster=None, device_map=None, training=True,
+                 loss_reduction="mean", granularity=None, leaf_modules=None):
+        if loss_reduction not in LOSS_REDUCTIONS:
+            raise PlanError(f"unknown loss_reduction {loss_reduction!r}",
+                            fix="use 'mean' or 'sum'")
+        graph, plan, sp, inputs, mb_rows = prepare(
+            model, plan, example_inputs, graph=graph, granularity=granularity,
+            leaf_modules=leaf_modules, training=training)
+        if cluster is not None:
+            plan.validate(graph, cluster, check_fingerprints=False)
+        routes = Routes(sp, mb_rows, sink_device(sp))
+        orders, used = device_orders(routes, plan.schedule, training)
+        order = interleave(routes, orders)
+        if order is None:
+            raise PlanError("the task orders deadlock", fix="report this plan as a bug")
+        devices = routes.devices()
+        dmap = default_device_map(devices)
+        if device_map:
+            dmap.update({k: torch.device(v) for k, v in device_map.items()})
+        batch = sum(mb_rows)
+        weights = [(n / batch if loss_reduction == "mean" else 1.0) for n in mb_rows]
+        self.graph, self.plan, self.split, self.inputs = graph, plan, sp, inputs
+        self.targets, self.training, self.mb_rows, self.schedule = targets, training, mb_rows, used
+        self.devices, self.dmap = devices, dmap
+        self.offsets = [sum(mb_rows[:m]) for m in range(len(mb_rows))]
+        self.transport = LocalTransport(dmap)
+        self.engine = Engine(sp, routes, dmap, devices, self.transport, training=training,
+                             loss_fn=loss_fn or default_loss, loss_weights=weights, order=order)
+        self.opt = build_optimizer(optimizer, self.engine.parameters()) if training else None
+        self.params = self.engine.parameters()
+
+    def step(self, keep_gradients: bool = False) -> tuple:
+        """One timed step: ``(seconds, the engine's step result, gradients
+        before the optimizer step or None)``."""
+        for p in self.params:
+            p.grad = None
+        for d in set(self.dmap.values()):
+            if d.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(d)
+        self.transport.comm_time.clear()
+        _sync(self.dmap.values())
+        start = time.perf_counter()
+        last, kept = self.engine.train_step(self.inputs, self.targets, self.offsets,
+                                            training=self.training, optimizer=self.opt,
+                                            keep_gradients=keep_gradients)
+        _sync(self.dmap.values())
+        return time.perf_counter() - start, last, kept
+
+
 def run(model: torch.nn.Module, plan, example_inputs: Any, *, steps: int = 3,
         optimizer=None, loss_fn: Callable | None = None, targets: Any = None,
         graph=None, cluster=None, device_map: dict | None = None, warmup: int = 1,
@@ -241,48 +297,20 @@ def run(model: torch.nn.Module, plan, example_inputs: Any, *, steps: int = 3,
         raise PlanError(f"unknown loss_reduction {loss_reduction!r}",
                         fix="use 'mean' or 'sum'")
     torch.manual_seed(seed)
-    graph, plan, sp, inputs, mb_rows = prepare(
-        model, plan, example_inputs, graph=graph, granularity=granularity,
-        leaf_modules=leaf_modules, training=training)
-    if cluster is not None:
-        plan.validate(graph, cluster, check_fingerprints=False)
-    routes = Routes(sp, mb_rows, sink_device(sp))
-    orders, used = device_orders(routes, plan.schedule, training)
-    order = interleave(routes, orders)
-    if order is None:
-        raise PlanError("the task orders deadlock", fix="report this plan as a bug")
-    devices = routes.devices()
-    dmap = default_device_map(devices)
-    if device_map:
-        dmap.update({k: torch.device(v) for k, v in device_map.items()})
-    transport = LocalTransport(dmap)
-    batch = sum(mb_rows)
-    weights = [(n / batch if loss_reduction == "mean" else 1.0) for n in mb_rows]
-    offsets = [sum(mb_rows[:m]) for m in range(len(mb_rows))]
-    engine = Engine(sp, routes, dmap, devices, transport, training=training,
-                    loss_fn=loss_fn or default_loss, loss_weights=weights, order=order)
-    opt = build_optimizer(optimizer, engine.parameters()) if training else None
-    params = engine.parameters()
-
+    runner = Runner(model, plan, example_inputs, optimizer=optimizer, loss_fn=loss_fn,
+                    targets=targets, graph=graph, cluster=cluster, device_map=device_map,
+                    training=training, loss_reduction=loss_reduction, granularity=granularity,
+                    leaf_modules=leaf_modules)
+    graph, plan, sp, engine = runner.graph, runner.plan, runner.split, runner.engine
+    transport, dmap, devices, opt = runner.transport, runner.dmap, runner.devices, runner.opt
+    mb_rows, used = runner.mb_rows, runner.schedule
     times, losses, last, grads = [], [], None, {}
     act_peak: dict[str, float] = {}
     compute: dict[str, float] = {}
     comm: dict[str, float] = {}
     for step in range(steps + warmup):
-        for p in params:
-            p.grad = None
-        for d in set(dmap.values()):
-            if d.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(d)
-        transport.comm_time.clear()
-        _sync(dmap.values())
-        start = time.perf_counter()
-        last, kept = engine.train_step(inputs, targets, offsets, training=training,
-                                       optimizer=opt,
-                                       keep_gradients=step == steps + warmup - 1)
+        elapsed, last, kept = runner.step(keep_gradients=step == steps + warmup - 1)
         grads = kept if kept is not None else grads
-        _sync(dmap.values())
-        elapsed = time.perf_counter() - start
         if step >= warmup:
             times.append(elapsed)
             losses.append(last["loss"])
