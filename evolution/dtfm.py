@@ -43,7 +43,7 @@ from placer.search.base import (Budget, Progress, Strategy, get_strategy,
 from .evaluate import Evaluator
 from .genome import LayoutGenome, OpGenome, Space
 from .memetic import local_search
-from .search import _Bar, _Fitness, _tournament, device_chain, reserve
+from .search import _Bar, _Fitness, _tournament, device_chain, final_ranker, rank, reserve
 
 if TYPE_CHECKING:
     from placer.cost import CostModel, Problem
@@ -216,13 +216,18 @@ class DTFM(Strategy):
 
     Options: ``shapes`` (list of ``(D_pp, D_dp)``; None: every factorisation
     of the device count), ``population`` (32), ``tournament`` (3),
-    ``crossover`` (0.7), ``patience`` (30 generations), ``generations``
-    (cap), ``local_every`` (5), ``screen`` (``"analytical"``),
+    ``crossover`` (0.7), ``patience`` (30 generations), ``restarts`` (4:
+    after ``patience`` stale generations, while budget is left, keep the
+    best quarter and refill with partitions three mutations away),
+    ``generations`` (cap), ``polish_top`` (3 best distinct partitions
+    polished), ``local_every`` (5), ``screen`` (``"analytical"``),
     ``coarsen_above`` (1500) / ``coarsen_to`` (400), ``progress_bar``,
     ``seeds`` (heuristics whose plans compete in the final ranking, so the
     result is never worse than them: ``even_pipeline``, ``pipeline_dp``,
     ``partition``, ``heft``, ``m_sct``),
-    ``polish_rounds`` (8: local search of stage boundaries on the winner);
+    ``polish_rounds`` (8: local search of stage boundaries on the winner),
+    ``final`` (``"simulator"``: the cost model ranking the winner against
+    those plans; None: the given one);
     plus :class:`Strategy`'s ``initial``, ``microbatches``, ``schedule``.
     """
 
@@ -235,8 +240,12 @@ class DTFM(Strategy):
                  coarsen_to: int = 400, progress_bar: bool = False,
                  seeds: Sequence[str] | None = ("even_pipeline", "pipeline_dp", "partition",
                                                  "heft", "m_sct"),
-                 polish_rounds: int = 8, **common):
+                 polish_rounds: int = 8, final: str | None = "simulator", restarts: int = 4,
+                 polish_top: int = 3, **common):
         super().__init__(**common)
+        self.restarts = int(restarts)
+        self.polish_top = max(1, int(polish_top))
+        self.final = final
         self.seeds = list(seeds or [])
         self.polish_rounds = int(polish_rounds)
         if population < 2 or int(population) != population:
@@ -289,22 +298,30 @@ class DTFM(Strategy):
             baseline = {f"{x.pp}x{x.dp}": x.fitness.values[0] for x in seeds
                         if x.origin == "even"}
             pop = _best(_unique(seeds), self.population)
-            best_part = self._evolve(space, sched, pop, shapes, score, rng, budget, progress,
-                                     bar, evaluate)
-            genome = self.decode(space, sched, best_part)
-            if self.polish_rounds and not budget.exhausted():
-                genome, _ = local_search(space, evaluate, genome, best_part.fitness.values[0],
-                                         rng, rounds=self.polish_rounds)
+            pop = self._evolve(space, sched, pop, shapes, score, rng, budget, progress,
+                               bar, evaluate)
+            best_part = pop[0]
+            genome, value = self.decode(space, sched, best_part), best_part.fitness.values[0]
+            # the GA's best few, each polished (stage boundaries, boundary ops,
+            # microbatches): the best after polishing need not be the first
+            for part in pop[:self.polish_top]:
+                if not self.polish_rounds or budget.exhausted():
+                    break
+                g, v = local_search(space, evaluate, self.decode(space, sched, part),
+                                    part.fitness.values[0], rng, rounds=self.polish_rounds)
+                if v < value * (1 - 1e-12):
+                    genome, value, best_part = g, v, part
         bar.close()
         candidates = [genome.to_plan(space, self.name)] + rivals
-        room = budget.remaining_evaluations - len(self.initial)
+        ranker = final_ranker(self.final, cost_model, budget)
+        room = budget.remaining_evaluations - len(self.initial) - (ranker is not cost_model)
         if not math.isinf(room):
             candidates = candidates[:max(1, int(room))]
         if coarse.members is not None:
             candidates = [c.expand(coarse.graph) for c in candidates]
-        reports = cost_model.estimate_many(problem, candidates)
-        k = int(np.argmin([r.objective for r in reports]))
-        plan, report = candidates[k], reports[k]
+        k = rank(ranker, problem, candidates)
+        plan = candidates[k]
+        report = cost_model.estimate(problem, plan)
         plan.method = self.name
         even = min(baseline.values()) if baseline else None
         plan.extra["dtfm"] = {
@@ -378,12 +395,24 @@ class DTFM(Strategy):
         toolbox.register("select", _tournament, rng=rng, k=self.tournament)
         logbook = tools.Logbook()
         best = pop[0].fitness.values[0]
-        stale = gen = 0
+        stale = gen = restarts = 0
         self._emit(progress, budget, best, gen, bar)
         while not budget.exhausted():
             gen += 1
             if self.generations is not None and gen > self.generations:
                 break
+            if stale >= self.patience:          # converged: restart around the best
+                restarts += 1
+                elite = pop[:max(2, self.population // 4)]
+                fresh = []
+                while len(elite) + len(fresh) < self.population:
+                    x = elite[int(rng.integers(len(elite)))].copy()
+                    for _ in range(3):
+                        x = toolbox.mutate(x)
+                    fresh.append(x)
+                score(fresh)
+                pop = _best(_unique(elite + fresh), self.population)
+                stale = 0
             fits = np.array([x.fitness.values[0] for x in pop])
             children = []
             while len(children) < self.population:
@@ -404,9 +433,9 @@ class DTFM(Strategy):
             else:
                 stale += 1
             self._emit(progress, budget, best, gen, bar)
-            if stale >= self.patience:
+            if stale >= self.patience and restarts >= self.restarts:
                 break
-        return pop[0]
+        return pop
 
     def _emit(self, progress, budget, best, gen, bar):
         bar.update(best, gen)

@@ -83,10 +83,15 @@ class Evolution(Strategy):
       ``seed_share`` of the budget they may use (0.3);
     - ``memetic_every`` (5 generations; 0 turns it off), ``memetic_rounds``;
     - ``patience`` (25 generations without improvement), ``generations``
-      (a cap, None: none);
+      (a cap, None: none); ``restarts`` (4): after ``patience`` stale
+      generations, while budget is left, polish the best by local search to
+      convergence, keep the best quarter and refill the population with
+      heavy mutants of it (3x ``mutation_rate``), this many times;
     - ``screen``: cost model name for the inner loop (``"analytical"``; None
       uses the given cost model); ``final_k`` (4) best distinct plans
-      re-ranked by the given cost model;
+      re-ranked, with each seed heuristic's best plan, by ``final`` (cost
+      model name, ``"simulator"``; None: the given cost model), whose
+      choice the given cost model then reports;
     - ``workers`` (0): processes for scoring large batches;
     - ``coarsen_above`` (1500) / ``coarsen_to`` (400) ops;
     - ``initial_plans``: an alias of ``initial``;
@@ -102,8 +107,10 @@ class Evolution(Strategy):
                  mutation_weights: dict | None = None,
                  seeds: Sequence[str] | None = DEFAULT_SEEDS, seed_share: float = 0.3,
                  memetic_every: int = 5, memetic_rounds: int = 3, patience: int = 25,
+                 restarts: int = 4,
                  generations: int | None = None, screen: str | None = "analytical",
-                 final_k: int = 4, workers: int = 0, coarsen_above: int = 1500,
+                 final_k: int = 4, final: str | None = "simulator", workers: int = 0,
+                 coarsen_above: int = 1500,
                  coarsen_to: int = 400, layouts: bool = True,
                  initial_plans: Plan | Sequence[Plan] | None = None,
                  progress_bar: bool = False, checkpoint: str | os.PathLike | None = None,
@@ -134,9 +141,11 @@ class Evolution(Strategy):
         self.memetic_every = int(memetic_every)
         self.memetic_rounds = int(memetic_rounds)
         self.patience = int(patience)
+        self.restarts = int(restarts)
         self.generations = None if generations is None else int(generations)
         self.screen = screen
         self.final_k = int(final_k)
+        self.final = final
         self.workers = int(workers)
         self.coarsen_above = int(coarsen_above)
         self.coarsen_to = int(coarsen_to)
@@ -202,7 +211,9 @@ class Evolution(Strategy):
             if g.key() not in seen:
                 seen.add(g.key())
                 finalists.append(g)
-        room = budget.remaining_evaluations - len(self.initial)
+        ranker = final_ranker(self.final, cost_model, budget)
+        room = budget.remaining_evaluations - len(self.initial) \
+            - (ranker is not cost_model)
         if not math.isinf(room):
             finalists = finalists[:max(1, int(room))]
         plans = [self._expand(space, coarse, g) for g in finalists]
@@ -214,15 +225,12 @@ class Evolution(Strategy):
             for name, plan in self._fine_seeds(problem, screen, budget, seed):
                 plans.append(plan)
                 origins.append(name)
-        if screen is cost_model and coarse.members is None:
-            scores = [g.fitness.values[0] for g in finalists]
-            i = int(np.argmin(scores))
-            plan = plans[i]
-            report = cost_model.estimate(problem, plan)
+        if screen is ranker and coarse.members is None:
+            i = int(np.argmin([g.fitness.values[0] for g in finalists]))
         else:
-            reports = cost_model.estimate_many(problem, plans)
-            i = int(np.argmin([r.objective for r in reports]))
-            plan, report = plans[i], reports[i]
+            i = rank(ranker, problem, plans)
+        plan = plans[i]
+        report = cost_model.estimate(problem, plan)
         plan.extra["search"] = {"generations": len(logbook), "origin": origins[i],
                                 "coarsened": coarse.members is not None}
         return self.finalize(problem, cost_model, budget, plan, report, progress=progress)
@@ -323,6 +331,7 @@ class Evolution(Strategy):
             best = pop[0].fitness.values[0]
             stale = 0
             gen = 0
+            restarts = 0
         else:
             pop = [_genome_in(d) for d in state["population"]]
             hof.items = [_genome_in(d) for d in state["hall_of_fame"]]
@@ -330,12 +339,23 @@ class Evolution(Strategy):
             for record in state["logbook"]:
                 logbook.record(**record)
             best, stale, gen = _num_in(state["best"]), int(state["stale"]), int(state["gen"])
+            restarts = int(state.get("restarts", 0))
+        self._run["restarts"] = restarts
         self._snapshot(pop, hof, logbook, best, stale, gen)
         self._emit(progress, budget, best, gen, bar)
-        while not budget.exhausted() and not (state is not None and stale >= self.patience):
+        while not budget.exhausted() and not (state is not None and stale >= self.patience
+                                              and restarts >= self.restarts):
             gen += 1
             if self.generations is not None and gen > self.generations:
                 break
+            if stale >= self.patience:      # converged: restart around the best
+                restarts += 1
+                self._run["restarts"] = restarts
+                pop = self._restart(space, evaluate, pop, score, rng)
+                hof.update(pop)
+                stale = 0
+                if pop[0].fitness.values[0] < best * (1 - 1e-6):
+                    best = pop[0].fitness.values[0]
             fits = np.array([g.fitness.values[0] for g in pop])
             children = []
             while len(children) < self.offspring:
@@ -368,9 +388,28 @@ class Evolution(Strategy):
                 stale += 1
             self._snapshot(pop, hof, logbook, best, stale, gen)
             self._emit(progress, budget, best, gen, bar)
-            if stale >= self.patience:
+            if stale >= self.patience and restarts >= self.restarts:
                 break
         return pop[0], hof, logbook
+
+    def _restart(self, space: Space, evaluate: Evaluator, pop: list, score,
+                 rng: np.random.Generator) -> list:
+        """A converged population -> the best polished to a local optimum,
+        the best quarter, and heavy mutants of them (scored)."""
+        top = pop[0]
+        polished, s = local_search(space, evaluate, top, top.fitness.values[0], rng,
+                                   rounds=max(4 * self.memetic_rounds, 1))
+        if polished is not top:
+            polished.fitness = _Fitness((s,))
+        elite = _best(_unique([polished] + pop), max(2, self.population // 4))
+        fill = []
+        while len(elite) + len(fill) < self.population:
+            parent = elite[int(rng.integers(len(elite)))].copy()
+            fill.append(mutate(space, parent, rng, rate=3 * self.mutation_rate,
+                               weights=self.mutation_weights))
+        score(fill)
+        return _best(_unique(elite + [g for g in fill if np.isfinite(g.fitness.values[0])]),
+                     self.population)
 
     # --- checkpoints ----------------------------------------------------------------
     def _identity(self, problem: "Problem", budget: Budget, seed: int, space: Space) -> str:
@@ -393,6 +432,7 @@ class Evolution(Strategy):
         if run is None or self.checkpoint is None:
             return
         run["snap"] = {"population": list(pop), "hall_of_fame": list(hof.items),
+                       "restarts": run.get("restarts", 0),
                        "logbook": len(logbook), "logbook_ref": logbook, "best": best,
                        "stale": stale, "gen": gen, "rng": run["rng"].bit_generator.state,
                        "cache": len(run["evaluate"].cache),
@@ -413,6 +453,7 @@ class Evolution(Strategy):
         table = run["space"].table
         data = {"format": STATE_FORMAT, "strategy": self.name, "identity": run["identity"],
                 "gen": snap["gen"], "best": _num_out(snap["best"]), "stale": snap["stale"],
+                "restarts": snap["restarts"],
                 "used": snap["used"], "elapsed": snap["elapsed"], "rng": snap["rng"],
                 "groups": [list(g) for g in table.extra()[:snap["groups"] - table.n_devices]],
                 "seeds": [_genome_out(g) for g in run["seeds"]],
@@ -527,6 +568,22 @@ class reserve:
     def __exit__(self, *exc) -> None:
         if self.n:
             self.budget.evaluations += self.n
+
+
+def final_ranker(name: str | None, cost_model, budget: Budget):
+    """The (metered) cost model that ranks a search's finalists: ``name``'s,
+    or ``cost_model`` when None or the same model."""
+    if name is None or name == getattr(cost_model, "name", None):
+        return cost_model
+    return budget.meter(get_cost_model(name))
+
+
+def rank(model, problem: "Problem", plans: list[Plan]) -> int:
+    """Index of the best of ``plans`` by ``model`` (the first on ties)."""
+    if len(plans) == 1:
+        return 0
+    reports = model.estimate_many(problem, plans)
+    return int(np.argmin([r.objective for r in reports]))
 
 
 def _tournament(fits: np.ndarray, rng: np.random.Generator, k: int) -> int:
@@ -653,4 +710,5 @@ class _Bar:
 
 register_strategy(Evolution)
 
-__all__ = ["DEFAULT_SEEDS", "STATE_FORMAT", "Evolution", "device_chain", "layout_seeds"]
+__all__ = ["DEFAULT_SEEDS", "STATE_FORMAT", "Evolution", "device_chain", "final_ranker",
+           "layout_seeds", "rank"]

@@ -69,21 +69,21 @@ def test_single_picks_the_fastest_device_that_fits():
 def _brute_force(space: Space, m: int) -> float:
     best = float("inf")
 
-    def rec(s, p, times):
+    def rec(s, p, fills, busies):
         nonlocal best
         if s == space.L:
-            if times:
-                best = min(best, Space.objective(times, m))
+            if fills:
+                best = min(best, Space.objective(fills, busies, m))
             return
         for e in range(s, space.L):
             for k in space.sizes:
                 if p + k <= space.D:
-                    t = space.stage_time(s, e, p, k, m)
-                    if np.isfinite(t):
-                        rec(e + 1, p + k, times + [t])
+                    f, b = space.stage_times(s, e, p, k, m)
+                    if np.isfinite(f):
+                        rec(e + 1, p + k, fills + [f], busies + [b])
 
     for p0 in range(space.D):
-        rec(0, p0, [])
+        rec(0, p0, [], [])
     return best
 
 
@@ -100,17 +100,34 @@ def test_pipeline_dp_equals_brute_force_on_a_chain(m):
                                  sites=[("s", "t", 1e9, 5e-3)])
     space = Space(Problem(g, cluster), max_layers=5)
     assert space.L == 5 and space.sizes == [1, 2, 3]
-    table = space.table(m)
+    fill, busy = space.table(m)
     for s, e, p, q in itertools.product(range(5), range(5), range(3), range(3)):
         k = space.sizes[q]
         if e >= s and p + k <= 3:
-            assert table[s, e, p, q] == pytest.approx(space.stage_time(s, e, p, k, m), rel=1e-9)
+            f, b = space.stage_times(s, e, p, k, m)
+            assert fill[s, e, p, q] == pytest.approx(f, rel=1e-9)
+            assert busy[s, e, p, q] == pytest.approx(b, rel=1e-9)
+            assert b <= f or not np.isfinite(f)
     expect = _brute_force(space, m)
     value, stages = space.solve(m)
     assert np.isfinite(expect)
     assert value == pytest.approx(expect, rel=1e-12)
-    times = [space.stage_time(s, e, p, k, m) for s, e, p, k in stages]
-    assert Space.objective(times, m) == pytest.approx(value, rel=1e-12)
+    times = [space.stage_times(s, e, p, k, m) for s, e, p, k in stages]
+    assert Space.objective(*zip(*times), m) == pytest.approx(value, rel=1e-12)
+
+
+@pytest.mark.parametrize("m", [2, 8])
+def test_pipeline_dp_overlaps_transfers_with_compute(m):
+    """A stage's busy time is the larger of its compute and its input
+    transfer, not their sum (the link works while the devices compute);
+    both count in its fill."""
+    ops = [Op("a", "linear", flops=1e12), Op("b", "linear", flops=1e12)]
+    g = Graph("pair", ops, [Edge("a", "b", 1e9)], training=False)
+    devs = [Device("x", 1e12, 1e12, efficiency=1.0), Device("y", 1e12, 1e12, efficiency=1.0)]
+    cluster = Cluster.from_rules("two", devs, default=(1e9, 0.0))
+    space = Space(Problem(g, cluster, op_overhead=0.0), max_layers=2, sizes=[1])
+    f, b = space.stage_times(1, 1, 1, 1, m)
+    assert f == pytest.approx(2.0 / m) and b == pytest.approx(1.0 / m)
 
 
 def _memory_problem(seed):

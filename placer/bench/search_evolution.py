@@ -130,7 +130,8 @@ def lower_bound(problem) -> float:
         first = (W + rmin * c * (n - on_path.sum() + k.sum(axis=1, keepdims=True))) / R
         second = (wp / (k * rmax)).sum(axis=1, keepdims=True) + c * on_path.sum()
         value = lam * first + (1.0 - lam) * second
-        best = max(best, float(value.max()))
+        # lambda = 0: however finely split, each op on the path is launched
+        best = max(best, float(value.max()), c * float(on_path.sum()))
     return best
 
 

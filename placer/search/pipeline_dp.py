@@ -10,21 +10,26 @@ devices of that order (block sizes from ``sizes``: all of 1..D for up to 8
 devices, else powers of two); the first block may start anywhere, and
 devices before the first and after the last block stay unused.
 
-Each stage has a time per microbatch (:meth:`Space.stage_time`): forward
-and backward compute of one replica's share on the block's slowest device,
-plus receiving its inputs from earlier stages over the link from the
-previous device (latency + bytes / bandwidth, both phases), plus the
-all-reduce of its parameters spread over the microbatches; a stage that
-overflows memory (parameter state and the whole batch's activations per
-replica under 1F1B, a conservative bound) is impossible. A plan costs Alpa's
+Each stage has two times per microbatch (:meth:`Space.stage_times`), as
+the cost models see it: its *fill* ``f_j``, what one microbatch spends in
+it (forward and backward compute of one replica's share on the block's
+slowest device, plus receiving its inputs from earlier stages over the link
+from the previous device: latency + bytes / bandwidth, both phases), and
+its *busy* time ``b_j``, how long its most loaded resource is held per
+microbatch in steady state: the compute or the link, whichever is longer,
+since the link moves the next microbatch's tensors while the devices
+compute (latency holds no resource). Both carry the all-reduce of the
+stage's parameters spread over the microbatches. A stage that overflows
+memory (parameter state and the whole batch's activations per replica
+under 1F1B, a conservative bound) is impossible. A plan costs Alpa's
 
-    T = sum_j t_j + (m - 1) * max_j t_j
+    T = sum_j f_j + (m - 1) * max_j b_j
 
 and the DP finds the minimum exactly: for each candidate ``t_max`` (every
-distinct stage time from the smallest feasible one, ascending, stopping
-once ``m * t_max`` cannot beat the best; an even subsample of
+distinct busy time from the smallest feasible one, ascending, stopping
+once ``(m - 1) * t_max`` cannot beat the best; an even subsample of
 ``tmax_candidates`` of them when there are more, the only inexact case), it
-minimises ``sum t_j`` with every ``t_j <= t_max``. This is done for every
+minimises ``sum f_j`` with every ``b_j <= t_max``. This is done for every
 allowed microbatch count; the cost model then picks among the optima and
 the schedules.
 """
@@ -41,9 +46,10 @@ from .common import Candidate, choose, context, device_order, fix_colocation
 class Space:
     """The stages of one problem: layers, device order and stage times.
 
-    ``stage_time(s, e, p, k, m)`` is the time per microbatch of layers
-    ``s..e`` on devices ``order[p:p+k]`` with ``m`` microbatches (``inf``
-    when it does not fit in memory); :meth:`objective` prices a whole plan.
+    ``stage_times(s, e, p, k, m)`` are the fill and busy times per
+    microbatch of layers ``s..e`` on devices ``order[p:p+k]`` with ``m``
+    microbatches (``inf`` when it does not fit in memory);
+    :meth:`objective` prices a whole plan.
     """
 
     def __init__(self, problem, max_layers: int | None = None, sizes=None):
@@ -120,9 +126,10 @@ class Space:
         from it to the end, and there are at most ``D - p`` of those."""
         return np.minimum(m, self.D - np.asarray(p)) / m
 
-    def stage_time(self, s: int, e: int, p: int, k: int, m: int) -> float:
-        """Seconds per microbatch of stage (layers ``s..e``, devices
-        ``order[p:p+k]``) with ``m`` microbatches; ``inf`` if over memory."""
+    def stage_times(self, s: int, e: int, p: int, k: int, m: int) -> tuple[float, float]:
+        """(fill, busy) seconds per microbatch of stage (layers ``s..e``,
+        devices ``order[p:p+k]``) with ``m`` microbatches; ``(inf, inf)``
+        if over memory."""
         ctx = self.ctx
         sl = slice(s, e + 1)
         block = slice(p, p + k)
@@ -130,18 +137,21 @@ class Space:
         mem = self.state[sl].sum() + (self.act[sl].sum() + rin) / k * self.held(p, m) \
             + self.ws[sl].max()
         if mem > self.memory[block].min():
-            return float("inf")
+            return float("inf"), float("inf")
         comp = self.work[sl].sum() / (m * k * self.rate[block].min()) \
             + self.count[sl].sum() * self.problem.op_overhead * ctx.phases
-        comm = 0.0
+        lat = xfer = 0.0
         if rin > 0 and p > 0:
-            comm = ctx.phases * (self.lat[p - 1, block].max()
-                                 + rin / (m * k) * self.inv_bw[p - 1, block].max())
-        return comp + comm + self.allreduce(p, k, self.params[sl].sum()) / m
+            lat = ctx.phases * self.lat[p - 1, block].max()
+            xfer = ctx.phases * rin / (m * k) * self.inv_bw[p - 1, block].max()
+        ar = self.allreduce(p, k, self.params[sl].sum()) / m
+        return comp + lat + xfer + ar, max(comp, xfer) + ar
 
     def _parts(self):
-        """Stage times as ``A + B / m`` for every (s, e, p, size index), and
-        which stages fit in memory; computed once, vectorised over blocks."""
+        """Stage times as ``A + B / m`` pieces for every (s, e, p, size
+        index) (compute ``Ac + Bc / m``, latency ``Al``, transfer ``Bx / m``,
+        all-reduce ``Br / m``) and what fits in memory; computed once,
+        vectorised over blocks."""
         if getattr(self, "_ab", None) is not None:
             return self._ab
         L, D, Q = self.L, self.D, len(self.sizes)
@@ -174,8 +184,8 @@ class Space:
         cstate = np.r_[0.0, np.cumsum(self.state)]
         cparams = np.r_[0.0, np.cumsum(self.params)]
         cact = np.r_[0.0, np.cumsum(self.act)]
-        A = np.full((L, L, D, Q), np.inf)
-        B = np.full((L, L, D, Q), np.inf)
+        shape = (L, L, D, Q)
+        parts = {name: np.full(shape, np.inf) for name in ("Ac", "Bc", "Al", "Bx", "Br")}
         M0 = np.zeros((L, L))
         M1 = np.zeros((L, L, Q))
         ovh = self.problem.op_overhead * ctx.phases
@@ -193,48 +203,57 @@ class Space:
                     arr = np.minimum(ar[..., 0] + ar[..., 1] * params,
                                      ar[..., 2] + ar[..., 3] * params)
                 else:
-                    arr = 0.0
-                a = (ccount[e + 1] - ccount[s]) * ovh + (
-                    ctx.phases * lat_in * first if rin > 0 else 0.0)
-                b = work / (k[None, :] * rmin) + arr + (
-                    ctx.phases * rin / k[None, :] * inv_in * first if rin > 0 else 0.0)
-                A[s, e] = np.where(ok, a, np.inf)
-                B[s, e] = np.where(ok, b, np.inf)
-        self._ab = (A, B, M0, M1, mmin)
+                    arr = np.zeros((D, Q))
+                comm = rin > 0
+                values = {"Ac": np.full((D, Q), (ccount[e + 1] - ccount[s]) * ovh),
+                          "Bc": work / (k[None, :] * rmin),
+                          "Al": ctx.phases * lat_in * first if comm else np.zeros((D, Q)),
+                          "Bx": ctx.phases * rin / k[None, :] * inv_in * first if comm
+                          else np.zeros((D, Q)),
+                          "Br": arr}
+                for name, v in values.items():
+                    parts[name][s, e] = np.where(ok, v, np.inf)
+        self._ab = (parts, M0, M1, mmin)
         return self._ab
 
-    def table(self, m: int) -> np.ndarray:
-        """All stage times for ``m``: shape (L, L, D, len(sizes)) indexed
-        [s, e, p, size index]; ``inf`` where impossible (e < s, p + k > D,
-        over memory). Equals :meth:`stage_time` element by element."""
-        A, B, M0, M1, mmin = self._parts()
+    def table(self, m: int) -> tuple[np.ndarray, np.ndarray]:
+        """All stage (fill, busy) times for ``m``: two arrays of shape (L, L,
+        D, len(sizes)) indexed [s, e, p, size index]; ``inf`` where
+        impossible (e < s, p + k > D, over memory). Equal to
+        :meth:`stage_times` element by element."""
+        parts, M0, M1, mmin = self._parts()
         h = self.held(np.arange(self.D), m)                       # (D,)
         mem = M0[:, :, None, None] + M1[:, :, None, :] * h[None, None, :, None]
-        return np.where(mem <= mmin[None, None], A + B / m, np.inf)
+        fits = mem <= mmin[None, None]
+        comp = parts["Ac"] + parts["Bc"] / m
+        xfer = parts["Bx"] / m
+        ar = parts["Br"] / m
+        fill = np.where(fits, comp + parts["Al"] + xfer + ar, np.inf)
+        busy = np.where(fits, np.maximum(comp, xfer) + ar, np.inf)
+        return fill, busy
 
     @staticmethod
-    def objective(times, m: int) -> float:
-        """Alpa's pipeline latency ``sum t + (m - 1) max t``."""
-        times = list(times)
-        return float(sum(times) + (m - 1) * max(times)) if times else float("inf")
+    def objective(fills, busies, m: int) -> float:
+        """Alpa's pipeline latency ``sum fill + (m - 1) max busy``."""
+        fills, busies = list(fills), list(busies)
+        return float(sum(fills) + (m - 1) * max(busies)) if fills else float("inf")
 
     # --- the dynamic program ------------------------------------------------------
     def solve(self, m: int, tmax_candidates: int = 128):
         """Best stages for ``m`` microbatches: ``(objective, [(s, e, p, k), ...])``
         (``(inf, [])`` when nothing fits)."""
-        T = self.table(m)
-        L, D = self.L, self.D
-        finite = T[np.isfinite(T)]
+        F, Bt = self.table(m)
+        finite = Bt[np.isfinite(Bt)]
         if not len(finite):
             return float("inf"), []
         values = np.unique(finite)
         # the smallest feasible t_max (feasibility is monotone in t_max)
         lo, hi = 0, len(values) - 1
-        if not self._feasible(T, values[hi]):
+        if not self._feasible(F, Bt, values[hi]):
             return float("inf"), []
         while lo < hi:
             mid = (lo + hi) // 2
-            if self._feasible(T, values[mid]):
+            if self._feasible(F, Bt, values[mid]):
                 hi = mid
             else:
                 lo = mid + 1
@@ -242,16 +261,19 @@ class Space:
 
         def run(tmaxes):
             nonlocal best, best_stages
-            for stages in self._dp(T, tmaxes):
+            for stages in self._dp(F, Bt, tmaxes):
                 if stages:
-                    obj = self.objective([T[s, e, p, self.sizes.index(k)]
-                                          for s, e, p, k in stages], m)
+                    idx = [(s, e, p, self.sizes.index(k)) for s, e, p, k in stages]
+                    obj = self.objective([F[i] for i in idx], [Bt[i] for i in idx], m)
                     if obj < best - 1e-15 * abs(obj):
                         best, best_stages = obj, stages
 
         run(values[lo:lo + 1])
-        # only t_max < best / m can still win
-        top = int(np.searchsorted(values, best / m, side="left"))
+        if m <= 1:          # one microbatch: only the fills count
+            run(values[-1:])
+            return best, best_stages
+        # only t_max < best / (m - 1) can still win
+        top = int(np.searchsorted(values, best / (m - 1), side="left"))
         window = np.arange(lo + 1, max(top, lo + 1))
         if len(window) > tmax_candidates:
             window = window[np.unique(np.linspace(0, len(window) - 1,
@@ -259,19 +281,19 @@ class Space:
         chunk = 64
         for a in range(0, len(window), chunk):
             idx = window[a:a + chunk]
-            idx = idx[m * values[idx] < best]
+            idx = idx[(m - 1) * values[idx] < best]
             if not len(idx):
                 break
             run(values[idx])
         return best, best_stages
 
-    def _feasible(self, T: np.ndarray, tmax: float) -> bool:
-        return bool(self._dp(T, np.array([tmax]))[0])
+    def _feasible(self, F: np.ndarray, Bt: np.ndarray, tmax: float) -> bool:
+        return bool(self._dp(F, Bt, np.array([tmax]))[0])
 
-    def _dp(self, T: np.ndarray, tmaxes) -> list:
+    def _dp(self, F: np.ndarray, Bt: np.ndarray, tmaxes) -> list:
         """For each ``t_max`` of ``tmaxes`` (a batch, solved together): the
-        stages minimising the sum of stage times with every stage <= t_max
-        (an empty list when none exist)."""
+        stages minimising the sum of fill times with every busy time <=
+        t_max (an empty list when none exist)."""
         L, D = self.L, self.D
         tmaxes = np.asarray(tmaxes, dtype=float)
         K = len(tmaxes)
@@ -285,10 +307,11 @@ class Space:
         nxt_c = np.minimum(nxt_p, D)
         cap = tmaxes[:, None, None, None]
         for s in range(L - 1, -1, -1):
-            # cand[k, e, p, q] = T[s, e, p, q] (if <= t_max_k) + G[k, e + 1, p + size_q]
-            Ts = T[s, s:][None]
+            # cand[k, e, p, q] = F[s, e, p, q] (if busy <= t_max_k) + G[k, e + 1, p + size_q]
+            Fs = F[s, s:][None]
+            Bs = Bt[s, s:][None]
             tail = G[:, s + 1:L + 1][:, :, nxt_c]                 # (K, L-s, D, Q)
-            cand = np.where(Ts <= cap, Ts, np.inf) + np.where(valid[None, None], tail, np.inf)
+            cand = np.where(Bs <= cap, Fs, np.inf) + np.where(valid[None, None], tail, np.inf)
             flat = cand.transpose(0, 2, 1, 3).reshape(K, D, -1)
             arg = flat.argmin(axis=2)
             G[:, s, :D] = np.take_along_axis(flat, arg[..., None], axis=2)[..., 0]
