@@ -362,7 +362,8 @@ class FastDecoder:
         self.need, self.memory = pg.need.astype(f), pg.memory.astype(f)
         self.workspace = pg.workspace.astype(f)
         self.inv_bw, self.latency = pg.inv_bandwidth.astype(f), pg.latency.astype(f)
-        self.t_unit = max(float(work.sum() / rate.sum()) / max(self.U, 1), 1e-30)
+        self.inv_memory = (1.0 / np.maximum(self.memory, 1e-30)).astype(f)
+        self.inv_t_unit = f(1.0 / max(float(work.sum() / rate.sum()) / max(self.U, 1), 1e-30))
         self.ins, self.outs = _np_adjacency(pg)
 
     def decode(self, k: int, *, greedy: int = 0, rng: np.random.Generator | None = None,
@@ -379,81 +380,98 @@ class FastDecoder:
             noise = rng.gumbel(size=(U, n_sampled, D)).astype(np.float32)
         load = np.zeros((k, D), np.float32)
         mem = np.zeros((k, D), np.float32)
-        if context is not None:
+        refine = context is not None
+        if refine:
             assign = np.array(np.broadcast_to(np.asarray(context, np.int64), (k, U)))
             for r in range(k):
                 np.add.at(load[r], assign[r], self.add_time[np.arange(U), assign[r]])
                 np.add.at(mem[r], assign[r], self.need)
         else:
             assign = np.full((k, U), -1, np.int64)
-        peak_ws = np.zeros((k, D), np.float32)
-        dyn = np.zeros((k, D, N_DYNAMIC), np.float32)
-        tie = self.pg.tie
+        state = _State(k, D, assign, load, mem, refine)
+        tie, add_time, need, workspace = self.pg.tie, self.add_time, self.need, self.workspace
         g = min(greedy, k)
+        scale = np.float32(1.0 / temperature)
         for u in range(U):
-            if context is not None:
+            if refine:
                 cur = assign[:, u]
-                load[rows, cur] -= self.add_time[u, cur]
-                mem[rows, cur] -= self.need[u]
+                load[rows, cur] -= add_time[u, cur]
+                mem[rows, cur] -= need[u]
             if tie[u] != u:
                 action = assign[:, tie[u]]
             else:
-                logits, fits = self._logits(u, k, rows, assign, load, mem, peak_ws, dyn)
-                logits = np.where(fits, logits / np.float32(temperature), np.float32(-1e9))
+                logits, fits = self._logits(u, state)
+                if temperature != 1.0:
+                    logits *= scale
+                logits[~fits] = -1e9
                 if noise is not None:
                     logits[g:] += noise[u]
                 action = logits.argmax(axis=1)
             assign[:, u] = action
-            load[rows, action] += self.add_time[u, action]
-            mem[rows, action] += self.need[u]
-            peak_ws[rows, action] = np.maximum(peak_ws[rows, action], self.workspace[u])
+            load[rows, action] += add_time[u, action]
+            mem[rows, action] += need[u]
+            peak = state.peak_ws
+            peak[rows, action] = np.maximum(peak[rows, action], workspace[u])
         return assign
 
-    def _logits(self, u, k, rows, assign, load, mem, peak_ws, dyn):
-        D, U = self.D, self.U
-        (src, w_in, bytes_in), (dst, w_out, _) = self.ins[u], self.outs[u]
-        dyn[..., 0] = self._affinity(assign, src, w_in, k)
-        dyn[..., 1] = self._affinity(assign, dst, w_out, k)
-        add = self.add_time[u]
-        dyn[..., 2] = np.minimum(load, 8.0) / 2
-        dyn[..., 3] = np.minimum(load + add, 8.0) / 2
-        dyn[..., 4] = np.minimum(mem / self.memory, 4.0)
-        dyn[..., 5] = np.minimum((mem + self.need[u]) / self.memory, 4.0)
+    def _logits(self, u, st: "_State"):
+        """Logits (k, D) of unit ``u`` and where it fits in memory."""
+        D, k, dyn, assign, load, mem = self.D, st.k, st.dyn, st.assign, st.load, st.mem
+        # every producer is placed already (units are in topological order);
+        # consumers only when refining (in one-shot decoding feature 1 stays 0)
+        src, w_in, bytes_in = self.ins[u]
+        if len(src):
+            dev = assign[:, src]
+            dyn[..., 0] = np.bincount((st.rowoff + dev).ravel(),
+                                      np.broadcast_to(w_in, dev.shape).ravel(),
+                                      minlength=k * D).reshape(k, D)
+            secs = (self.inv_bw[dev] * bytes_in[:, None] + self.latency[dev]).sum(1)
+            dyn[..., 11] = np.log1p(secs * self.inv_t_unit) / 3
+        else:
+            dyn[..., 0] = 0.0
+            dyn[..., 11] = 0.0
+        if st.refine:
+            dst, w_out, _ = self.outs[u]
+            if len(dst):
+                dev = assign[:, dst]
+                dyn[..., 1] = np.bincount((st.rowoff + dev).ravel(),
+                                          np.broadcast_to(w_out, dev.shape).ravel(),
+                                          minlength=k * D).reshape(k, D)
+            else:
+                dyn[..., 1] = 0.0
+        dyn[..., 2] = np.minimum(load, 8.0) * 0.5
+        dyn[..., 3] = np.minimum(load + self.add_time[u], 8.0) * 0.5
+        dyn[..., 4] = np.minimum(mem * self.inv_memory, 4.0)
+        dyn[..., 5] = np.minimum((mem + self.need[u]) * self.inv_memory, 4.0)
         used = load > 0
         dyn[..., 6] = used
         dyn[..., 7] = 0.0
         if u > 0:
-            dyn[rows, np.maximum(assign[:, u - 1], 0), 7] = 1.0
-        dyn[..., 8] = u / max(U - 1, 1)
-        dyn[..., 9] = np.minimum(load.max(axis=1, keepdims=True), 8.0) / 2
+            dyn[st.rows, assign[:, u - 1], 7] = 1.0
+        dyn[..., 8] = u / max(self.U - 1, 1)
+        dyn[..., 9] = np.minimum(load.max(axis=1, keepdims=True), 8.0) * 0.5
         dyn[..., 10] = used.mean(axis=1, keepdims=True)
-        if len(src):
-            dev = assign[:, src]
-            ok = (dev >= 0)[..., None]
-            d = np.maximum(dev, 0)
-            secs = ((self.inv_bw[d] * bytes_in[None, :, None] + self.latency[d]) * ok).sum(1)
-            dyn[..., 11] = np.log1p(secs / np.float32(self.t_unit)) / 3
-        else:
-            dyn[..., 11] = 0.0
         z = _mm(dyn.reshape(k * D, N_DYNAMIC), self.w_dyn)
-        hidden = z[:, :-1].reshape(k, D, -1) + self.pre_op[u] + self.pre_dev
+        hidden = z[:, :-1].reshape(k, D, -1)
+        hidden += self.pre_op[u] + self.pre_dev
         np.maximum(hidden, 0.0, out=hidden)
-        logits = (_mm(hidden.reshape(k * D, -1), self.w_out[:, None]).reshape(k, D)
-                  + self.b_out + z[:, -1].reshape(k, D) + self.s0[u])
-        fits = (mem + self.need[u] + np.maximum(peak_ws, self.workspace[u])) <= self.memory
+        logits = _mm(hidden.reshape(k * D, -1), self.w_out[:, None]).reshape(k, D)
+        logits += z[:, -1].reshape(k, D)
+        logits += self.s0[u] + self.b_out
+        fits = (mem + self.need[u] + np.maximum(st.peak_ws, self.workspace[u])) <= self.memory
         fits |= ~fits.any(axis=1, keepdims=True)
         return logits, fits
 
-    def _affinity(self, assign, src, weight, k):
-        """Share of ``weight`` (per neighbour in ``src``) already on each device."""
-        if not len(src):
-            return 0.0
-        dev = assign[:, src]
-        ok = dev >= 0
-        w = np.where(ok, weight[None, :], np.float32(0.0))
-        flat = (np.arange(k)[:, None] * self.D + np.maximum(dev, 0)).ravel()
-        aff = np.bincount(flat, w.ravel(), minlength=k * self.D).reshape(k, self.D)
-        return aff / np.maximum(w.sum(axis=1, keepdims=True), 1e-30)
+
+class _State:
+    """The decoding state of a batch of ``k`` rows (arrays updated in place)."""
+
+    def __init__(self, k, D, assign, load, mem, refine):
+        self.k, self.assign, self.load, self.mem, self.refine = k, assign, load, mem, refine
+        self.rows = np.arange(k)
+        self.rowoff = (np.arange(k) * D)[:, None]
+        self.peak_ws = np.zeros((k, D), np.float32)   # largest workspace placed so far
+        self.dyn = np.zeros((k, D, N_DYNAMIC), np.float32)
 
 
 def _mm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -463,8 +481,8 @@ def _mm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _np_adjacency(pg: ProblemGraph):
-    """Per unit: (producer units, bytes + 1, bytes) and (consumer units, ...)
-    as NumPy arrays (cached on ``pg``)."""
+    """Per unit: (producer units, their shares of the unit's input bytes + 1,
+    bytes) and the same for consumers, as NumPy arrays (cached on ``pg``)."""
     cache = pg.__dict__.get("_np_adj")
     if cache is not None:
         return cache
@@ -475,8 +493,13 @@ def _np_adjacency(pg: ProblemGraph):
     def group(key, other):
         order = np.argsort(key, kind="stable")
         bounds = np.searchsorted(key[order], np.arange(U + 1))
-        return [(other[order[bounds[u]:bounds[u + 1]]], b[order[bounds[u]:bounds[u + 1]]] + 1.0,
-                 b[order[bounds[u]:bounds[u + 1]]]) for u in range(U)]
+        out = []
+        for u in range(U):
+            pick = order[bounds[u]:bounds[u + 1]]
+            w = b[pick] + 1.0
+            out.append((other[pick], (w / max(float(w.sum()), 1e-30)).astype(np.float32),
+                        b[pick]))
+        return out
     cache = (group(dst, src), group(src, dst))
     pg.__dict__["_np_adj"] = cache
     return cache

@@ -1,13 +1,14 @@
 """The learned strategies ``rl`` and ``hybrid``, registered with placer.search.
 
-- ``rl``: decode placements with the policy (the greedy one, then batches of
-  samples, then Placeto-style refinements of the best), score them with the
-  cost model at each microbatch count and schedule, keep the best.
-  ``finetune`` seconds (or ``finetune_steps`` updates) of REINFORCE on the
-  target problem come first when asked.
-- ``hybrid``: the best distinct policy samples seed the population of the
+- ``rl``: one encoder pass, then the greedy placement and samples decoded
+  together (:class:`gnn.model.FastDecoder`), the simple reference plans beside
+  them, Placeto-style refinements of the best; all scored with the cost
+  model's array path at each microbatch count and schedule; the best few
+  re-ranked by the simulator. ``finetune`` seconds (or ``finetune_steps``
+  updates) of REINFORCE on the target problem come first when asked.
+- ``hybrid``: the best distinct policy plans seed the population of the
   ``evolution`` strategy (through its ``initial`` plans), which then spends
-  the rest of the budget.
+  the rest of the budget; the policy's best is reported as progress first.
 
 >>> from placer.search import get_strategy
 >>> type(get_strategy("rl")).__name__
@@ -21,9 +22,10 @@ import math
 import numpy as np
 import torch
 
-from placer.cost import Problem
+from placer.cost import INFEASIBLE, Problem
 from placer.errors import StrategyError
-from placer.search.base import Budget, Strategy, get_strategy, register_strategy
+from placer.search.base import (Budget, Progress, Strategy, get_strategy,
+                                register_strategy)
 
 from .checkpoint import default_checkpoint, load_policy
 from .features import encode_problem
@@ -187,6 +189,7 @@ class _Learned(Strategy):
         self.baselines = bool(baselines)
 
     def _plans(self, problem, cost_model, budget, seed, keep):
+        """``[(search objective, Plan)]``, the ``keep`` best distinct, best first."""
         from placer.plan import Plan
         policy = _policy(self.checkpoint)
         if self.finetune > 0 or self.finetune_steps:
@@ -206,9 +209,9 @@ class _Learned(Strategy):
                              schedules=schedules, keep=keep, baselines=self.baselines)
         names = problem.devices
         out = []
-        for _, row, m, s, source in found:
+        for objective, row, m, s, source in found:
             placement = {op: [names[d]] for op, d in zip(problem.ids, row.tolist())}
-            out.append(Plan(placement, m, s, self.name, extra={"source": source}))
+            out.append((objective, Plan(placement, m, s, self.name, extra={"source": source})))
         return out
 
 
@@ -223,17 +226,44 @@ class RL(_Learned):
     shipped policy was trained with 96), ``temperature``, ``baselines``
     (also score the simple reference plans and refine from the best, default
     True), ``finetune`` (seconds of REINFORCE on the target first) or
-    ``finetune_steps``. The plan's ``extra["source"]`` says whether the
-    policy's one-shot decoding, a refinement round or a baseline won.
+    ``finetune_steps``; ``final_k`` (4) best distinct plans re-ranked by
+    ``final`` (cost model name, ``"simulator"``; None: keep the search
+    model's best), as evolution ranks its finalists. The plan's
+    ``extra["source"]`` says whether the policy's one-shot decoding, a
+    refinement round or a baseline won.
     """
 
     name = "rl"
 
+    def __init__(self, *, final_k: int = 4, final: str | None = "simulator", **options):
+        super().__init__(**options)
+        if int(final_k) != final_k or final_k < 1:
+            raise StrategyError(f"final_k must be a whole number >= 1, got {final_k!r}",
+                                field="final_k")
+        self.final_k, self.final = int(final_k), final
+
     def search(self, problem, cost_model, budget, seed=0, progress=None):
         """Decode, score, keep the best (see the class doc)."""
         cost_model = budget.meter(cost_model)
-        plans = self._plans(problem, cost_model, budget, seed, keep=1)
-        return self.finalize(problem, cost_model, budget, plans[0], progress=progress)
+        found = [plan for _, plan in self._plans(problem, cost_model, budget, seed,
+                                                 keep=self.final_k)]
+        best = found[_rank(self.final, cost_model, budget, problem, found)]
+        return self.finalize(problem, cost_model, budget, best, progress=progress)
+
+
+def _rank(final: str | None, cost_model, budget: Budget, problem, plans) -> int:
+    """Index of the best of ``plans`` (ranked best first by the search model)
+    by the ``final`` cost model, as evolution ranks its finalists; 0 when
+    there is nothing to rank or no evaluations left for it."""
+    from placer.cost import get_cost_model
+    if len(plans) < 2 or final is None or final == getattr(cost_model, "name", None):
+        return 0
+    room = budget.remaining_evaluations - 1   # keep one for finalize
+    plans = plans[:int(min(len(plans), room))] if math.isfinite(room) else plans
+    if len(plans) < 2:
+        return 0
+    reports = budget.meter(get_cost_model(final)).estimate_many(problem, plans)
+    return int(np.argmin([r.objective for r in reports]))
 
 
 @register_strategy
@@ -267,10 +297,17 @@ class Hybrid(_Learned):
                        evaluations=None if math.isinf(budget.remaining_evaluations)
                        else max(1, int(budget.remaining_evaluations) // 2))
         try:
-            plans = self._plans(problem, share.meter(metered.inner), share, seed,
+            found = self._plans(problem, share.meter(metered.inner), share, seed,
                                 keep=self.seeds)
         finally:
             budget.charge(share.used)
+        plans = [plan for _, plan in found]
+        if progress is not None and found:
+            # the policy's best is the search's best so far: report it before
+            # evolution spends its seeding time
+            best = found[0][0]
+            progress(Progress(self.name, budget.used, budget.elapsed, best, best,
+                              best < INFEASIBLE, "policy"))
         options = dict(self.evolution_options)
         if self.microbatches is not None:
             options.setdefault("microbatches", self.microbatches)
