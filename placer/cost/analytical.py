@@ -50,9 +50,10 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     group table ``groups``; ``m`` and ``gpipe`` are per plan (B,) arrays.
 
     Everything is computed from the plans' *runs* (maximal stretches of the
-    topological order on one group): per-group sums are differences of
-    prefix sums at run ends, the largest workspace a range maximum, so the
-    work per plan grows with its runs and its cut edges, not its ops."""
+    topological order on one group) and *slots* (the groups a plan uses):
+    per-group sums are differences of prefix sums at run ends, the largest
+    workspace a range maximum, so the work per plan grows with its runs and
+    its cut edges, not its ops nor the size of the group table."""
     A = np.asarray(A, dtype=np.int64)
     B, n = A.shape
     D = p.n_devices
@@ -61,7 +62,7 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     gpipe = np.broadcast_to(np.asarray(gpipe, dtype=bool), (B,))
     training = p.training
     gt = _group_table(p, groups)
-    member, size, share, slow = gt["member"], gt["size"], gt["share"], gt["slow"]
+    size, slow = gt["size"], gt["slow"]
     pre = _precomputed(p)
 
     # --- runs: (row, first op, end op, group), in row-major order ------------
@@ -79,23 +80,42 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     run_end[:-1] = run_start[1:]
     run_end[row_first + runs - 1] = n
     run_group = A[run_row, run_start]
-    key = run_row * G + run_group
+    sl = _slots(gt, B, D, G, n, run_row * G + run_group, run_start)
+    run_slot, s_row, s_group, e_slot, e_cell = \
+        sl["run_slot"], sl["row"], sl["group"], sl["e_slot"], sl["e_cell"]
+    U = len(s_row)
+    s_inv = 1.0 / size[s_group]
 
-    # per-group sums from prefix sums at run boundaries
+    # per-slot sums from prefix sums at run boundaries
     seg = pre["cum"][run_end] - pre["cum"][run_start]
 
-    def gsum(col):
-        return np.bincount(key, seg[:, col], minlength=B * G).reshape(B, G)
+    def ssum(col):
+        return np.bincount(run_slot, seg[:, col], minlength=U)
 
-    count = gsum(0)
-    lf = gsum(1)
+    def per_device(values, reduce=None):
+        """(B, D) sums (or maxima) over each device's slots of ``values``."""
+        if reduce is None:
+            return np.bincount(e_cell, values[e_slot], minlength=B * D).reshape(B, D)
+        out = np.zeros(B * D)
+        reduce.at(out, e_cell, values[e_slot])
+        return out.reshape(B, D)
+
+    count = ssum(0)
+    lf = ssum(1)
     per_mb = 1.0 / m[:, None]
-    inv_rate = share / p.rate[None, :]
+    s_per_mb = per_mb[s_row, 0]
+    e_inv_rate = s_inv[e_slot] / p.rate[e_cell % D]
     ovh = p.op_overhead
-    cf = (lf * per_mb) @ inv_rate + (count @ member) * ovh
+    launches = per_device(count) * ovh
+
+    def compute_time(work):
+        scaled = (work * s_per_mb)[e_slot] * e_inv_rate
+        return np.bincount(e_cell, scaled, minlength=B * D).reshape(B, D) + launches
+
+    cf = compute_time(lf)
     if training:
-        lb = gsum(2)
-        cb = (lb * per_mb) @ inv_rate + (count @ member) * ovh
+        lb = ssum(2)
+        cb = compute_time(lb)
         if p.recompute:
             cb = cb + cf
     else:
@@ -104,19 +124,14 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     comp = cf + cb
 
     # --- tensors crossing devices -----------------------------------------
-    L = np.zeros((B, D * D))
     speed = pre["speed"]
     phases = 2.0 if training else 1.0
     xfer = np.zeros(B)
+    k_single = k_dp = np.zeros(0, dtype=np.int64)
+    w_single = w_dp = np.zeros(0)
     if p.n_edges:
         src, dst, eb = _edges_by_source(p)
-        # op-major copy: gathering whole rows of B ids per edge is fast
-        AT = np.ascontiguousarray(small.T)
-        E = len(src)
-        crossing = np.flatnonzero(AT[src] != AT[dst])  # few: only edges between groups
-        cut, rows = np.divmod(crossing, B)
-        if len(rows):                                  # plan-major order
-            rows, cut = np.divmod(np.sort(rows * E + cut), E)
+        rows, cut = _crossing_edges(p, pre, A, small, hr, hc)
         if len(rows):
             cu = A[rows, src[cut]]
             cv = A[rows, dst[cut]]
@@ -131,49 +146,39 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
                 keep = ~dup
             else:
                 keep = np.zeros(len(key_e), dtype=bool)
-                keep[np.unique(key_e, return_index=True)[1]] = True
+                keep[_unique(key_e, index=True)[1]] = True
             rows, cu, cv, nb = rows[keep], cu[keep], cv[keep], eb[cut[keep]]
-            cost = _pair_cost(p, groups, cu, cv, speed)
+            single = (cu < D) & (cv < D)
+            if single.all():
+                cost = 1.0 / speed[cu, cv]
+            else:
+                dm = ~single
+                cost = np.empty(len(cu))
+                cost[single] = 1.0 / speed[cu[single], cv[single]]
+                pairs = _pair_lookup(p, groups, gt, cu[dm] * G + cv[dm])
+                cost[dm] = pairs["worst"]
+                # spread each (plan, group pair) total over that pair's links
+                reps = pairs["nnz"]
+                pos = np.repeat(pairs["start"] - np.r_[0, np.cumsum(reps)[:-1]], reps) \
+                    + np.arange(reps.sum())
+                k_dp = np.repeat(rows[dm], reps) * (D * D) + gt["reg_links"][pos]
+                w_dp = np.repeat(nb[dm], reps) * gt["reg_fracs"][pos]
             # tensors crossing one link wait for each other: count them all
             xfer = np.bincount(rows, nb * cost, minlength=B)
-            single = (cu < D) & (cv < D)
-            if single.any():
-                keys = rows[single] * (D * D) + cu[single] * D + cv[single]
-                L += np.bincount(keys, nb[single], minlength=B * D * D).reshape(B, D * D)
-            if not single.all():
-                dm = ~single
-                pk = cu[dm] * G + cv[dm]
-                upk, pinv = np.unique(pk, return_inverse=True)
-                # spread each (plan, group pair) total over that pair's links
-                sparse = [_pair_sparse(p, groups[k // G], groups[k % G])
-                          for k in upk.tolist()]
-                nnz = np.array([len(x[0]) for x in sparse])
-                ptr = np.r_[0, np.cumsum(nnz)]
-                links = np.concatenate([x[0] for x in sparse])
-                fracs = np.concatenate([x[1] for x in sparse])
-                reps = nnz[pinv]
-                pos = np.repeat(ptr[pinv] - np.r_[0, np.cumsum(reps)[:-1]], reps) \
-                    + np.arange(reps.sum())
-                L += np.bincount(np.repeat(rows[dm], reps) * (D * D) + links[pos],
-                                 np.repeat(nb[dm], reps) * fracs[pos],
-                                 minlength=B * D * D).reshape(B, D * D)
-    L = L.reshape(B, D, D)
-    Lmb = L * per_mb[:, :, None]
-    link_t = Lmb / speed[None]
+            k_single = rows[single] * (D * D) + cu[single] * D + cv[single]
+            w_single = nb[single]
+    lk = _links(p, B, speed, per_mb[:, 0], k_single, w_single, k_dp, w_dp)
+    fwd_out, fwd_in = lk["out"], lk["in"]
     # gradients of a->b tensors travel b->a: under 1F1B each link carries
     # both directions' loads at once; GPipe runs all forwards, then all
     # backwards, so each phase has its own bottleneck
-    fwd_out = Lmb.sum(axis=2) / p.nic_bandwidth[None, :]
-    fwd_in = Lmb.sum(axis=1) / p.nic_bandwidth[None, :]
-    beta_f = np.maximum.reduce([cf.max(axis=1), link_t.reshape(B, -1).max(axis=1),
-                                fwd_out.max(axis=1), fwd_in.max(axis=1)])
+    beta_f = np.maximum.reduce([cf.max(axis=1), lk["max"], fwd_out.max(axis=1),
+                                fwd_in.max(axis=1)])
     if training:
-        both = Lmb + Lmb.transpose(0, 2, 1)
         nic_out, nic_in = fwd_out + fwd_in, fwd_in + fwd_out
-        beta = np.maximum.reduce([comp.max(axis=1),
-                                  (both / speed[None]).reshape(B, -1).max(axis=1),
+        beta = np.maximum.reduce([comp.max(axis=1), lk["both_max"],
                                   nic_out.max(axis=1), nic_in.max(axis=1)])
-        beta_b = np.maximum.reduce([cb.max(axis=1), link_t.reshape(B, -1).max(axis=1),
+        beta_b = np.maximum.reduce([cb.max(axis=1), lk["max"],
                                     fwd_out.max(axis=1), fwd_in.max(axis=1)])
         beta = np.where(gpipe, beta_f + beta_b, beta)
     else:
@@ -190,14 +195,9 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
         lat = _pair_latency(p, groups, A[hr, hc], A[hr, hc + 1])
         fill = fill + phases * np.bincount(hr, lat, minlength=B)
     fill = fill + phases * xfer * per_mb[:, 0]
-    # --- first op of each group and device (ops are in topological order) ----
-    first_g = np.full(B * G, n, dtype=np.int64)
-    np.minimum.at(first_g, key, run_start)
-    first_g = first_g.reshape(B, G)
-    first_d = first_g[:, :D].copy()
-    dp_rows, dp_dev, dp_gid = _dp_entries(gt, D, first_g[:, D:] < n)
-    if len(dp_rows):
-        np.minimum.at(first_d, (dp_rows, dp_dev), first_g[dp_rows, dp_gid])
+    # --- first op of each device (ops are in topological order) --------------
+    s_first = sl["first"]
+    first_d = sl["first_d"]
     used = first_d < n
     # run of a position = switches before it (switch keys are sorted)
     skey = hr * n + hc + 1
@@ -212,49 +212,46 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     step = (m - 1) * beta + fill
 
     # --- all-reduce of data-parallel groups ----------------------------------
-    lp = gsum(3)
-    lp = np.where(gsum(5) > 0, lp, 0.0)      # exactly 0 without parameters
-    ar = None
+    lp = ssum(3)
+    lp = np.where(ssum(5) > 0, lp, 0.0)      # exactly 0 without parameters
     if training and G > D:
-        coef = gt["coef"]
-        dp = np.arange(G) >= D
+        coef = gt["coef"][s_group]
         buckets = np.maximum(np.ceil(lp / p.bucket_bytes), 1.0)
         ar = np.minimum(coef[:, 0] * buckets + coef[:, 1] * lp,
                         coef[:, 2] * buckets + coef[:, 3] * lp)
-        ar = np.where((lp > 0) & dp[None, :], ar, 0.0)
+        ar = np.where((lp > 0) & (s_group >= D), ar, 0.0)
         if ar.any():
-            bgt = lb * per_mb / size[None, :] * slow[None, :]
+            bgt = lb * s_per_mb / size[s_group] * slow[s_group]
             # after a group's last backward, the microbatch's backward still
             # has to drain through the ops before it: about that share of the
             # backward half of the fill
-            slack = (fill / phases)[:, None] * np.minimum(first_g, n) / n
+            slack = (fill / phases)[s_row] * s_first / n
             # all buckets but the last overlap the group's own last backward
             slack = slack + bgt * (buckets - 1) / buckets
-            step = np.maximum(step, step + (ar - slack).max(axis=1))
+            late = np.full(B, -np.inf)
+            np.maximum.at(late, s_row, ar - slack)
+            step = np.maximum(step, step + late)
 
     # --- memory -------------------------------------------------------------------
-    params = lp @ member
-    acts = gsum(4) @ share
-    recv = L.sum(axis=1)
-    # largest workspace per group: range maxima over its runs
+    params = per_device(lp)
+    acts = per_device(ssum(4) * s_inv)
+    recv = lk["recv"]
+    # largest workspace per slot: range maxima over its runs
     lg = pre["log2"][run_end - run_start]
     table = pre["sparse_max"]
     run_ws = np.maximum(table[lg, run_start], table[lg, run_end - (1 << lg)])
-    wsg = np.zeros(B * G)
-    np.maximum.at(wsg, key, run_ws)
-    wsg = wsg.reshape(B, G) / size[None, :]
-    ws = wsg[:, :D].copy()
-    if len(dp_rows):
-        np.maximum.at(ws, (dp_rows, dp_dev), wsg[dp_rows, dp_gid])
+    ws_slot = np.zeros(U)
+    np.maximum.at(ws_slot, run_slot, run_ws)
+    ws = per_device(ws_slot / size[s_group], np.maximum)
     ws *= per_mb
     held_gp = inflight(p, run_first, runs, used, m[:, None], "gpipe")
     held = np.where(gpipe[:, None], held_gp, held_1f1b)
     peak = peak_memory(p, params, acts, recv, ws, held, m[:, None])
 
     out = _Batch()
-    out.step, out.peak, out.comp, out.L, out.link_t, out.nic_out, out.nic_in = \
-        step, peak, comp, L, link_t, nic_out, nic_in
-    out.m, out.used, out.ar, out.beta, out.phases = m, used, ar, beta, phases
+    out.step, out.peak, out.comp, out.links, out.nic_out, out.nic_in = \
+        step, peak, comp, lk, nic_out, nic_in
+    out.m, out.used, out.beta, out.phases = m, used, beta, phases
     excess = peak - p.memory[None, :]
     out.excess = excess
     ratio = (excess / p.memory[None, :]).max(axis=1)
@@ -267,6 +264,124 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
         obj = (peak / p.memory[None, :]).max(axis=1)
     out.objective = np.where(out.feasible, obj, INFEASIBLE * (1.0 + np.maximum(ratio, 0)))
     return out
+
+
+def _links(p: Problem, B: int, speed: np.ndarray, per_mb: np.ndarray, k_single, w_single,
+           k_dp, w_dp) -> dict:
+    """Bytes per (plan, link) from the tensors between single devices
+    (``k_single``: ``row * D * D + a * D + b``, bytes ``w_single``) and
+    between data-parallel groups (``k_dp``, ``w_dp``), kept sparse: the
+    sorted ``row``, ``link`` and ``bytes`` of every loaded link, and per
+    plan the busiest link's time per microbatch (``max``, ``arg``), the same
+    with both directions of a device pair added (``both_max``), each
+    device's interface time out and in and bytes received (``recv``)."""
+    D = p.n_devices
+    DD = D * D
+    keys, inv = _unique(np.r_[k_single, k_dp], inverse=True)
+    U = len(keys)
+    load = np.bincount(inv[:len(k_single)], w_single, minlength=U)
+    if len(k_dp):
+        load = load + np.bincount(inv[len(k_single):], w_dp, minlength=U)
+    row, link = np.divmod(keys, DD)
+    a, z = np.divmod(link, D)
+    lmb = load * per_mb[row]
+    flat = speed.ravel()
+    t = lmb / flat[link]
+    top = np.zeros(B)
+    np.maximum.at(top, row, t)
+    # the busiest link of a plan: the first (lowest index) at its maximum
+    arg = np.zeros(B, dtype=np.int64)
+    at_top = np.flatnonzero(t == top[row])
+    first = _unique(row[at_top], index=True)
+    arg[first[0]] = link[at_top[first[1]]]
+    # a device pair's two directions together, on the slower direction
+    pair = row * DD + np.minimum(a, z) * D + np.maximum(a, z)
+    upair, pinv = _unique(pair, inverse=True)
+    prow, plink = np.divmod(upair, DD)
+    u, v = np.divmod(plink, D)
+    both = np.bincount(pinv, lmb, minlength=len(upair)) / \
+        np.minimum(flat[plink], flat[v * D + u])
+    both_max = np.zeros(B)
+    np.maximum.at(both_max, prow, both)
+    nic = p.nic_bandwidth[None, :]
+    return {"row": row, "link": link, "bytes": load, "max": top, "arg": arg,
+            "both_max": both_max,
+            "out": np.bincount(row * D + a, lmb, minlength=B * D).reshape(B, D) / nic,
+            "in": np.bincount(row * D + z, lmb, minlength=B * D).reshape(B, D) / nic,
+            "recv": np.bincount(row * D + z, load, minlength=B * D).reshape(B, D)}
+
+
+def _slots(gt: dict, B: int, D: int, G: int, n: int, run_key: np.ndarray,
+           run_start: np.ndarray) -> dict:
+    """The *slots*, (plan, group) pairs that runs use (``run_key = row * G +
+    group``): each run's slot, each slot's row, group and first op; one
+    entry per (slot, member device) with its cell ``row * D + device``; and
+    the first op of each (plan, device), ``n`` where unused."""
+    keys, first_run, run_slot = _unique(run_key, index=True, inverse=True)
+    row, group = np.divmod(keys, G)
+    first = run_start[first_run]          # a plan's runs are in topological order
+    members = gt["pad"][group]
+    ok = members < D
+    e_slot = np.broadcast_to(np.arange(len(keys))[:, None], members.shape)[ok]
+    e_cell = (row[:, None] * D + members)[ok]
+    first_d = np.full(B * D, n, dtype=np.int64)
+    np.minimum.at(first_d, e_cell, first[e_slot])
+    return {"run_slot": run_slot, "row": row, "group": group, "first": first,
+            "e_slot": e_slot, "e_cell": e_cell, "first_d": first_d.reshape(B, D)}
+
+
+def _pair_lookup(p: Problem, groups, gt: dict, codes: np.ndarray) -> dict:
+    """For tensors between group pairs ``codes`` (``src * G + dst``, at
+    least one of them data-parallel): the slowest seconds per byte
+    (``worst``) and where the pair's links and fractions start in the group
+    table's registry (``start``, ``nnz``; arrays ``reg_links``,
+    ``reg_fracs``). Pairs are registered once per group table."""
+    uniq, inv = _unique(codes, inverse=True)
+    reg = gt.get("reg_codes")
+    if reg is None:
+        reg = gt["reg_codes"] = np.zeros(0, dtype=np.int64)
+        gt["reg_start"] = gt["reg_nnz"] = np.zeros(0, dtype=np.int64)
+        gt["reg_worst"] = gt["reg_fracs"] = np.zeros(0)
+        gt["reg_links"] = np.zeros(0, dtype=np.int64)
+    pos = np.minimum(np.searchsorted(reg, uniq), max(len(reg) - 1, 0))
+    missing = uniq[reg[pos] != uniq] if len(reg) else uniq
+    if len(missing):
+        G = len(groups)
+        sparse = [_pair_sparse(p, groups[k // G], groups[k % G]) for k in missing.tolist()]
+        nnz = np.array([len(x[0]) for x in sparse], dtype=np.int64)
+        start = len(gt["reg_links"]) + np.r_[0, np.cumsum(nnz)[:-1]]
+        gt["reg_links"] = np.concatenate([gt["reg_links"]] + [x[0] for x in sparse])
+        gt["reg_fracs"] = np.concatenate([gt["reg_fracs"]] + [x[1] for x in sparse])
+        codes_all = np.r_[reg, missing]
+        order = np.argsort(codes_all, kind="stable")
+        gt["reg_codes"] = reg = codes_all[order]
+        gt["reg_start"] = np.r_[gt["reg_start"], start][order]
+        gt["reg_nnz"] = np.r_[gt["reg_nnz"], nnz][order]
+        gt["reg_worst"] = np.r_[gt["reg_worst"], [x[2] for x in sparse]][order]
+        pos = np.searchsorted(reg, uniq)
+    pos = pos[inv]
+    return {"worst": gt["reg_worst"][pos], "start": gt["reg_start"][pos],
+            "nnz": gt["reg_nnz"][pos]}
+
+
+def _unique(x: np.ndarray, *, index: bool = False, inverse: bool = False):
+    """Like ``np.unique`` on a 1-D int array (sorted values, first indices,
+    inverse), by one stable sort: several times faster on the small arrays
+    here than numpy's hash-based unique."""
+    if not (index or inverse):
+        s = np.sort(x)
+        return s[np.r_[True, s[1:] != s[:-1]]] if len(s) else s
+    order = np.argsort(x, kind="stable")
+    s = x[order]
+    new = np.r_[True, s[1:] != s[:-1]] if len(s) else np.zeros(0, dtype=bool)
+    out = [s[new]]
+    if index:
+        out.append(order[new])
+    if inverse:
+        inv = np.empty(len(x), dtype=np.int64)
+        inv[order] = np.cumsum(new) - 1
+        out.append(inv)
+    return tuple(out)
 
 
 def _precomputed(p: Problem) -> dict:
@@ -292,12 +407,58 @@ def _precomputed(p: Problem) -> dict:
     crit_work, crit_ops = _critical_shares(p)
     speed = np.minimum(p.bandwidth, np.minimum(p.nic_bandwidth[:, None],
                                                p.nic_bandwidth[None, :]))
-    src, _, _ = _edges_by_source(p)
+    src, dst, _ = _edges_by_source(p)
     outdeg = np.bincount(src, minlength=n) if len(src) else np.zeros(1, dtype=np.int64)
     hit = p._analytical_pre = {"cum": cum, "sparse_max": np.stack(levels), "log2": log2,
                                "crit_work": crit_work, "crit_ops": crit_ops,
-                               "speed": speed, "lags": max(int(outdeg.max()) - 1, 0)}
+                               "speed": speed, "lags": max(int(outdeg.max()) - 1, 0),
+                               "cut_sets": _cut_sets(src, dst, n)}
     return hit
+
+
+def _cut_sets(src: np.ndarray, dst: np.ndarray, n: int):
+    """For each position h of the topological order, the edges from an op
+    at or before h to one after it (CSR: ``ptr`` (n + 1), ``edge``), so
+    the edges a plan cuts are found from its group switches alone. None
+    when the edges are so long that the sets would be large."""
+    span = dst - src
+    total = int(span.sum())
+    if total > 32 * (len(src) + n):
+        return None
+    e_rep = np.repeat(np.arange(len(src)), span)
+    pos = np.arange(total) - np.repeat(np.cumsum(span) - span, span) + src[e_rep]
+    order = np.argsort(pos, kind="stable")
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(pos, minlength=n), out=ptr[1:])
+    return ptr, e_rep[order]
+
+
+def _crossing_edges(p: Problem, pre: dict, A: np.ndarray, small: np.ndarray,
+                    hr: np.ndarray, hc: np.ndarray):
+    """(plan row, edge index by source) of every edge between different
+    groups, sorted by row then edge. Such an edge spans a group switch
+    (``hr``, ``hc``: row and position before it), so only the edges
+    spanning the switches are compared."""
+    src, dst, _ = _edges_by_source(p)
+    E = len(src)
+    cs = pre["cut_sets"]
+    if cs is None:
+        B = len(A)
+        # op-major copy: gathering whole rows of B ids per edge is fast
+        AT = np.ascontiguousarray(small.T)
+        cut, rows = np.divmod(np.flatnonzero(AT[src] != AT[dst]), B)
+        if len(rows):                                  # plan-major order
+            rows, cut = np.divmod(np.sort(rows * E + cut), E)
+        return rows, cut
+    ptr, edge = cs
+    counts = ptr[hc + 1] - ptr[hc]
+    total = int(counts.sum())
+    at = np.repeat(ptr[hc] - (np.cumsum(counts) - counts), counts) + np.arange(total)
+    # an edge spanning several switches of a plan is a candidate once
+    key = _unique(np.repeat(hr, counts) * E + edge[at])
+    rows, cut = np.divmod(key, E)
+    differ = small[rows, src[cut]] != small[rows, dst[cut]]
+    return rows[differ], cut[differ]
 
 
 def _critical_shares(p: Problem):
@@ -388,38 +549,6 @@ def _pair_latency(p: Problem, groups, cu: np.ndarray, cv: np.ndarray) -> np.ndar
     return lat
 
 
-def _pair_cost(p: Problem, groups, cu: np.ndarray, cv: np.ndarray,
-               speed: np.ndarray) -> np.ndarray:
-    """Seconds per byte between groups ``cu`` and ``cv`` (arrays): the
-    slowest member link or interface."""
-    D = p.n_devices
-    single = (cu < D) & (cv < D)
-    if single.all():
-        return 1.0 / speed[cu, cv]
-    cost = np.empty(len(cu))
-    cost[single] = 1.0 / speed[cu[single], cv[single]]
-    dm = ~single
-    G = len(groups)
-    upk, inv = np.unique(cu[dm] * G + cv[dm], return_inverse=True)
-    worst = np.array([_pair_sparse(p, groups[k // G], groups[k % G])[2]
-                      for k in upk.tolist()])
-    cost[dm] = worst[inv]
-    return cost
-
-
-def _dp_entries(gt: dict, D: int, present: np.ndarray):
-    """(plan row, device, group id) for every member of every data-parallel
-    group a plan uses (``present``: (B, G - D) bool)."""
-    rows, cols = np.nonzero(present)
-    if not len(rows):
-        e = np.zeros(0, dtype=np.int64)
-        return e, e, e
-    devs = gt["dp_pad"][cols]
-    keep = devs >= 0
-    return (np.broadcast_to(rows[:, None], devs.shape)[keep], devs[keep],
-            np.broadcast_to(cols[:, None] + D, devs.shape)[keep])
-
-
 def _edges_by_source(p: Problem):
     """Edge sources, destinations and bytes sorted by (source, destination)."""
     hit = getattr(p, "_by_source", None)
@@ -489,14 +618,10 @@ class Analytical(CostModel):
     def estimate_many(self, problem: Problem, plans: Sequence["Plan"]) -> list[Report]:
         if not plans:
             return []
-        table: dict = {}
-        compiled = [problem.compile(plan, table) for plan in plans]
-        groups = compiled[-1].groups
-        A = np.stack([c.op_group for c in compiled])
-        m = np.array([c.microbatches for c in compiled])
-        gp = np.array([c.schedule == "gpipe" for c in compiled])
+        A, groups, m, schedules = problem.compile_many(plans)
+        gp = np.array([s == "gpipe" for s in schedules])
         batch = evaluate(problem, A, groups, m, gp)
-        return _reports(problem, batch, compiled)
+        return _reports(problem, batch, m.tolist(), schedules)
 
     def step_times(self, problem: Problem, assignments, *, groups=(), microbatches: int = 1,
                    schedule: str = "1f1b") -> np.ndarray:
@@ -506,7 +631,7 @@ class Analytical(CostModel):
 
 
 _LAZY_FIELDS = ("peak_memory", "memory_excess", "busy", "compute", "comm", "idle",
-                "bytes_per_link")
+                "bytes_per_link", "bottleneck")
 
 
 class _LazyReport(Report):
@@ -525,44 +650,51 @@ class _LazyReport(Report):
             return self.__dict__[name]
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
+    @property
+    def bottleneck(self) -> str:
+        """The busiest device or link, in words (built on first access)."""
+        if "bottleneck" not in self.__dict__:
+            self.__getattr__("bottleneck")
+        return self.__dict__["bottleneck"]
+
+    @bottleneck.setter
+    def bottleneck(self, value: str) -> None:
+        self.__dict__["bottleneck"] = value
+
     def __getstate__(self):
         for name in _LAZY_FIELDS:
             getattr(self, name)
         return super().__getstate__()
 
 
-def _reports(p: Problem, b: _Batch, compiled: list) -> list[Report]:
-    names = p.devices
-    B = len(compiled)
-    D = p.n_devices
-    ct = b.comp.max(axis=1)
-    cd = b.comp.argmax(axis=1)
-    lt_flat = b.link_t.reshape(B, -1)
-    lt = lt_flat.max(axis=1) * b.phases
-    ld = lt_flat.argmax(axis=1)
+def _reports(p: Problem, b: _Batch, microbatches: list, schedules: list) -> list[Report]:
     steps = b.step.tolist()
-    ms = b.m.tolist()
     feasible = b.feasible.tolist()
     objective = b.objective.tolist()
-    out = []
-    for i, c in enumerate(compiled):
-        step, m = steps[i], ms[i]
-        if lt[i] > ct[i]:
-            a, z = divmod(int(ld[i]), D)
-            bottleneck = (f"link {names[a]}->{names[z]} (busy {lt[i] * m / step:.0%} "
-                          f"of the step)")
-        else:
-            bottleneck = (f"device {names[int(cd[i])]} (compute {ct[i] * m / step:.0%} "
-                          f"of the step)")
-        out.append(_LazyReport(
-            lambda i=i: _dicts(p, b, i), step_time=step, feasible=feasible[i],
-            objective=objective[i], bottleneck=bottleneck, model="analytical",
-            microbatches=c.microbatches, schedule=c.schedule, extra={}, timeline=None))
-    return out
+    return [_LazyReport(lambda i=i: _dicts(p, b, i), step_time=steps[i], feasible=feasible[i],
+                        objective=objective[i], model="analytical",
+                        microbatches=microbatches[i], schedule=schedules[i], extra={},
+                        timeline=None)
+            for i in range(len(schedules))]
+
+
+def _bottleneck(p: Problem, b: _Batch, i: int) -> str:
+    """The busiest device (compute) or link of plan ``i``, in words."""
+    names = p.devices
+    step, m = float(b.step[i]), float(b.m[i])
+    comp = b.comp[i]
+    cd = int(comp.argmax())
+    ct = comp[cd]
+    lt = b.links["max"][i] * b.phases
+    if lt > ct:
+        a, z = divmod(int(b.links["arg"][i]), p.n_devices)
+        return f"link {names[a]}->{names[z]} (busy {lt * m / step:.0%} of the step)"
+    return f"device {names[cd]} (compute {ct * m / step:.0%} of the step)"
 
 
 def _dicts(p: Problem, b: _Batch, i: int) -> dict:
     names = p.devices
+    D = p.n_devices
     step = float(b.step[i])
     m = float(b.m[i])
     used = b.used[i] | (b.peak[i] > 0)
@@ -570,10 +702,16 @@ def _dicts(p: Problem, b: _Batch, i: int) -> dict:
     comp = b.comp[i] * m
     comm = (b.nic_out[i] + b.nic_in[i]) * m
     busy = np.minimum(np.maximum(comp, comm), step)
-    L = b.L[i] + b.L[i].T if b.phases > 1 else b.L[i]    # gradients come back
+    lk = b.links
+    lo, hi = np.searchsorted(lk["row"], [i, i + 1])
+    L = np.zeros(D * D)
+    L[lk["link"][lo:hi]] = lk["bytes"][lo:hi]
+    L = L.reshape(D, D)
+    L = L + L.T if b.phases > 1 else L    # gradients come back
     nz = np.argwhere(L > 0).tolist()
     excess = b.excess[i]
     return dict(
+        bottleneck=_bottleneck(p, b, i),
         peak_memory={names[d]: float(b.peak[i, d]) for d in idx},
         memory_excess={names[d]: float(excess[d]) for d in np.flatnonzero(excess > 0)},
         busy={names[d]: float(busy[d]) for d in idx},

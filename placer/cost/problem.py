@@ -19,6 +19,7 @@ device sets listed in ``groups``.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import TYPE_CHECKING, Sequence
@@ -116,6 +117,7 @@ class Problem:
         self._build_graph_arrays()
         self._build_cluster_arrays()
         self._pair_cache: dict = {}
+        self._plan_arrays = _PlanArrays()
 
     @property
     def options(self) -> dict:
@@ -193,52 +195,108 @@ class Problem:
         """``plan`` as a :class:`Compiled` (group per op). ``groups`` maps a
         tuple of device indices to a group id and is extended in place, so a
         batch of plans can share one group table."""
-        if plan.schedule not in SCHEDULES:
-            raise PlanError(f"unknown schedule {plan.schedule!r}", field="schedule",
-                            fix=f"use one of: {', '.join(SCHEDULES)}")
-        if not isinstance(plan.microbatches, int) or plan.microbatches < 1:
-            raise PlanError(f"microbatches must be a whole number >= 1, got "
-                            f"{plan.microbatches!r}", field="microbatches")
-        placement = plan.placement
-        try:
-            values = self._getter(placement) if self._getter is not None else \
-                tuple(placement[i] for i in self.ids)
-        except KeyError as exc:
-            raise PlanError(f"op {exc.args[0]!r} not placed", field="placement",
-                            fix="every op of the graph must appear exactly once") from None
-        n = self.n_ops
-        dev = self.device_index
+        _check_pipeline(plan)
         if groups is None:
             groups = {}
+        base, multi, keys, inverse = self._devices_of(plan)
+        op_group = base.astype(np.int64)
+        if len(multi):
+            op_group[multi] = np.array([self._group_id(k, groups) for k in keys])[inverse]
         table = [(i,) for i in range(self.n_devices)]
+        table += sorted(groups, key=groups.__getitem__)
+        return Compiled(op_group, table, plan.microbatches, plan.schedule)
+
+    def compile_many(self, plans: Sequence["Plan"]):
+        """Plans as one ``(B, n_ops)`` int array of group ids over one shared
+        group table, with their microbatches and schedules:
+        ``(assignments, groups, microbatches, schedules)``.
+
+        A plan's device indices are kept (per problem, while the plan lives)
+        together with the device lists they came from, and reused while
+        ``plan.placement`` holds those same list objects: replacing an op's
+        list is seen, editing a list in place after an estimate is not."""
+        for plan in plans:
+            _check_pipeline(plan)
+        groups: dict = {}
+        compiled = [self._devices_of(plan) for plan in plans]
+        A = np.stack([c[0] for c in compiled]) if compiled else \
+            np.zeros((0, self.n_ops), dtype=np.int64)
+        dp = [i for i, c in enumerate(compiled) if len(c[1])]
+        if dp:
+            # group ids of every plan's distinct device sets, then one scatter
+            gids = np.array([self._group_id(k, groups) for i in dp for k in compiled[i][2]])
+            sets = np.array([len(compiled[i][2]) for i in dp])
+            count = np.array([len(compiled[i][1]) for i in dp])
+            offset = np.repeat(np.cumsum(sets) - sets, count)
+            rows = np.repeat(np.array(dp) * self.n_ops, count)
+            A.flat[np.concatenate([compiled[i][1] for i in dp]) + rows] = \
+                gids[np.concatenate([compiled[i][3] for i in dp]) + offset]
+        table = [(i,) for i in range(self.n_devices)]
+        table += sorted(groups, key=groups.__getitem__)
+        m = np.array([plan.microbatches for plan in plans], dtype=np.int64)
+        schedules = [plan.schedule for plan in plans]
+        return A, table, m, schedules
+
+    def _group_id(self, key: tuple, groups: dict) -> int:
+        gid = groups.get(key)
+        if gid is None:
+            gid = groups[key] = self.n_devices + len(groups)
+        return gid
+
+    def _devices_of(self, plan: "Plan"):
+        """``(base, multi, keys, inverse)`` of a plan: each op's first device
+        index; the positions of ops on several devices, their distinct sorted
+        device-index tuples and which tuple each one has. Cached per plan."""
+        placement = plan.placement
+        keys, values = list(placement), list(placement.values())
+        hit = self._plan_arrays.get(plan, keys, values)
+        if hit is not None:
+            return hit
+        if keys != self.ids:        # not already in topological order
+            try:
+                values = self._getter(placement) if self._getter is not None else \
+                    tuple(placement[i] for i in self.ids)
+            except KeyError as exc:
+                raise PlanError(f"op {exc.args[0]!r} not placed", field="placement",
+                                fix="every op of the graph must appear exactly once") from None
+            arrays = self._device_arrays(values)
+            values = list(placement.values())
+        else:
+            arrays = self._device_arrays(values)
+        return self._plan_arrays.put(plan, keys, values, arrays)
+
+    def _device_arrays(self, values):
+        n = self.n_ops
+        dev = self.device_index
         try:
             # one dict lookup per op, at C speed, on each op's first device;
             # only ops on several devices (data-parallel) go through tuples
-            op_group = np.fromiter(map(dev.__getitem__, map(_FIRST, values)),
-                                   dtype=np.int64, count=n)
+            base = np.fromiter(map(dev.__getitem__, map(_FIRST, values)),
+                               dtype=np.int64, count=n)
+            multi = np.zeros(0, dtype=np.int64)
+            keys: list = []
+            inverse = multi
             if sum(map(len, values)) != n:
                 lens = np.fromiter(map(len, values), dtype=np.int64, count=n)
                 multi = np.flatnonzero(lens != 1)
-                keys = list(map(tuple, map(values.__getitem__, multi.tolist())))
-                memo = dict.fromkeys(keys)
+                lists = list(map(tuple, map(values.__getitem__, multi.tolist())))
+                memo = dict.fromkeys(lists)
                 for devices in memo:
                     key = tuple(sorted(dev[d] for d in devices))
                     if len(set(key)) != len(key) or not key:
                         raise PlanError(f"bad device list {list(devices)!r}",
                                         field="placement")
-                    gid = groups.get(key)
-                    if gid is None:
-                        gid = groups[key] = self.n_devices + len(groups)
-                    memo[devices] = gid
-                op_group[multi] = list(map(memo.__getitem__, keys))
+                    memo[devices] = len(keys)
+                    keys.append(key)
+                inverse = np.array(list(map(memo.__getitem__, lists)), dtype=np.int64)
         except (KeyError, IndexError):
             bad = next((d for v in values for d in (v or [None]) if d not in dev), None)
             if bad is None:
                 raise PlanError(f"bad device list {[]!r}", field="placement") from None
             raise PlanError(f"unknown device {bad!r}", field="placement",
                             fix=f"use devices of cluster {self.cluster.name!r}") from None
-        table += sorted(groups, key=groups.__getitem__)
-        return Compiled(op_group, table, plan.microbatches, plan.schedule)
+        base.flags.writeable = False
+        return base, multi, keys, inverse
 
     def compile_array(self, assignment, groups: Sequence[Sequence[int]] = (), *,
                       microbatches: int = 1, schedule: str = "1f1b") -> Compiled:
@@ -295,3 +353,55 @@ class Problem:
         if self.objective == "throughput":
             return -1.0 / step_time if step_time > 0 else -np.inf
         return peak_fraction
+
+
+def _check_pipeline(plan: "Plan") -> None:
+    if plan.schedule not in SCHEDULES:
+        raise PlanError(f"unknown schedule {plan.schedule!r}", field="schedule",
+                        fix=f"use one of: {', '.join(SCHEDULES)}")
+    if not isinstance(plan.microbatches, int) or plan.microbatches < 1:
+        raise PlanError(f"microbatches must be a whole number >= 1, got "
+                        f"{plan.microbatches!r}", field="microbatches")
+
+
+class _PlanArrays:
+    """Compiled device arrays of live plans, keyed by the plan object and
+    valid while its placement holds the same keys and the same device-list
+    objects in the same order (two sequential scans at C speed, cheaper than
+    looking every op up). An entry goes when its plan is garbage collected;
+    at most ``limit`` ops' worth are kept."""
+
+    def __init__(self, limit: int = 2_000_000):
+        self.entries: dict[int, tuple] = {}
+        self.ops = 0
+        self.limit = limit
+
+    def get(self, plan, keys: list, values: list):
+        """The cached arrays of ``plan`` if its placement still has these
+        ``keys`` and ``values`` (the same objects)."""
+        entry = self.entries.get(id(plan))
+        if entry is None or entry[0]() is not plan or values != entry[2] or keys != entry[1]:
+            return None
+        return entry[3]
+
+    def put(self, plan, keys: list, values: list, arrays):
+        """Remember ``arrays`` for ``plan`` (until it dies); returns them."""
+        key = id(plan)
+        size = len(keys)
+        if self.ops + size > self.limit:
+            self.entries.clear()
+            self.ops = 0
+        try:
+            ref = weakref.ref(plan, lambda _, k=key, c=self: c.drop(k))
+        except TypeError:           # not weak-referenceable: don't cache
+            return arrays
+        self.drop(key)
+        self.entries[key] = (ref, keys, values, arrays)
+        self.ops += size
+        return arrays
+
+    def drop(self, key: int) -> None:
+        """Forget the entry of ``id(plan)`` (its plan was garbage collected)."""
+        entry = self.entries.pop(key, None)
+        if entry is not None:
+            self.ops -= len(entry[1])

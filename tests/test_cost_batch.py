@@ -1,0 +1,106 @@
+"""The analytical model's batched Plan path: the same figures as one plan at
+a time and as the array path, and its per-plan cache sees every change."""
+
+import gc
+import random
+
+import numpy as np
+import pytest
+
+from placer import Plan
+from placer.bench.cost import bench_cluster, bench_graph, random_plans
+from placer.cost import Analytical, Problem, Simulator
+from placer.errors import PlanError
+
+
+def _problem(n=300, devices=16, seed=2):
+    g = bench_graph(n, seed=seed)
+    c = bench_cluster(devices)
+    return g, c, Problem(g, c)
+
+
+def _figures(r):
+    return (r.step_time, r.objective, r.feasible, r.bottleneck, r.peak_memory,
+            r.memory_excess, r.busy, r.compute, r.comm, r.idle, r.bytes_per_link)
+
+
+@pytest.mark.parametrize("devices", [4, 16, 64])
+def test_estimate_many_equals_estimate_and_step_times(devices):
+    g, c, p = _problem(devices=devices)
+    plans = random_plans(g, c, 40, seed=devices, microbatches=4)
+    ana = Analytical()
+    batch = ana.estimate_many(p, plans)
+    for plan, r in zip(plans, batch):
+        assert _figures(r) == _figures(ana.estimate(p, plan))
+    # again (cached compilation) and in another order: identical
+    again = ana.estimate_many(p, plans[::-1])[::-1]
+    assert [_figures(r) for r in again] == [_figures(r) for r in batch]
+    A, groups, m, schedules = p.compile_many(plans)
+    for schedule in ("gpipe", "1f1b"):
+        pick = [i for i, s in enumerate(schedules) if s == schedule]
+        fast = ana.step_times(p, A[pick], groups=groups[p.n_devices:], microbatches=4,
+                              schedule=schedule)
+        assert fast.tolist() == [batch[i].objective for i in pick]
+
+
+def test_compile_many_matches_compile():
+    g, c, p = _problem()
+    plans = random_plans(g, c, 30, seed=7)
+    A, groups, m, schedules = p.compile_many(plans)
+    table: dict = {}
+    rows = [p.compile(plan, table) for plan in plans]
+    assert np.array_equal(A, np.stack([r.op_group for r in rows]))
+    assert groups == rows[-1].groups
+    assert m.tolist() == [plan.microbatches for plan in plans]
+    assert schedules == [plan.schedule for plan in plans]
+
+
+def test_placement_in_any_key_order():
+    g, c, p = _problem()
+    plan = random_plans(g, c, 1, seed=3)[0]
+    keys = list(plan.placement)
+    random.Random(0).shuffle(keys)
+    shuffled = Plan({k: plan.placement[k] for k in keys}, plan.microbatches, plan.schedule)
+    ana = Analytical()
+    assert _figures(ana.estimate(p, shuffled)) == _figures(ana.estimate(p, plan))
+
+
+def test_cached_plan_sees_replaced_lists_and_keys():
+    g, c, p = _problem()
+    plan = random_plans(g, c, 1, seed=4)[0]
+    ana = Analytical()
+    before = ana.estimate(p, plan).step_time
+    op = p.ids[len(p.ids) // 2]
+    other = next(d for d in c.names if d not in plan.placement[op])
+    plan.placement[op] = [other]                      # a new list: seen
+    fresh = Plan(dict(plan.placement), plan.microbatches, plan.schedule)
+    after = ana.estimate(p, plan).step_time
+    assert after == ana.estimate(p, fresh).step_time
+    assert after != before
+    plan.placement["renamed"] = plan.placement.pop(p.ids[-1])
+    with pytest.raises(PlanError, match="not placed"):
+        ana.estimate(p, plan)
+    plan.placement = {}
+    with pytest.raises(PlanError):
+        ana.estimate_many(p, [plan])
+
+
+def test_cache_entries_go_with_their_plans():
+    g, c, p = _problem()
+    plans = random_plans(g, c, 20, seed=5)
+    Analytical().estimate_many(p, plans)
+    Simulator().estimate(p, plans[0])
+    assert len(p._plan_arrays.entries) == 20
+    del plans
+    gc.collect()
+    assert not p._plan_arrays.entries and p._plan_arrays.ops == 0
+
+
+def test_bad_pipeline_settings_are_plan_errors():
+    g, c, p = _problem(n=50, devices=4)
+    plan = random_plans(g, c, 1, seed=1)[0]
+    for field, value in (("schedule", "zigzag"), ("microbatches", 0)):
+        bad = Plan(plan.placement, plan.microbatches, plan.schedule)
+        setattr(bad, field, value)
+        with pytest.raises(PlanError):
+            Analytical().estimate_many(p, [plan, bad])
