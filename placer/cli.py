@@ -359,10 +359,9 @@ def cmd_plan(args) -> int:
         options["schedule"] = args.schedule
     if args.evaluations:
         options["evaluations"] = args.evaluations
-    previous = None
     if args.checkpoint:
         options.update(checkpoint=args.checkpoint, resume=args.resume)
-        previous = _sigterm_as_interrupt()
+    previous = _sigterm_as_interrupt()
     from .convergence import Convergence
     from .search.base import print_progress
     convergence = Convergence(print_progress if not args.json and sys.stderr.isatty() else None)
@@ -373,17 +372,19 @@ def cmd_plan(args) -> int:
                 graph, cluster, method=method, seed=args.seed, time_budget=args.time_budget,
                 progress=convergence.labelled(method) if len(methods) > 1 else convergence,
                 **options))
-    except SearchInterrupted as exc:
-        saved = [p for p, _ in results] + ([exc.plan] if exc.plan is not None else [])
+    except KeyboardInterrupt as exc:
+        stopped = exc if isinstance(exc, SearchInterrupted) else SearchInterrupted(
+            message="interrupted")
+        saved = [p for p, _ in results] + ([stopped.plan] if stopped.plan is not None else [])
         if not saved:
-            print(f"placer plan: interrupted ({exc.message}); nothing saved", file=sys.stderr)
+            print(f"placer plan: {stopped.message}; nothing saved", file=sys.stderr)
             return 130
         best = min(saved, key=lambda p: (not p.predicted.get("feasible", False),
                                          p.predicted.get("step_time", float("inf"))))
         best.save(args.output)
-        print(f"placer plan: {exc.message}; best plan so far written to {args.output}"
-              + (f", search state to {exc.checkpoint} (continue with --resume)"
-                 if exc.checkpoint else ""), file=sys.stderr)
+        print(f"placer plan: {stopped.message}; best plan so far written to {args.output}"
+              + (f", search state to {stopped.checkpoint} (continue with --resume)"
+                 if stopped.checkpoint else ""), file=sys.stderr)
         return 130
     finally:
         if previous is not None:

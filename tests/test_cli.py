@@ -191,3 +191,23 @@ def test_plan_unknown_method_is_one_line_exit_2(tmp_path, tiny_graph):
     assert out.returncode == 2 and "'nope'" in out.stderr and "--method" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "p.json").exists()
+
+
+def test_plan_interrupted_in_a_later_method_keeps_the_best_finished(tmp_path, tiny_graph,
+                                                                     monkeypatch):
+    import placer.search as search
+    real = search.optimize_with_report
+
+    def stop_on_round_robin(graph, cluster, method, *args, **kwargs):
+        if method == "round_robin":
+            raise KeyboardInterrupt      # as Ctrl-C or SIGTERM would, mid-search
+        return real(graph, cluster, method, *args, **kwargs)
+
+    monkeypatch.setattr(search, "optimize_with_report", stop_on_round_robin)
+    gpath, ppath = tmp_path / "g.json", tmp_path / "plan.json"
+    tiny_graph.save(gpath)
+    assert main(["plan", str(gpath), "--cluster", "two-sites", "--method",
+                 "single,round_robin", "-o", str(ppath)]) == 130
+    saved = Plan.load(ppath)
+    assert saved.method == "single"
+    saved.validate(tiny_graph, Cluster.preset("two-sites"))
