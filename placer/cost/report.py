@@ -39,6 +39,23 @@ class Report:
     device is over its memory (only devices over it). ``bottleneck`` names the
     most loaded device or link. ``objective`` is the problem's objective
     value (lower is better; defaults to ``step_time``).
+
+    Two 1 TFLOP ops on two devices of 100 TFLOP/s at full efficiency (plus
+    the default 5 us launch overhead per op), one 1 GB tensor between them over
+    a 10 GB/s link (inference, so no backward):
+
+    >>> import placer
+    >>> g = placer.Graph("two", [placer.Op("a", flops=1e12, output_bytes=1e9),
+    ...                          placer.Op("b", flops=1e12)], [placer.Edge("a", "b", 1e9)],
+    ...                  training=False)
+    >>> devices = [placer.Device(n, flops=1e14, memory=1e10, efficiency=1.0)
+    ...            for n in ("d0", "d1")]
+    >>> c = placer.Cluster.from_rules("pair", devices, default=(1e10, 0.0))
+    >>> r = placer.simulate(g, c, placer.Plan({"a": ["d0"], "b": ["d1"]}))
+    >>> round(r.step_time * 1e3, 3), r.bytes_per_link, r.feasible   # 10 + 100 + 10 ms
+    (120.01, {'d0->d1': 1000000000.0}, True)
+    >>> round(r.compute["d1"] * 1e3, 3), r.bottleneck
+    (10.005, 'link d0->d1 (busy 83% of the step)')
     """
 
     step_time: float
