@@ -441,7 +441,11 @@ def strategies() -> list[str]:
 
 
 def get_strategy(name: "str | Strategy", **options) -> Strategy:
-    """A new strategy by name with ``options`` (an instance passes through)."""
+    """A new strategy by name with ``options`` (an instance passes through).
+
+    >>> get_strategy("evolution", population=16, microbatches=[4, 8]).microbatches
+    [4, 8]
+    """
     if isinstance(name, Strategy):
         if options:
             raise StrategyError("options given with a strategy instance",
