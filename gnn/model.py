@@ -422,9 +422,7 @@ class FastDecoder:
         src, w_in, bytes_in = self.ins[u]
         if len(src):
             dev = assign[:, src]
-            dyn[..., 0] = np.bincount((st.rowoff + dev).ravel(),
-                                      np.broadcast_to(w_in, dev.shape).ravel(),
-                                      minlength=k * D).reshape(k, D)
+            _affinity(dyn, 0, st.rows, dev, w_in)
             secs = (self.inv_bw[dev] * bytes_in[:, None] + self.latency[dev]).sum(1)
             dyn[..., 11] = np.log1p(secs * self.inv_t_unit) / 3
         else:
@@ -432,13 +430,7 @@ class FastDecoder:
             dyn[..., 11] = 0.0
         if st.refine:
             dst, w_out, _ = self.outs[u]
-            if len(dst):
-                dev = assign[:, dst]
-                dyn[..., 1] = np.bincount((st.rowoff + dev).ravel(),
-                                          np.broadcast_to(w_out, dev.shape).ravel(),
-                                          minlength=k * D).reshape(k, D)
-            else:
-                dyn[..., 1] = 0.0
+            _affinity(dyn, 1, st.rows, assign[:, dst], w_out)
         dyn[..., 2] = np.minimum(load, 8.0) * 0.5
         dyn[..., 3] = np.minimum(load + self.add_time[u], 8.0) * 0.5
         dyn[..., 4] = np.minimum(mem * self.inv_memory, 4.0)
@@ -450,7 +442,7 @@ class FastDecoder:
             dyn[st.rows, assign[:, u - 1], 7] = 1.0
         dyn[..., 8] = u / max(self.U - 1, 1)
         dyn[..., 9] = np.minimum(load.max(axis=1, keepdims=True), 8.0) * 0.5
-        dyn[..., 10] = used.mean(axis=1, keepdims=True)
+        dyn[..., 10] = np.add.reduce(used, axis=1, keepdims=True, dtype=np.float32) / D
         z = _mm(dyn.reshape(k * D, N_DYNAMIC), self.w_dyn)
         hidden = z[:, :-1].reshape(k, D, -1)
         hidden += self.pre_op[u] + self.pre_dev
@@ -463,13 +455,20 @@ class FastDecoder:
         return logits, fits
 
 
+def _affinity(dyn, feature, rows, dev, share):
+    """dyn[..., feature] = share of the unit's bytes from/to neighbours on
+    each device (``dev`` (k, p) their devices, ``share`` (p,) their shares)."""
+    dyn[..., feature] = 0.0
+    for j in range(dev.shape[1]):   # one neighbour per pass: rows never repeat
+        dyn[rows, dev[:, j], feature] += share[j]
+
+
 class _State:
     """The decoding state of a batch of ``k`` rows (arrays updated in place)."""
 
     def __init__(self, k, D, assign, load, mem, refine):
         self.k, self.assign, self.load, self.mem, self.refine = k, assign, load, mem, refine
         self.rows = np.arange(k)
-        self.rowoff = (np.arange(k) * D)[:, None]
         self.peak_ws = np.zeros((k, D), np.float32)   # largest workspace placed so far
         self.dyn = np.zeros((k, D, N_DYNAMIC), np.float32)
 

@@ -97,7 +97,7 @@ class _OneThread:
 
 
 def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: int = 0,
-                 samples: int = 32, batch: int = 32, refine: int = 2, max_units: int = 96,
+                 samples: int = 32, batch: int = 8, refine: int = 2, max_units: int = 96,
                  temperature: float = 1.0, microbatches=None, schedules=("1f1b",),
                  keep: int = 1, baselines: bool = True):
     """Decode and score placements; returns ``[(objective, device per op,
@@ -119,33 +119,36 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
     choices = list(microbatches) if microbatches else _choices(problem)
     found: dict = {}
 
-    def score(rows: np.ndarray, source: str, units: bool = True) -> None:
+    def score(A: np.ndarray, sources: list[str]) -> None:
+        """Score op-level rows ``A`` (as many as the budget allows)."""
         per_combo = max(len(choices) * len(schedules), 1)
-        room = budget.allow(len(rows) * per_combo)
+        room = budget.allow(len(A) * per_combo)
         n = max(room // per_combo, 1 if budget.used == 0 else 0)
-        rows = rows[:n]
-        if not len(rows):
+        A = A[:n]
+        if not len(A):
             return
-        A = pg.expand(rows) if units else rows
         t, m, s = best_times(cost_model, problem, A, choices, schedules)
-        for row, tt, mm, ss in zip(A, t, m, s):
+        for row, tt, mm, ss, source in zip(A, t, m, s, sources):
             key = row.tobytes()
             if key not in found or tt < found[key][0]:
                 found[key] = (float(tt), row, int(mm), schedules[int(ss)], source)
 
     with torch.no_grad(), _OneThread():
         decoder = FastDecoder(policy, pg)
-        score(decoder.decode(1 + samples, greedy=1, rng=rng, temperature=temperature),
-              "policy")
-        if baselines and not budget.exhausted():
-            score(_baseline_rows(problem), "baseline", units=False)
+        A = pg.expand(decoder.decode(1 + samples, greedy=1, rng=rng, temperature=temperature))
+        sources = ["policy"] * len(A)
+        if baselines:   # scored in the same calls: one pass per microbatch count and schedule
+            extra = _baseline_rows(problem)
+            A, sources = np.concatenate([A, extra]), sources + ["baseline"] * len(extra)
+        score(A, sources)
         for _ in range(max(refine, 0)):
             if budget.exhausted() or not found:
                 break
             best = min(found.values(), key=lambda v: v[0])
             k = 1 + min(batch, samples)
-            score(decoder.decode(k, greedy=1, rng=rng, temperature=temperature,
-                                 context=_unit_row(pg, best[1])), "refined")
+            rows = decoder.decode(k, greedy=1, rng=rng, temperature=temperature,
+                                  context=_unit_row(pg, best[1]))
+            score(pg.expand(rows), ["refined"] * k)
     return sorted(found.values(), key=lambda v: v[0])[:keep]
 
 
@@ -166,7 +169,7 @@ def _baseline_rows(problem) -> np.ndarray:
 class _Learned(Strategy):
     """Options shared by the learned strategies."""
 
-    def __init__(self, *, checkpoint=None, samples: int = 32, batch: int = 32,
+    def __init__(self, *, checkpoint=None, samples: int = 32, batch: int = 8,
                  refine: int = 2, max_units: int = 96, temperature: float = 1.0,
                  finetune: float = 0.0, finetune_steps: int | None = None,
                  baselines: bool = True, **base):
@@ -198,7 +201,7 @@ class _Learned(Strategy):
                 seconds = min(seconds, 0.8 * budget.remaining_time)
             with _OneThread():
                 policy = _finetune(policy, problem, cost_model, seconds=seconds,
-                                   steps=self.finetune_steps, samples=min(self.batch, 16),
+                                   steps=self.finetune_steps, samples=min(max(self.samples, 2), 16),
                                    max_units=self.max_units, seed=seed, budget=budget)
         schedules = tuple(self.schedule_choices())
         found = policy_plans(policy, problem, cost_model, budget, seed=seed,
@@ -221,7 +224,7 @@ class RL(_Learned):
 
     Options: ``checkpoint`` (stem; default the shipped policy), ``samples``
     (placements drawn besides the greedy one; 0: greedy only), ``batch``
-    (samples decoded together), ``refine`` (refinement rounds),
+    (samples per refinement round), ``refine`` (refinement rounds),
     ``max_units`` (decision units; larger graphs are cut into runs; the
     shipped policy was trained with 96), ``temperature``, ``baselines``
     (also score the simple reference plans and refine from the best, default
