@@ -280,6 +280,27 @@ class Strategy(ABC):
     plan for the same seed and evaluation budget, within memory when the
     strategy can find a feasible plan, the budget respected (one plan may
     always be scored) and no worse than ``initial``.
+
+    A strategy of one's own, registered by name and used like the shipped ones
+    (it tries each device alone and keeps the fastest):
+
+    >>> import placer
+    >>> from placer.search import Strategy, register_strategy, unregister_strategy
+    >>> @register_strategy
+    ... class BestSingle(Strategy):
+    ...     name = "best_single"
+    ...     def search(self, problem, cost_model, budget, seed=0, progress=None):
+    ...         plans = [placer.Plan({op: [d.name] for op in problem.graph.ids})
+    ...                  for d in problem.cluster.devices]
+    ...         reports = cost_model.estimate_many(problem, plans)
+    ...         best = min(range(len(plans)), key=lambda i: reports[i].objective)
+    ...         return self.finalize(problem, cost_model, budget, plans[best], reports[best],
+    ...                              progress=progress)
+    >>> g = placer.datasets.graph("gpt-125m.module")
+    >>> plan = placer.optimize(g, placer.Cluster.preset("two-sites"), "best_single")
+    >>> plan.method, sorted({d for ds in plan.placement.values() for d in ds})
+    ('best_single', ['a0'])
+    >>> unregister_strategy("best_single")
     """
 
     name: str = ""
