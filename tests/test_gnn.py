@@ -19,7 +19,7 @@ from placer.errors import FormatError  # noqa: E402
 from gnn.checkpoint import checkpoint_paths, load_policy, save_policy  # noqa: E402
 from gnn.features import (CAND_FEATURES, DEV_FEATURES, OP_FEATURES, chunk_units,  # noqa: E402
                           encode_problem)
-from gnn.model import PlacementPolicy, PolicyConfig  # noqa: E402
+from gnn.model import FastDecoder, PlacementPolicy, PolicyConfig  # noqa: E402
 from gnn.problems import best_times, random_cluster, reference_time, reward  # noqa: E402
 from gnn.train import TrainConfig, Trainer, evaluate_policy, train  # noqa: E402
 
@@ -104,6 +104,46 @@ def test_sampling_is_deterministic_per_seed(problems):
     bases = [datasets.cluster("two-sites")]
     assert random_cluster(np.random.default_rng(3), bases).fingerprint() == \
         random_cluster(rng, bases).fingerprint()
+
+
+def test_fast_decoder_matches_torch_decoding(problems):
+    """The NumPy decoder has the torch decoder's logits: the same greedy
+    placement, one-shot and refining, also with colocation ties and runs."""
+    policy = tiny_policy(4)
+    gpt = Problem(datasets.graph("gpt-125m.op"), datasets.cluster("two-sites"))
+    for problem, units in [(p, 64) for p in problems] + [(gpt, 40)]:
+        pg = encode_problem(problem, max_units=units)
+        with torch.no_grad():
+            enc = policy.static_scores(pg)
+            ref = policy.sample(pg, 1, greedy=True, encoded=enc).actions.numpy()[0]
+            dec = FastDecoder(policy, pg, enc)
+            np.testing.assert_array_equal(dec.decode(1, greedy=1)[0], ref)
+            context = np.random.default_rng(0).integers(pg.n_devices, size=pg.n_units)
+            context = context[pg.tie]
+            ref2 = policy.sample(pg, 1, greedy=True, context=context,
+                                 encoded=enc).actions.numpy()[0]
+            np.testing.assert_array_equal(dec.decode(1, greedy=1, context=context)[0], ref2)
+
+
+def test_fast_decoder_sampling_seeded_and_memory_aware(problems):
+    dec = FastDecoder(tiny_policy(), encode_problem(problems[1]))
+    a = dec.decode(9, greedy=1, rng=np.random.default_rng(5), temperature=2.0)
+    b = dec.decode(9, greedy=1, rng=np.random.default_rng(5), temperature=2.0)
+    c = dec.decode(9, greedy=1, rng=np.random.default_rng(6), temperature=2.0)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+    np.testing.assert_array_equal(a[0], c[0])        # the greedy row
+    g = datasets.graph("layered-n20-w2-s0")
+    need = g.total_param_bytes() * 4
+    cluster = Cluster.from_rules("mem", [Device("small", 1e14, need * 0.05),
+                                         Device("big", 1e13, need * 10)], default=(1e10, 1e-5))
+    problem = Problem(g, cluster)
+    pg = encode_problem(problem)
+    dec = FastDecoder(tiny_policy(), pg)
+    a = dec.decode(9, greedy=1, rng=np.random.default_rng(5), temperature=2.0)
+    assert a.shape == (9, pg.n_units) and a.min() >= 0 and a.max() < 2
+    t, _, _ = best_times(get_cost_model("analytical"), problem, pg.expand(a), [1])
+    assert np.all(t < 1e9)      # the memory mask holds for sampled rows too
 
 
 def test_checkpoint_round_trip_weights_only(tmp_path, problems):
@@ -198,6 +238,30 @@ def test_rl_strategy_returns_valid_plan(tmp_path):
                          max_units=48, finetune_steps=2).search(problem, cost,
                                                                  Budget(evaluations=400))
     tuned.validate(g, cluster, check_fingerprints=False)
+    # the policy alone (no baseline plans) never reports a baseline as source
+    alone = get_strategy("rl", checkpoint=str(tmp_path / "p"), samples=4, max_units=48,
+                         baselines=False).search(problem, cost, Budget(evaluations=400))
+    assert alone.extra["source"] in ("policy", "refined")
+    assert plan.extra["source"] in ("policy", "refined", "baseline")
+
+
+def test_rl_never_worse_than_baselines_and_hybrid_reports_policy_first(tmp_path):
+    from placer.search import Budget, get_strategy, strategies
+    from gnn.strategies import _baseline_rows
+    save_policy(tmp_path / "p", tiny_policy(2))
+    problem = Problem(datasets.graph("unet.module"), datasets.cluster("edge-wireless"))
+    cost = get_cost_model("analytical")
+    plan = get_strategy("rl", checkpoint=str(tmp_path / "p"), samples=4, final=None,
+                        max_units=48).search(problem, cost, Budget(evaluations=2000))
+    t, _, _ = best_times(cost, problem, _baseline_rows(problem), [1, 2, 4, 8])
+    assert plan.predicted["objective"] <= t.min() * (1 + 1e-9)
+    if "evolution" not in strategies():
+        return
+    events = []
+    hybrid = get_strategy("hybrid", checkpoint=str(tmp_path / "p"), samples=4, max_units=48,
+                          evolution={"population": 8, "generations": 2})
+    out = hybrid.search(problem, cost, Budget(evaluations=3000), progress=events.append)
+    assert events[0].message == "policy" and events[0].best >= out.predicted["objective"]
 
 
 def test_shipped_checkpoint_loads():
