@@ -91,7 +91,9 @@ class Evolution(Strategy):
       uses the given cost model); ``final_k`` (4) best distinct plans
       re-ranked, with each seed heuristic's best plan, by ``final`` (cost
       model name, ``"simulator"``; None: the given cost model), whose
-      choice the given cost model then reports;
+      choice the given cost model then reports; ``final_share`` (0.15) of
+      the time and evaluation budget is kept for a local search of the
+      winner scored by ``final`` (not on coarsened graphs);
     - ``workers`` (0): processes for scoring large batches;
     - ``coarsen_above`` (1500) / ``coarsen_to`` (400) ops;
     - ``initial_plans``: an alias of ``initial``;
@@ -109,7 +111,8 @@ class Evolution(Strategy):
                  memetic_every: int = 5, memetic_rounds: int = 3, patience: int = 25,
                  restarts: int = 4,
                  generations: int | None = None, screen: str | None = "analytical",
-                 final_k: int = 4, final: str | None = "simulator", workers: int = 0,
+                 final_k: int = 12, final: str | None = "simulator",
+                 final_share: float = 0.15, workers: int = 0,
                  coarsen_above: int = 1500,
                  coarsen_to: int = 400, layouts: bool = True,
                  initial_plans: Plan | Sequence[Plan] | None = None,
@@ -146,6 +149,10 @@ class Evolution(Strategy):
         self.screen = screen
         self.final_k = int(final_k)
         self.final = final
+        if not 0 <= final_share < 1:
+            raise StrategyError(f"final_share must be in [0, 1), got {final_share!r}",
+                                field="final_share")
+        self.final_share = float(final_share)
         self.workers = int(workers)
         self.coarsen_above = int(coarsen_above)
         self.coarsen_to = int(coarsen_to)
@@ -180,6 +187,7 @@ class Evolution(Strategy):
         # finalize's scoring of the initial plans
         try:
             with reserve(budget, len(self.initial) + 2), \
+                    hold_back(budget, self._final_share(cost_model, coarse)), \
                     Evaluator(space, metered, budget, workers=self.workers) as evaluate:
                 self._run = {"identity": identity, "space": space, "coarse": coarse,
                              "evaluate": evaluate, "rng": rng, "budget": budget,
@@ -230,10 +238,38 @@ class Evolution(Strategy):
         else:
             i = rank(ranker, problem, plans)
         plan = plans[i]
+        if self._final_share(cost_model, coarse) and i < len(finalists):
+            polished = self._final_polish(space, ranker, budget, finalists[i], rng)
+            if polished is not None:
+                plan = polished
         report = cost_model.estimate(problem, plan)
         plan.extra["search"] = {"generations": len(logbook), "origin": origins[i],
                                 "coarsened": coarse.members is not None}
         return self.finalize(problem, cost_model, budget, plan, report, progress=progress)
+
+    def _final_share(self, cost_model, coarse) -> float:
+        """Share of the budget kept for polishing the winner with the final
+        ranking model (0 when that is the screening model or the graph was
+        coarsened)."""
+        if coarse.members is not None or self.final is None or \
+                self.final == getattr(cost_model, "name", None) or self.final == self.screen:
+            return 0.0
+        return self.final_share
+
+    def _final_polish(self, space: Space, ranker, budget: Budget, g: OpGenome,
+                      rng: np.random.Generator) -> Plan | None:
+        """Steepest descent around ``g`` scored by the final ranking model
+        (``ranker``, metered) in what is left of the budget; the improved
+        plan, or None."""
+        reserved = len(self.initial) + 1
+        if budget.remaining_evaluations <= reserved + 1 or budget.remaining_time <= 0:
+            return None
+        with reserve(budget, reserved), Evaluator(space, ranker, budget) as evaluate:
+            start = float(evaluate([g])[0])
+            if not np.isfinite(start):
+                return None
+            best, value = local_search(space, evaluate, g, start, rng, rounds=64, limit=64)
+        return best.to_plan(space, self.name) if value < start else None
 
     def _fine_seeds(self, problem: "Problem", screen, budget: Budget, seed: int):
         """(name, plan) of the seed heuristics run on the full graph."""
@@ -548,6 +584,29 @@ def _genome_in(d: dict) -> OpGenome:
     g = OpGenome(np.asarray(d["assign"], dtype=np.int64), int(d["m"]), d["s"], d["o"])
     g.fitness = _Fitness((_num_in(d["f"]),))
     return g
+
+
+class hold_back:
+    """Context manager: hide ``share`` of ``budget``'s time and evaluations
+    (those it has) from the search inside, for a final phase after it."""
+
+    def __init__(self, budget: Budget, share: float):
+        self.budget = budget
+        self.dt = 0.0 if budget.time is None else budget.time * share
+        self.n = 0 if budget.evaluations is None else int(budget.evaluations * share)
+
+    def __enter__(self) -> Budget:
+        if self.budget.time is not None:
+            self.budget.time -= self.dt
+        if self.budget.evaluations is not None:
+            self.budget.evaluations -= self.n
+        return self.budget
+
+    def __exit__(self, *exc) -> None:
+        if self.budget.time is not None:
+            self.budget.time += self.dt
+        if self.budget.evaluations is not None:
+            self.budget.evaluations += self.n
 
 
 class reserve:
