@@ -35,3 +35,38 @@ def add_time_budget(p: argparse.ArgumentParser, what: str, default: float | None
 def add_json(p: argparse.ArgumentParser) -> None:
     """``--json``: print machine-readable output instead of text."""
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+
+class SearchBar:
+    """A tqdm bar over a search's time (or evaluation) budget showing the
+    best step time so far; a progress callback for :func:`placer.optimize`.
+    Call :meth:`close` when the search ends."""
+
+    def __init__(self, time_budget: float | None, evaluations: int | None, label: str = "search"):
+        from tqdm.auto import tqdm
+        self.by_evals = time_budget is None and evaluations is not None
+        total = evaluations if self.by_evals else time_budget
+        self.bar = tqdm(total=total, desc=label, unit="eval" if self.by_evals else "s",
+                        leave=False, dynamic_ncols=True,
+                        bar_format=("{desc}{percentage:3.0f}%|{bar}| {n:g}/{total:g} {unit}"
+                                    "{postfix}") if total else "{desc}{elapsed}{postfix}")
+        self.offset = 0.0
+
+    def __call__(self, event) -> None:
+        done = event.evaluations if self.by_evals else event.elapsed
+        if self.bar.total:
+            done = min(done, self.bar.total)
+        self.bar.n = round(self.offset + done, 1)
+        step = event.step_time if event.step_time is not None else event.best
+        self.bar.set_postfix_str(f"{event.strategy}: best {step * 1e3:.4g} ms"
+                                 + ("" if event.feasible in (None, True) else " (over memory)"),
+                                 refresh=True)
+
+    def next_search(self, label: str) -> None:
+        """Start the next of several searches on the same bar."""
+        self.bar.set_description(label)
+        self.bar.reset(total=self.bar.total)
+
+    def close(self) -> None:
+        """Remove the bar."""
+        self.bar.close()

@@ -362,12 +362,16 @@ def cmd_plan(args) -> int:
     if args.checkpoint:
         options.update(checkpoint=args.checkpoint, resume=args.resume)
     previous = _sigterm_as_interrupt()
+    from ._cli import SearchBar
     from .convergence import Convergence
-    from .search.base import print_progress
-    convergence = Convergence(print_progress if not args.json and sys.stderr.isatty() else None)
+    bar = (SearchBar(args.time_budget, args.evaluations, methods[0])
+           if not args.json and sys.stderr.isatty() else None)
+    convergence = Convergence(bar)
     results: list = []
     try:
         for method in methods:
+            if bar is not None and results:
+                bar.next_search(method)
             results.append(optimize_with_report(
                 graph, cluster, method=method, seed=args.seed, time_budget=args.time_budget,
                 progress=convergence.labelled(method) if len(methods) > 1 else convergence,
@@ -387,6 +391,8 @@ def cmd_plan(args) -> int:
                  if stopped.checkpoint else ""), file=sys.stderr)
         return 130
     finally:
+        if bar is not None:
+            bar.close()
         if previous is not None:
             import signal
             signal.signal(signal.SIGTERM, previous)
