@@ -20,11 +20,15 @@ checkpoint continues exactly like an uninterrupted one.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import io
 import json
 import math
+import random
+import signal
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,7 +39,7 @@ import torch
 from placer import datasets
 from placer._io import atomic_write_text, dump_json
 from placer.cost import Problem, get_cost_model
-from placer.errors import PlacerError, StrategyError
+from placer.errors import FormatError, PlacerError, StrategyError
 
 from .checkpoint import checkpoint_paths, load_policy, load_tensors, save_policy, save_tensors
 from .features import encode_problem
@@ -43,7 +47,8 @@ from .model import PlacementPolicy, PolicyConfig
 from .problems import (TRAIN_CLUSTERS, best_times, microbatch_choices, random_cluster,
                        reference, reference_time, reward)
 
-__all__ = ["TrainConfig", "Trainer", "train", "main", "evaluate_policy", "VAL_GRAPHS"]
+__all__ = ["TrainConfig", "Trainer", "TrainingInterrupted", "train", "main",
+           "evaluate_policy", "VAL_GRAPHS"]
 
 VAL_GRAPHS = ("utransformer.module", "utransformer.op", "random_dag-n100-w4-s0",
               "random_dag-n200-w8-s1")
@@ -93,7 +98,7 @@ class Trainer:
 
     def __init__(self, config: TrainConfig):
         self.config = config
-        torch.manual_seed(config.seed)
+        seed_everything(config.seed)
         self.policy = PlacementPolicy(PolicyConfig.from_dict(config.policy))
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr)
         self.iteration = 0
@@ -105,6 +110,8 @@ class Trainer:
         self._clusters = {name: datasets.cluster(name) for name in config.clusters}
         self._refs: dict = {}
         self.history: list[dict] = []
+        self.elapsed_before = 0.0       # training seconds of the runs this one continues
+        self.saved_iteration: int | None = None
 
     # --- problems -------------------------------------------------------------
     def graph(self, name: str):
@@ -184,6 +191,11 @@ class Trainer:
 
     def step(self) -> dict:
         """One update; returns its log row."""
+        return self.apply(self.gradients())
+
+    def gradients(self) -> dict:
+        """The losses and gradients of the next update; changes nothing a
+        checkpoint holds, so it may be abandoned half way (see :meth:`apply`)."""
         cfg = self.config
         it = self.iteration
         rng = np.random.default_rng([cfg.seed, it])
@@ -203,22 +215,28 @@ class Trainer:
             rows.append(row)
         total.backward()
         torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.grad_clip)
-        self.optimizer.step()
-        self.iteration += 1
-        return {"iteration": self.iteration, "stage": stage, "loss": float(total.detach()),
+        return {"iteration": it + 1, "stage": stage, "loss": float(total.detach()),
                 "reward": float(np.mean([r["reward"] for r in rows])),
                 "best": float(np.mean([r["best"] for r in rows])),
                 "entropy": float(np.mean([r["entropy"] for r in rows])),
                 "graphs": " ".join(sorted({r["graph"] for r in rows}))}
+
+    def apply(self, row: dict) -> dict:
+        """Take the optimizer step :meth:`gradients` prepared; returns ``row``."""
+        self.optimizer.step()
+        self.iteration += 1
+        return row
 
     # --- checkpoints ----------------------------------------------------------------
     def save(self, stem, *, elapsed: float = 0.0) -> None:
         """Policy (``stem.pt`` + ``stem.json``) and the optimizer state for
         resuming (``stem.train.pt``)."""
         weights, _ = checkpoint_paths(stem)
+        # written first, the policy's JSON last: resume checks they agree
         save_tensors(weights.with_name(weights.stem + ".train.pt"),
                      {"optimizer": self.optimizer.state_dict(),
-                      "iteration": torch.tensor(self.iteration)})
+                      "iteration": torch.tensor(self.iteration),
+                      "rng": rng_states()})
         save_policy(stem, self.policy, {"train": self.config.to_dict(),
                                         "iteration": self.iteration,
                                         "train_seconds": round(elapsed, 1)})
@@ -233,11 +251,124 @@ class Trainer:
             saved.iterations = config.iterations
         trainer = cls(saved)
         trainer.policy.load_state_dict(load_policy(stem).state_dict())
-        state = load_tensors(weights.with_name(weights.stem + ".train.pt"))
-        trainer.optimizer.load_state_dict(state["optimizer"])
+        train_path = weights.with_name(weights.stem + ".train.pt")
+        state = load_tensors(train_path)
+        if not isinstance(state, dict) or not {"optimizer", "iteration"} <= set(state):
+            raise FormatError("not a training state (optimizer, iteration)",
+                              file=str(train_path), fix="restart without --resume")
         trainer.iteration = int(state["iteration"])
+        if trainer.iteration != data.get("iteration"):
+            raise FormatError(f"training state is at iteration {trainer.iteration} but the "
+                              f"policy at {data.get('iteration')} (a save was cut short)",
+                              file=str(train_path), fix="restart without --resume")
+        try:
+            trainer.optimizer.load_state_dict(state["optimizer"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise FormatError(f"optimizer state does not fit the policy: {exc}",
+                              file=str(train_path), fix="restart without --resume") from None
+        if "rng" in state:
+            set_rng_states(state["rng"])
         trainer.elapsed_before = float(data.get("train_seconds", 0.0))
+        trainer.saved_iteration = trainer.iteration
         return trainer
+
+
+def seed_everything(seed: int) -> None:
+    """Seed the global generators of torch, numpy and Python (the policy's
+    initial weights come from torch's)."""
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+
+
+def rng_states() -> dict:
+    """The global random states of torch, numpy and Python as tensors and
+    numbers (so ``torch.load(weights_only=True)`` reads them back).
+
+    Training draws from generators seeded by ``(seed, iteration)``; these are
+    saved too so that code relying on the global generators also resumes
+    where it stopped."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, internal, py_gauss = random.getstate()
+    return {"torch": torch.get_rng_state(),
+            "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)),
+                      "pos": int(pos), "has_gauss": int(has_gauss), "gauss": float(gauss)},
+            "python": {"version": version, "internal": torch.tensor(internal, dtype=torch.int64),
+                       "gauss": py_gauss}}
+
+
+def set_rng_states(states: dict) -> None:
+    """Restore what :func:`rng_states` returned."""
+    torch.set_rng_state(states["torch"])
+    n = states["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"],
+                         n["has_gauss"], n["gauss"]))
+    p = states["python"]
+    random.setstate((p["version"], tuple(int(x) for x in p["internal"].tolist()), p["gauss"]))
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Training stopped by Ctrl-C or SIGTERM after saving the last completed
+    iteration. ``signum`` is the signal, ``iteration`` that iteration and
+    ``checkpoint`` the stem saved (None when training had no ``out``). A
+    KeyboardInterrupt, so code unaware of it still sees an interrupt."""
+
+    def __init__(self, signum: int, iteration: int, checkpoint: str | None):
+        name = signal.Signals(signum).name
+        where = f"checkpoint {checkpoint}.pt" if checkpoint else "nothing saved"
+        super().__init__(f"interrupted by {name} after iteration {iteration}; {where}")
+        self.signum, self.iteration, self.checkpoint = signum, iteration, checkpoint
+
+
+class _Stop(BaseException):
+    """Raised by :class:`_StopSignals` where the signal arrived."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _StopSignals:
+    """While entered, SIGINT and SIGTERM stop training: at once outside
+    :meth:`held` blocks, at their end inside them, so an update, its log row
+    and its checkpoint are never half done. A second signal inside a held
+    block stops at once, without saving (the files stay whole: they are
+    written atomically, and resume checks that they agree)."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._held = 0
+        self._previous: dict = {}
+
+    def __enter__(self) -> "_StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum, frame) -> None:
+        if self._held and self.signum is not None:
+            raise KeyboardInterrupt(f"{signal.Signals(signum).name} again: stopped "
+                                    f"without saving")
+        self.signum = signum
+        if not self._held:
+            raise _Stop(signum)
+
+    @contextlib.contextmanager
+    def held(self, stop_after: bool = True):
+        """A block that a signal does not cut short; it stops at its end
+        unless ``stop_after`` is false (the stop is already being handled)."""
+        self._held += 1
+        try:
+            yield
+        finally:
+            self._held -= 1
+        if stop_after and not self._held and self.signum is not None:
+            raise _Stop(self.signum)
 
 
 def evaluate_policy(policy: PlacementPolicy, problems, *, samples: int = 8, seed: int = 0,
@@ -283,14 +414,13 @@ def train(config: TrainConfig, out=None, *, resume: bool = False, progress: bool
         trainer = Trainer.resume(out, config)
     else:
         trainer = Trainer(config)
-        trainer.elapsed_before = 0.0
     cfg = trainer.config
     csv_path = Path(str(out) + ".csv") if out is not None else None
     if resume and csv_path is not None and csv_path.is_file():
         with open(csv_path, newline="") as handle:
             trainer.history = [_typed(r) for r in csv.DictReader(handle)
                                if int(r["iteration"]) <= trainer.iteration]
-    val = _val_problems(trainer.cost) if validate else []
+    val = _val_problems(trainer.cost) if validate and cfg.val_every > 0 else []
     bar = None
     if progress:
         try:
@@ -300,30 +430,54 @@ def train(config: TrainConfig, out=None, *, resume: bool = False, progress: bool
         except ImportError:
             bar = None
     t0 = time.perf_counter()
-    while trainer.iteration < cfg.iterations:
-        row = trainer.step()
-        row["seconds"] = round(trainer.elapsed_before + time.perf_counter() - t0, 2)
-        it = trainer.iteration
-        if val and (it % cfg.val_every == 0 or it == cfg.iterations):
-            res = evaluate_policy(trainer.policy, val, seed=cfg.seed)
-            row["val"] = float(np.mean([r["reward"] for r in res]))
-        trainer.history.append(row)
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(stage=row["stage"], reward=f"{row['reward']:.3f}",
-                            best=f"{row['best']:.3f}")
-        if log is not None:
-            log(row)
-        over_budget = time_budget is not None and time.perf_counter() - t0 >= time_budget
-        if out is not None and (it % cfg.checkpoint_every == 0 or it == cfg.iterations
-                                or over_budget):
-            trainer.save(out, elapsed=row["seconds"])
-            _write_logs(out, trainer.history)
-        if over_budget:
-            break
-    if bar is not None:
-        bar.close()
+    with _StopSignals() as signals:
+        try:
+            _loop(trainer, out, val, bar, log, time_budget, t0, signals)
+        except _Stop as stop:
+            if out is not None and trainer.saved_iteration != trainer.iteration:
+                with signals.held(stop_after=False):
+                    _save(trainer, out)
+            raise TrainingInterrupted(stop.signum, trainer.iteration,
+                                      None if out is None else str(out)) from None
+        finally:
+            if bar is not None:
+                bar.close()
     return trainer
+
+
+def _loop(trainer, out, val, bar, log, time_budget, t0, signals) -> None:
+    """The iterations of :func:`train`; a signal stops it between updates."""
+    cfg = trainer.config
+    while trainer.iteration < cfg.iterations:
+        row = trainer.gradients()
+        with signals.held():
+            trainer.apply(row)
+            row["seconds"] = round(trainer.elapsed_before + time.perf_counter() - t0, 2)
+            it = trainer.iteration
+            if val and (it % cfg.val_every == 0 or it == cfg.iterations):
+                res = evaluate_policy(trainer.policy, val, seed=cfg.seed)
+                row["val"] = float(np.mean([r["reward"] for r in res]))
+            trainer.history.append(row)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(stage=row["stage"], reward=f"{row['reward']:.3f}",
+                                best=f"{row['best']:.3f}")
+            if log is not None:
+                log(row)
+            over_budget = time_budget is not None and time.perf_counter() - t0 >= time_budget
+            if out is not None and (it % cfg.checkpoint_every == 0 or it == cfg.iterations
+                                    or over_budget):
+                _save(trainer, out)
+        if over_budget:
+            return
+
+
+def _save(trainer: Trainer, out) -> None:
+    """Checkpoint and logs of the last completed iteration."""
+    last = trainer.history[-1].get("seconds", 0.0) if trainer.history else trainer.elapsed_before
+    trainer.save(out, elapsed=last)
+    _write_logs(out, trainer.history)
+    trainer.saved_iteration = trainer.iteration
 
 
 def _typed(row: dict) -> dict:
@@ -445,7 +599,8 @@ def build_parser(prog: str = "train_policy.py") -> argparse.ArgumentParser:
     p.add_argument("--graphs", nargs="+", help="graph names (default: the training split)")
     p.add_argument("--clusters", nargs="+", default=list(TRAIN_CLUSTERS))
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
-    p.add_argument("--val-every", type=int, default=d.val_every)
+    p.add_argument("--val-every", type=int, default=d.val_every,
+                   help="validate every N iterations and at the end (0: never)")
     p.add_argument("--resume", action="store_true", help="continue the run saved at --out")
     p.add_argument("--tune", type=int, default=0, metavar="N",
                    help="run an Optuna study of N short trials instead of training")
@@ -469,6 +624,12 @@ def main(argv: list[str] | None = None, prog: str = "train_policy.py") -> int:
                       checkpoint_every=args.checkpoint_every, val_every=args.val_every,
                       graphs=args.graphs, clusters=list(args.clusters),
                       policy={"hidden": args.hidden, "layers": args.layers})
+    with _StopSignals():      # a signal before or after the training loop: nothing to save
+        return _run(args, cfg, prog)
+
+
+def _run(args, cfg: TrainConfig, prog: str) -> int:
+    """:func:`main` once the arguments are parsed."""
     try:
         if args.tune:
             result = tune(args.tune, cfg, args.tune_iterations, args.out,
@@ -491,3 +652,14 @@ def main(argv: list[str] | None = None, prog: str = "train_policy.py") -> int:
     except PlacerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except TrainingInterrupted as exc:
+        resume = " (continue with --resume)" if exc.checkpoint else ""
+        print(f"{prog}: {exc}{resume}", file=sys.stderr)
+        return 128 + exc.signum
+    except _Stop as stop:
+        print(f"{prog}: interrupted by {signal.Signals(stop.signum).name}; nothing new to save",
+              file=sys.stderr)
+        return 128 + stop.signum
+    except KeyboardInterrupt as exc:
+        print(f"{prog}: interrupted{f' ({exc})' if str(exc) else ''}", file=sys.stderr)
+        return 130
