@@ -43,7 +43,8 @@ from placer.search.base import (Budget, Progress, Strategy, get_strategy,
 from .evaluate import Evaluator
 from .genome import LayoutGenome, OpGenome, Space
 from .memetic import local_search
-from .search import _Bar, _Fitness, _tournament, device_chain, final_ranker, rank, reserve
+from .search import (_Bar, _Fitness, _tournament, device_chain, final_ranker, hold_back,
+                     polish_with, rank, reserve)
 
 if TYPE_CHECKING:
     from placer.cost import CostModel, Problem
@@ -227,7 +228,10 @@ class DTFM(Strategy):
     ``partition``, ``heft``, ``m_sct``),
     ``polish_rounds`` (8: local search of stage boundaries on the winner),
     ``final`` (``"simulator"``: the cost model ranking the winner against
-    those plans; None: the given one);
+    those plans; None: the given one), ``final_share`` (0.15 of the budget
+    kept for a local search of the bi-level plan scored by ``final``, as
+    evolution ends), ``seed_share`` (0.3 of the budget for those heuristics
+    together, whose uniform layouts also seed the GA);
     plus :class:`Strategy`'s ``initial``, ``microbatches``, ``schedule``.
     """
 
@@ -241,8 +245,11 @@ class DTFM(Strategy):
                  seeds: Sequence[str] | None = ("even_pipeline", "pipeline_dp", "partition",
                                                  "heft", "m_sct"),
                  polish_rounds: int = 8, final: str | None = "simulator", restarts: int = 4,
-                 polish_top: int = 3, **common):
+                 polish_top: int = 3, seed_share: float = 0.3, final_share: float = 0.15,
+                 **common):
         super().__init__(**common)
+        self.final_share = float(final_share)
+        self.seed_share = float(seed_share)
         self.restarts = int(restarts)
         self.polish_top = max(1, int(polish_top))
         self.final = final
@@ -282,7 +289,10 @@ class DTFM(Strategy):
         self._cache: dict = {}
         bar = _Bar(self.progress_bar, budget)
         n_final = 1 + len(self.seeds) + len(self.initial)
-        with reserve(budget, n_final), \
+        ranker = final_ranker(self.final, cost_model, budget)
+        share = self.final_share if ranker is not cost_model and coarse.members is None \
+            and self.final != self.screen else 0.0
+        with reserve(budget, n_final), hold_back(budget, share), \
                 Evaluator(space, budget.meter(screen), budget) as evaluate:
             rivals = self._rivals(inner, screen, budget, seed, space)
 
@@ -294,6 +304,8 @@ class DTFM(Strategy):
                 return values
 
             seeds = self._seeds(space, shapes, rng)
+            seeds += [x for x in (partition_of(space, plan) for plan in rivals)
+                      if x is not None]
             score(seeds)
             baseline = {f"{x.pp}x{x.dp}": x.fitness.values[0] for x in seeds
                         if x.origin == "even"}
@@ -312,8 +324,10 @@ class DTFM(Strategy):
                 if v < value * (1 - 1e-12):
                     genome, value, best_part = g, v, part
         bar.close()
+        if share:
+            # the same finish as evolution: local search scored by the final model
+            genome = polish_with(space, ranker, budget, genome, rng, n_final) or genome
         candidates = [genome.to_plan(space, self.name)] + rivals
-        ranker = final_ranker(self.final, cost_model, budget)
         room = budget.remaining_evaluations - len(self.initial) - (ranker is not cost_model)
         if not math.isinf(room):
             candidates = candidates[:max(1, int(room))]
@@ -335,13 +349,14 @@ class DTFM(Strategy):
 
     def _rivals(self, inner, screen, budget: Budget, seed: int, space: Space) -> list[Plan]:
         """Plans of the ``seeds`` heuristics (on the inner problem)."""
-        from .search import _sub_budget
+        from .search import SeedPool
         out = []
+        pool = SeedPool(budget, self.seed_share, len(self.seeds))
         for name in self.seeds:
             try:
                 strategy = get_strategy(name, microbatches=self.microbatches,
                                         schedule=self.schedule)
-                sub = _sub_budget(budget, 0.1)
+                sub = pool.next()
                 plan = strategy.search(inner, screen, sub, seed=seed)
                 budget.charge(sub.used)
             except PlacerError:
@@ -524,6 +539,26 @@ class DTFM(Strategy):
         return cands[k] if values[k] < x.fitness.values[0] * (1 - 1e-9) else None
 
 
+def partition_of(space: Space, plan: Plan) -> Partition | None:
+    """The partition of a heuristic's plan whose stages (runs along the
+    topological order) sit on disjoint device sets of one size, so the GA
+    can start from its grouping; None for any other plan."""
+    index = space.problem.device_index
+    stages: list[tuple] = []
+    for op_id in space.problem.ids:
+        devs = tuple(sorted(index[d] for d in plan.placement[op_id]))
+        if not stages or stages[-1] != devs:
+            stages.append(devs)
+    sizes = {len(g) for g in stages}
+    flat = [d for g in stages for d in g]
+    if len(sizes) != 1 or len(set(flat)) != len(flat) or len(stages) > space.n_ops:
+        return None
+    rest = [d for d in range(space.n_devices) if d not in set(flat)]
+    return Partition(np.array(flat + rest, dtype=np.int64), len(stages), sizes.pop(),
+                     int(plan.microbatches), plan.schedule,
+                     f"from-{plan.extra.get('from', plan.method)}")
+
+
 def _unique(parts: list) -> list:
     seen = set()
     out = []
@@ -569,5 +604,5 @@ def scale_batch(graph, factor: float, name: str | None = None):
 
 register_strategy(DTFM)
 
-__all__ = ["DTFM", "Partition", "Scheduler", "even_allocation", "scale_batch", "shapes_for",
+__all__ = ["DTFM", "Partition", "partition_of", "Scheduler", "even_allocation", "scale_batch", "shapes_for",
            "tsp_path"]

@@ -261,15 +261,8 @@ class Evolution(Strategy):
         """Steepest descent around ``g`` scored by the final ranking model
         (``ranker``, metered) in what is left of the budget; the improved
         plan, or None."""
-        reserved = len(self.initial) + 1
-        if budget.remaining_evaluations <= reserved + 1 or budget.remaining_time <= 0:
-            return None
-        with reserve(budget, reserved), Evaluator(space, ranker, budget) as evaluate:
-            start = float(evaluate([g])[0])
-            if not np.isfinite(start):
-                return None
-            best, value = local_search(space, evaluate, g, start, rng, rounds=64, limit=64)
-        return best.to_plan(space, self.name) if value < start else None
+        best = polish_with(space, ranker, budget, g, rng, len(self.initial) + 1)
+        return None if best is None else best.to_plan(space, self.name)
 
     def _fine_seeds(self, problem: "Problem", screen, budget: Budget, seed: int):
         """(name, plan) of the seed heuristics run on the full graph."""
@@ -302,7 +295,7 @@ class Evolution(Strategy):
         out: list[OpGenome] = []
         inner = space.problem
         names = [s for s in self.seeds if s != self.name]
-        share = self.seed_share / max(len(names), 1)
+        pool = SeedPool(budget, self.seed_share, len(names))
         for name in names:
             if budget.exhausted():
                 break
@@ -310,8 +303,9 @@ class Evolution(Strategy):
                 strategy = get_strategy(name, microbatches=self.microbatches,
                                         schedule=self.schedule)
             except PlacerError:
+                pool.skip()
                 continue
-            sub = _sub_budget(budget, share)
+            sub = pool.next()
             try:
                 plan = strategy.search(inner, screen, sub, seed=seed)
             except PlacerError:
@@ -629,6 +623,21 @@ class reserve:
             self.budget.evaluations += self.n
 
 
+def polish_with(space: Space, model, budget: Budget, g: OpGenome, rng: np.random.Generator,
+                reserved: int = 1) -> OpGenome | None:
+    """Steepest descent around ``g`` scored by ``model`` (metered) in what
+    is left of ``budget`` but ``reserved`` evaluations; the improved genome,
+    or None."""
+    if budget.remaining_evaluations <= reserved + 1 or budget.remaining_time <= 0:
+        return None
+    with reserve(budget, reserved), Evaluator(space, model, budget) as evaluate:
+        start = float(evaluate([g])[0])
+        if not np.isfinite(start):
+            return None
+        best, value = local_search(space, evaluate, g, start, rng, rounds=64, limit=64)
+    return best if value < start else None
+
+
 def final_ranker(name: str | None, cost_model, budget: Budget):
     """The (metered) cost model that ranks a search's finalists: ``name``'s,
     or ``cost_model`` when None or the same model."""
@@ -667,6 +676,38 @@ def _best(genomes: list[OpGenome], k: int) -> list[OpGenome]:
     fits = np.array([g.fitness.values[0] for g in genomes])
     order = np.argsort(fits, kind="stable")[:k]
     return [genomes[i] for i in order.tolist()]
+
+
+class SeedPool:
+    """Budgets for ``n`` seeding heuristics run one after another: together
+    ``share`` of what is left of ``budget``; each may use twice its equal
+    part of what the earlier ones left unused (most heuristics take
+    milliseconds, so the slow exact ones, such as pipeline_dp, get most of
+    it)."""
+
+    def __init__(self, budget: Budget, share: float, n: int):
+        self.budget = budget
+        self.left = max(int(n), 1)
+        t = budget.remaining_time
+        self.deadline = None if math.isinf(t) else budget.elapsed + t * share
+        self.evals = share / self.left
+
+    def skip(self) -> None:
+        """One heuristic fewer to run."""
+        self.left = max(self.left - 1, 1)
+
+    def next(self) -> Budget:
+        """The next heuristic's budget."""
+        e = self.budget.remaining_evaluations
+        evals = None if math.isinf(e) else max(int(e * self.evals), 1)
+        time = None
+        if self.deadline is not None:
+            pool = self.deadline - self.budget.elapsed
+            time = max(min(2.0 / (self.left + 1), 1.0) * pool, 1e-3)
+        self.left = max(self.left - 1, 1)
+        if time is None and evals is None:
+            time = 10.0
+        return Budget(time=time, evaluations=evals)
 
 
 def _sub_budget(budget: Budget, share: float) -> Budget:
@@ -769,5 +810,5 @@ class _Bar:
 
 register_strategy(Evolution)
 
-__all__ = ["DEFAULT_SEEDS", "STATE_FORMAT", "Evolution", "device_chain", "final_ranker",
-           "layout_seeds", "rank"]
+__all__ = ["DEFAULT_SEEDS", "STATE_FORMAT", "Evolution", "SeedPool", "device_chain",
+           "final_ranker", "hold_back", "layout_seeds", "polish_with", "rank"]
