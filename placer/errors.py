@@ -21,6 +21,15 @@ class PlacerError(Exception):
 
     ``file``, ``field`` and ``fix`` are optional; when present they are part of
     the one-line message so a user knows where and how to repair the input.
+
+    >>> import placer
+    >>> try:
+    ...     placer.Cluster.from_dict({"format": "placer.cluster/v1", "name": "lab",
+    ...                               "devices": [{"name": "g0", "flops": -1.0,
+    ...                                            "memory": 8e9}]}, file="lab.yaml")
+    ... except placer.errors.PlacerError as exc:
+    ...     print(exc.file, "|", exc.field)
+    lab.yaml | devices[0].flops
     """
 
     def __init__(self, message: str, *, file: str | None = None,
