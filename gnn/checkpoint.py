@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import io
 import json
+import pickle
+import re
 from pathlib import Path
 
 import torch
@@ -58,6 +60,16 @@ def load_tensors(path):
                           fix="train one with train_policy.py or give the right path")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if "Weights only load failed" not in str(exc):
+            raise FormatError(f"cannot read checkpoint: {exc}", file=str(path),
+                              fix="re-create it with train_policy.py") from None
+        found = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        what = f" ({found.group(1)})" if found else ""
+        raise FormatError(f"holds pickled Python objects{what}, not only tensors: refused, "
+                          "as loading them could run code", file=str(path),
+                          fix="re-create it with train_policy.py; a checkpoint holds "
+                              "tensors, numbers and strings only") from None
     except Exception as exc:  # torch raises several kinds for corrupt files
         raise FormatError(f"cannot read checkpoint: {exc}", file=str(path),
                           fix="re-create it with train_policy.py") from None
