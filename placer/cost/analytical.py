@@ -10,19 +10,27 @@ For each plan, with m microbatches:
 - the bottleneck ``beta``: the most loaded resource. Under 1F1B a link
   carries activations one way and gradients the other at once; GPipe runs
   all forwards, then all backwards, so it pays the forward and the backward
-  bottleneck one after the other. 1F1B also caps the microbatches in flight
-  (see :func:`placer.cost.memory.inflight`), so beta is at least the fill
-  time over the number of pipeline runs;
-- ``fill``: one microbatch through the pipeline, the heaviest path through
-  the graph where ops weigh their compute time on their devices and edges
-  between groups their latency (twice when training), plus the transfer
-  time of every tensor that crosses devices (tensors on one link queue).
+  bottleneck one after the other. 1F1B also caps the microbatches a device
+  keeps in flight (see :func:`placer.cost.memory.inflight`): where the cap
+  is below m, beta is at least that device's round trip (the fill from its
+  first run on, both ways) over its cap;
+- ``fill``: one microbatch through the pipeline: the heaviest path through
+  the graph, where ops weigh their compute time on their devices; entering a
+  run of ops costs the transfer time of the tensors crossing into it and,
+  when the run just before feeds it, the switch's latency (twice each when
+  training: gradients come back). It is at least any device's compute for
+  the microbatch (every op runs).
 
 Step time ``T = (m - 1) * beta + fill``: for S equal stages of time t this
-is ``(m + S - 1) * t``. A data-parallel group's all-reduce (linear bounds of
-ring and hierarchical, the cheaper, per DDP bucket) starts when its backward
-ends, which is earlier than the step's end by the backward drain through the
-ops before it, and may extend the step. Memory is the simulator's formula.
+is ``(m + S - 1) * t``, on one device ``m * t``. A data-parallel group's
+all-reduce (linear bounds of ring and hierarchical, the cheaper, per DDP
+bucket) starts when its backward ends, which is earlier than the step's
+end by the backward drain through the ops before it, and may extend the
+step. Memory is the simulator's formula.
+
+Everything is computed per plan from its *runs* (maximal stretches of the
+topological order on one group) and *slots* (the groups it uses), so the
+work grows with a plan's runs and cut edges, not with its ops.
 """
 
 from __future__ import annotations
@@ -126,7 +134,8 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     # --- tensors crossing devices -----------------------------------------
     speed = pre["speed"]
     phases = 2.0 if training else 1.0
-    xfer = np.zeros(B)
+    x_row = x_src = x_dst = np.zeros(0, dtype=np.int64)
+    x_w = np.zeros(0)
     k_single = k_dp = np.zeros(0, dtype=np.int64)
     w_single = w_dp = np.zeros(0)
     if p.n_edges:
@@ -148,6 +157,7 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
                 keep = np.zeros(len(key_e), dtype=bool)
                 keep[_unique(key_e, index=True)[1]] = True
             rows, cu, cv, nb = rows[keep], cu[keep], cv[keep], eb[cut[keep]]
+            x_row, x_src, x_dst = rows, src[cut[keep]], dst[cut[keep]]
             single = (cu < D) & (cv < D)
             if single.all():
                 cost = 1.0 / speed[cu, cv]
@@ -164,7 +174,7 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
                 k_dp = np.repeat(rows[dm], reps) * (D * D) + gt["reg_links"][pos]
                 w_dp = np.repeat(nb[dm], reps) * gt["reg_fracs"][pos]
             # tensors crossing one link wait for each other: count them all
-            xfer = np.bincount(rows, nb * cost, minlength=B)
+            x_w = nb * cost
             k_single = rows[single] * (D * D) + cu[single] * D + cv[single]
             w_single = nb[single]
     lk = _links(p, B, speed, per_mb[:, 0], k_single, w_single, k_dp, w_dp)
@@ -184,31 +194,55 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     else:
         nic_out, nic_in = fwd_out, fwd_in
         beta = beta_f
-    # --- fill: the critical path of one microbatch (forward and backward) ----
+    # --- fill: one microbatch through the pipeline (forward and backward) ----
     # Each op carries its share of the graph's critical path (see
-    # _precomputed), weighted by its group's speed; every switch of group
-    # along the topological order adds its latency (twice when training).
+    # _precomputed), weighted by its group's speed. Entering a run costs the
+    # transfer time of the tensors crossing into it and, when the run just
+    # before feeds it, the switch's latency (twice each when training); a
+    # run entered from a parallel branch waits for no latency.
     crit = pre["crit_work"]
     run_w = (crit[run_end] - crit[run_start]) * (slow / size)[run_group] / m[run_row]
-    fill = np.bincount(run_row, run_w, minlength=B) + ovh * phases * pre["crit_ops"]
+    skey = hr * n + hc + 1                  # switch keys, sorted
+
+    def run_of(row, pos):
+        """Global run index of op ``pos`` of plan ``row``."""
+        return np.searchsorted(skey, row * n + pos, side="right") + row
+
+    entry = np.zeros(R)
     if len(hr):
+        r_src, r_dst = run_of(x_row, x_src), run_of(x_row, x_dst)
+        fed = np.zeros(R, dtype=bool)
+        fed[r_dst[r_dst == r_src + 1]] = True
+        after = np.arange(len(hr)) + hr + 1
         lat = _pair_latency(p, groups, A[hr, hc], A[hr, hc + 1])
-        fill = fill + phases * np.bincount(hr, lat, minlength=B)
-    fill = fill + phases * xfer * per_mb[:, 0]
+        entry[after] = np.where(fed[after], lat, 0.0)
+        entry += np.bincount(r_dst, x_w, minlength=R) * per_mb[run_row, 0]
+        entry *= phases
+    fill = np.bincount(run_row, run_w + entry, minlength=B) + ovh * phases * pre["crit_ops"]
+    # every op of a microbatch runs, so it takes at least any device's share
+    fill = np.maximum(fill, comp.max(axis=1))
     # --- first op of each device (ops are in topological order) --------------
     s_first = sl["first"]
     first_d = sl["first_d"]
     used = first_d < n
-    # run of a position = switches before it (switch keys are sorted)
-    skey = hr * n + hc + 1
-    qry = np.arange(B)[:, None] * n + np.minimum(first_d, n - 1)
-    run_first = np.searchsorted(skey, qry, side="right") - (row_first - np.arange(B))[:, None]
+    run_first = run_of(np.arange(B)[:, None], np.minimum(first_d, n - 1)) - row_first[:, None]
     runs = runs[:, None]
     held_1f1b = inflight(p, run_first, runs, used, m[:, None], "1f1b")
     if training:
-        # the first device holds R microbatches (R runs), so a round trip
-        # (about the fill time) is shared by at most R of them
-        beta = np.where(gpipe, beta, np.maximum(beta, fill / runs[:, 0]))
+        # 1F1B: a device keeps at most cap microbatches between its forward and
+        # backward, so when cap < m its round trip (the fill less the part
+        # before its first run, both ways) is shared by at most cap of them
+        # prefix sums within each plan's own runs (not across plans, so a
+        # plan's figures do not depend on the batch it is in)
+        local = np.arange(R) - row_first[run_row]
+        C = np.zeros((B, int(runs.max()) + 1))
+        C[run_row, local + 1] = run_w + entry
+        np.cumsum(C, axis=1, out=C)
+        before = np.take_along_axis(C, run_first, axis=1) \
+            + entry[np.minimum(row_first[:, None] + run_first, R - 1)]
+        capped = used & (held_1f1b < m[:, None])
+        trip = np.where(capped, (fill[:, None] - before) / np.maximum(held_1f1b, 1.0), 0.0)
+        beta = np.where(gpipe, beta, np.maximum(beta, trip.max(axis=1)))
     step = (m - 1) * beta + fill
 
     # --- all-reduce of data-parallel groups ----------------------------------

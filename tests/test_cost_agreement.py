@@ -1,0 +1,57 @@
+"""Cases where the analytical model used to disagree with the simulator:
+each would have caught the formula it pins down."""
+
+import pytest
+
+from placer import Cluster, Device, Edge, Graph, Op, Plan
+from placer.bench.cost import bench_cluster, bench_graph
+from placer.cost import Analytical, Problem, Simulator
+
+
+def _both(graph, cluster, plan, **options):
+    p = Problem(graph, cluster, **options)
+    return Simulator().estimate(p, plan).step_time, Analytical().estimate(p, plan).step_time
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_one_device_is_m_times_a_microbatch(schedule):
+    # nothing overlaps on one device: every microbatch pays all its ops (the
+    # fill is the device's whole share, not the graph's critical path)
+    g = bench_graph(100)
+    plan = Plan({op: ["g1"] for op in g.topological_order()}, 8, schedule)
+    sim, ana = _both(g, bench_cluster(4), plan)
+    assert ana == pytest.approx(sim, rel=1e-9)
+
+
+def _chain(n, flops=4e9, nbytes=4e6):
+    ops = [Op(f"o{i}", flops=flops, output_bytes=nbytes) for i in range(n)]
+    return Graph("chain", ops, [Edge(f"o{i}", f"o{i + 1}", nbytes) for i in range(n - 1)])
+
+
+def test_1f1b_cap_of_a_later_stage_bounds_the_rate():
+    # d2 sits across a 20 ms link: d1 may hold only 2 microbatches, so its
+    # round trip through d2, not the first device's, sets the pace
+    devices = [Device(f"d{i}", 1e14, 1e11, efficiency=1.0, site="a" if i < 2 else "b")
+               for i in range(3)]
+    c = Cluster.from_rules("c", devices, default=(1e11, 1e-6), sites=[("a", "b", 1e9, 0.02)])
+    plan = Plan({f"o{i}": [f"d{i // 3}"] for i in range(9)}, 8, "1f1b")
+    sim, ana = _both(_chain(9), c, plan)
+    assert ana == pytest.approx(sim, rel=0.15)
+
+
+@pytest.mark.parametrize("schedule,tolerance", [("gpipe", 0.05), ("1f1b", 0.2)])
+def test_parallel_branches_pay_one_latency(schedule, tolerance):
+    # six branches on six far-apart devices run at once: a microbatch waits
+    # for one hop out and one back, not for a hop per branch in op order
+    k = 6
+    ops = ([Op("src", flops=1e9, output_bytes=1e5)]
+           + [Op(f"b{i}", flops=2e11, output_bytes=1e5) for i in range(k)]
+           + [Op("join", flops=1e9)])
+    edges = [Edge("src", f"b{i}", 1e5) for i in range(k)] + \
+        [Edge(f"b{i}", "join", 1e5) for i in range(k)]
+    devices = [Device(f"d{i}", 1e14, 1e11, efficiency=1.0, site=f"s{i}") for i in range(k)]
+    c = Cluster.from_rules("far", devices, default=(1e9, 0.05))
+    plan = Plan({"src": ["d0"], "join": ["d0"], **{f"b{i}": [f"d{i}"] for i in range(k)}},
+                4, schedule)
+    sim, ana = _both(Graph("branches", ops, edges), c, plan)
+    assert ana == pytest.approx(sim, rel=tolerance)
