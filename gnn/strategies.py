@@ -322,8 +322,26 @@ class Hybrid(_Learned):
             raise StrategyError(f"hybrid needs the evolution strategy: {exc.message}",
                                 fix="install the evolution package (deap) or use method='rl'"
                                 ) from None
-        # evolution already kept the best of its result and these initial plans
+        _rank_seeds_once(evo, list(self.initial))
         plan = evo.search(problem, metered, budget, seed=seed, progress=progress)
         plan.extra = dict(plan.extra or {}, policy_seeds=len(plans))
         plan.method = self.name
         return plan
+
+
+def _rank_seeds_once(evo: Strategy, user_initial: list) -> None:
+    """Let ``evo``'s final ranking stand: its finalists already include the
+    best policy seed, ranked by the final model (the simulator), and
+    ``finalize``'s search-model comparison with every seed would swap in a
+    policy plan the simulator ranked lower. The caller's own ``initial``
+    plans keep that guarantee."""
+    finalize = evo.finalize
+
+    def ranked(*args, **kwargs):
+        seeds, evo.initial = evo.initial, user_initial
+        try:
+            return finalize(*args, **kwargs)
+        finally:
+            evo.initial = seeds
+    evo.finalize = ranked
+
