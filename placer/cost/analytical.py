@@ -116,14 +116,24 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     ovh = p.op_overhead
     launches = per_device(count) * ovh
 
-    def compute_time(work):
-        scaled = (work * s_per_mb)[e_slot] * e_inv_rate
+    times = p.times
+    if times is not None:
+        # measured seconds per device class instead of FLOPs / rate
+        e_cls = times.cls[e_cell % D]
+        s_slow = gt["slow_cls"][s_group]
+        t_f, t_b = _slot_times(pre["times_cum"], run_start, run_end, run_slot, U)
+
+    def compute_time(work, slot_times=None):
+        if slot_times is not None:
+            scaled = slot_times[e_slot, e_cls] * (s_per_mb * s_inv)[e_slot]
+        else:
+            scaled = (work * s_per_mb)[e_slot] * e_inv_rate
         return np.bincount(e_cell, scaled, minlength=B * D).reshape(B, D) + launches
 
-    cf = compute_time(lf)
+    cf = compute_time(lf, t_f if times is not None else None)
     if training:
         lb = ssum(2)
-        cb = compute_time(lb)
+        cb = compute_time(lb, t_b if times is not None else None)
         if p.recompute:
             cb = cb + cf
     else:
@@ -201,7 +211,11 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     # before feeds it, the switch's latency (twice each when training); a
     # run entered from a parallel branch waits for no latency.
     crit = pre["crit_work"]
-    run_w = (crit[run_end] - crit[run_start]) * (slow / size)[run_group] / m[run_row]
+    if times is None:
+        run_w = (crit[run_end] - crit[run_start]) * (slow / size)[run_group] / m[run_row]
+    else:
+        sc = gt["slow_cls"][run_group]
+        run_w = (crit[run_end, sc] - crit[run_start, sc]) / size[run_group] / m[run_row]
     skey = hr * n + hc + 1                  # switch keys, sorted
 
     def run_of(row, pos):
@@ -255,7 +269,10 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
                         coef[:, 2] * buckets + coef[:, 3] * lp)
         ar = np.where((lp > 0) & (s_group >= D), ar, 0.0)
         if ar.any():
-            bgt = lb * s_per_mb / size[s_group] * slow[s_group]
+            if times is None:
+                bgt = lb * s_per_mb / size[s_group] * slow[s_group]
+            else:
+                bgt = t_b[np.arange(U), s_slow] * s_per_mb / size[s_group]
             # after a group's last backward, the microbatch's backward still
             # has to drain through the ops before it: about that share of the
             # backward half of the fill
@@ -343,6 +360,18 @@ def _links(p: Problem, B: int, speed: np.ndarray, per_mb: np.ndarray, k_single, 
             "out": np.bincount(row * D + a, lmb, minlength=B * D).reshape(B, D) / nic,
             "in": np.bincount(row * D + z, lmb, minlength=B * D).reshape(B, D) / nic,
             "recv": np.bincount(row * D + z, load, minlength=B * D).reshape(B, D)}
+
+
+def _slot_times(times_cum, run_start, run_end, run_slot, U: int):
+    """Measured forward and backward seconds of each slot's ops, per device
+    class: two (U, K) arrays."""
+    out = []
+    for cum in times_cum:
+        seg = cum[run_end] - cum[run_start]
+        per_slot = np.zeros((U, seg.shape[1]))
+        np.add.at(per_slot, run_slot, seg)
+        out.append(per_slot)
+    return out
 
 
 def _slots(gt: dict, B: int, D: int, G: int, n: int, run_key: np.ndarray,
@@ -447,6 +476,9 @@ def _precomputed(p: Problem) -> dict:
                                "crit_work": crit_work, "crit_ops": crit_ops,
                                "speed": speed, "lags": max(int(outdeg.max()) - 1, 0),
                                "cut_sets": _cut_sets(src, dst, n)}
+    if p.times is not None:
+        hit["times_cum"] = tuple(np.concatenate([np.zeros((1, t.shape[1])), np.cumsum(t, axis=0)])
+                                 for t in (p.times.forward, p.times.backward))
     return hit
 
 
@@ -503,13 +535,19 @@ def _critical_shares(p: Problem):
     launch overheads), ``h[i]`` is the heaviest path ending at op i and
     ``H[i] = max(h[:i + 1])``; op i's share is ``H[i] - H[i - 1]`` (>= 0;
     the shares add up to the critical path). Returned as the prefix sums of
-    the shares in FLOPs (share x work / w) and the shares' op count
-    (share / w summed), so a chain weighs exactly its ops."""
+    the shares in FLOPs (share x work / w; with measured times, in seconds
+    per device class) and the shares' op count (share / w summed), so a
+    chain weighs exactly its ops."""
     n = p.n_ops
-    work = p.flops + (p.bwd_flops if p.training else 0.0)
     phases = 2.0 if p.training else 1.0
     ovh = p.op_overhead * phases
-    w = work / float(np.mean(p.rate)) + ovh
+    if p.times is not None:
+        # seconds per device class; reference: their mean over the devices
+        work = p.times.forward + (p.times.backward if p.training else 0.0)
+        w = work[:, p.times.cls].mean(axis=1) + ovh
+    else:
+        work = p.flops + (p.bwd_flops if p.training else 0.0)
+        w = work / float(np.mean(p.rate)) + ovh
     h = w.copy()
     if p.n_edges:
         order = np.argsort(p.edge_dst, kind="stable")
@@ -530,8 +568,8 @@ def _critical_shares(p: Problem):
     c = np.diff(H, prepend=0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
         frac = np.where(w > 0, c / w, 0.0)
-    crit_work = np.zeros(n + 1)
-    np.cumsum(frac * work, out=crit_work[1:])
+    crit_work = np.zeros((n + 1,) + work.shape[1:])
+    np.cumsum(frac.reshape((n,) + (1,) * (work.ndim - 1)) * work, axis=0, out=crit_work[1:])
     return crit_work, float(frac.sum())
 
 
@@ -560,7 +598,15 @@ def _group_table(p: Problem, groups) -> dict:
     coef = np.array([_coefficients(p, tkey[g]) if g >= D else (0, 0, 0, 0)
                      for g in range(G)], dtype=float).reshape(G, 4)
     sizes = size[D:].astype(np.int64)
-    hit = cache[tkey] = {"member": member, "size": size, "share": share, "slow": slow,
+    if p.times is not None:
+        # each group's slowest member's device class, by total measured time
+        total = (p.times.forward + p.times.backward).sum(axis=0)[p.times.cls]
+        worst = np.where(pad < D, np.r_[total, -1.0][pad], -np.inf).argmax(axis=1)
+        slow_cls = p.times.cls[pad[np.arange(G), worst]]
+    else:
+        slow_cls = None
+    hit = cache[tkey] = {"slow_cls": slow_cls, "member": member, "size": size, "share": share,
+                         "slow": slow,
                          "pad": pad, "coef": coef, "dp_sizes": sizes,
                          "dp_pad": np.where(pad[D:] < D, pad[D:], -1)}
     return hit

@@ -45,6 +45,20 @@ _FIRST = itemgetter(0)
 
 
 @dataclass
+class Times:
+    """Per-op compute seconds for the whole traced batch on one device, less
+    the launch overhead, by *device class* (devices that share them):
+    ``forward[i, cls[d]]`` and ``backward[i, cls[d]]`` for op ``ids[i]`` on
+    device ``d``. A replica running a fraction f of the batch takes
+    ``op_overhead + f * forward`` (the form :func:`placer.runtime.profile.
+    calibrated_graph` assumes)."""
+
+    cls: np.ndarray
+    forward: np.ndarray
+    backward: np.ndarray
+
+
+@dataclass
 class Compiled:
     """A plan as arrays: ``op_group[i]`` is the group of ``problem.ids[i]``;
     ``groups[g]`` the device indices of group ``g`` (``g < D``: device g)."""
@@ -80,6 +94,9 @@ class Problem:
     - ``bucket_bytes``: gradients of a data-parallel group are all-reduced in
       buckets of about this many bytes, as soon as each is ready (PyTorch
       DDP's default is 25 MB).
+    - measured op times: where an op carries ``extra["measured"]`` (as
+      ``placer profile`` writes it), both models use those seconds instead of
+      its FLOPs (see :func:`measured_times`).
     - ``merge``: the simulator may start a run of ops on a device only when
       the inputs of a later op in it arrived, if the run so far takes at most
       this fraction of the device's time (0: never; fewer tasks, faster).
@@ -116,6 +133,7 @@ class Problem:
         self.training = graph.training
         self._build_graph_arrays()
         self._build_cluster_arrays()
+        self.times = measured_times(self)
         self._pair_cache: dict = {}
         self._plan_arrays = _PlanArrays()
 
@@ -405,3 +423,74 @@ class _PlanArrays:
         entry = self.entries.pop(key, None)
         if entry is not None:
             self.ops -= len(entry[1])
+
+
+def _measured_entry(measured, name: str, kind):
+    """The ``{"fwd", "bwd"}`` figures of one op on device ``name`` of kind
+    ``kind``: keyed by the device's name, else by its kind, else one figure
+    for every device (a dict with "fwd", or a number: forward seconds)."""
+    if measured is None:
+        return None
+    if isinstance(measured, (int, float)):
+        return {"fwd": float(measured)}
+    if not isinstance(measured, dict):
+        return None
+    if "fwd" in measured:
+        return measured
+    entry = measured.get(name)
+    if entry is None and kind is not None:
+        entry = measured.get(kind)
+    if isinstance(entry, (int, float)):
+        return {"fwd": float(entry)}
+    return entry if isinstance(entry, dict) and "fwd" in entry else None
+
+
+def measured_times(problem: "Problem") -> Times | None:
+    """Compute times from the ops' ``extra["measured"]`` (None when no op has
+    any), for the simulator and the analytical model alike.
+
+    ``measured`` is what ``placer profile`` writes, ``{device: {"fwd": s,
+    "bwd": s, ...}}`` for the traced batch, keyed by a device's name or by a
+    device kind (``"A100-80GB"``: every device of that kind), or one figure
+    for every device: ``{"fwd": s, "bwd": s}`` or a number (forward seconds).
+    A missing backward is the forward scaled like the FLOPs (``bwd_flops /
+    flops``, or 2x without FLOPs). The launch overhead ``op_overhead`` is
+    taken out of each figure (it is added per replica), so a measured graph
+    predicts like :func:`placer.runtime.profile.calibrated_graph` of it.
+    Ops without a figure for a device keep ``flops / rate`` there."""
+    g = problem.graph
+    entries = [g.op(i).extra.get("measured") for i in problem.ids]
+    if not any(e is not None for e in entries):
+        return None
+    devices = problem.cluster.devices
+    keys: set = set()
+    for e in entries:
+        if isinstance(e, dict) and "fwd" not in e:
+            keys.update(e)
+    # devices whose figures come from the same keys at the same rate share a class
+    classes: dict = {}
+    cls = np.empty(problem.n_devices, dtype=np.int64)
+    for d, dev in enumerate(devices):
+        key = (dev.name if dev.name in keys else None,
+               dev.kind if dev.kind in keys else None, float(problem.rate[d]))
+        cls[d] = classes.setdefault(key, len(classes))
+    K = len(classes)
+    fwd = np.empty((problem.n_ops, K))
+    bwd = np.empty((problem.n_ops, K))
+    ovh = problem.op_overhead
+    for (name, kind, rate), k in classes.items():
+        fwd[:, k] = problem.flops / rate
+        bwd[:, k] = problem.bwd_flops / rate
+        for i, e in enumerate(entries):
+            entry = _measured_entry(e, name, kind) if e is not None else None
+            if entry is None:
+                continue
+            f = float(entry["fwd"])
+            if entry.get("bwd") is not None:
+                b = float(entry["bwd"])
+            else:
+                flops = problem.flops[i]
+                b = f * (problem.bwd_flops[i] / flops if flops > 0 else 2.0)
+            fwd[i, k] = max(0.0, f - ovh)
+            bwd[i, k] = max(0.0, b - ovh) if b > 0 else 0.0
+    return Times(cls, fwd, bwd)

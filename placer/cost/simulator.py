@@ -157,7 +157,12 @@ class _Build:
         self.t_src, self.t_dst, self.t_bytes, self.t_inst = t_src, t_dst, t_bytes, t_inst
 
         # --- segments ---------------------------------------------------------
-        ft = p.op_overhead + p.flops[inst_op] * frac / m / p.rate[inst_dev]
+        times = p.times
+        if times is None:
+            ft = p.op_overhead + p.flops[inst_op] * frac / m / p.rate[inst_dev]
+        else:
+            inst_cls = times.cls[inst_dev]
+            ft = p.op_overhead + times.forward[inst_op, inst_cls] * frac / m
         has_in = np.zeros(NI, dtype=bool)
         has_in[iv] = True
         has_out = np.zeros(NI, dtype=bool)
@@ -166,7 +171,10 @@ class _Build:
         fseg, foff, fdev, fdur = _segments(inst_dev, has_in, has_out, permF, ft, D, p.merge)
         NF = len(fdev)
         if training:
-            bt = p.op_overhead + p.bwd_flops[inst_op] * frac / m / p.rate[inst_dev]
+            if times is None:
+                bt = p.op_overhead + p.bwd_flops[inst_op] * frac / m / p.rate[inst_dev]
+            else:
+                bt = p.op_overhead + times.backward[inst_op, inst_cls] * frac / m
             if p.recompute:
                 bt = bt + ft
             permB = np.lexsort((-inst_op, inst_dev))
