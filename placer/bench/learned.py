@@ -174,8 +174,15 @@ def _summary(rows) -> dict:
         reach, final = r["hybrid_time_to_evolution"], r["evolution_time_to_final"]
         half.append(reach is not None and final is not None and reach <= 0.5 * max(final, 1e-9))
     beats = [r["hybrid_vs_evolution"] <= 1.0 + 1e-9 for r in rows]
+    # where evolution finds no plan that fits, step-time ratios say little
+    feasible = [r for r in rows if r["evolution"].get("feasible")]
+    zf = [r["zero_shot_vs_evolution"] if r["zero_shot"].get("feasible") else np.inf
+          for r in feasible]
     return {
         "cases": len(rows),
+        "cases_evolution_feasible": len(feasible),
+        "zero_shot_vs_evolution_gmean_feasible": gmean(zf) if np.all(np.isfinite(zf)) else None,
+        "zero_shot_within_10pct_feasible": int(sum(v <= 1.10 for v in zf)),
         "zero_shot_vs_evolution_gmean": gmean(z),
         "zero_shot_within_10pct": int(sum(v <= 1.10 for v in z)),
         "planning_speedup_gmean": gmean(speed),
