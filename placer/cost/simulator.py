@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .base import CostModel, register_cost_model
+from .analytical import _unique
 from .collectives import allreduce
 from .memory import inflight, peak_memory
 from .problem import Compiled, Problem
@@ -91,6 +92,20 @@ def _segments(dev: np.ndarray, head: np.ndarray, blocker: np.ndarray, perm: np.n
     seg_dev = d_sorted[h]
     seg_dur = np.diff(np.r_[base, cs[-1] if n else 0.0])
     return seg, offset, seg_dev, seg_dur
+
+
+def _allreduce(p: Problem, members, nbytes: float):
+    """:func:`placer.cost.collectives.allreduce` of ``nbytes`` over device
+    indices ``members``, remembered per problem (plans repeat their buckets)."""
+    cache = p.__dict__.setdefault("_allreduce_cache", {})
+    key = (tuple(members), nbytes)
+    hit = cache.get(key)
+    if hit is None:
+        if len(cache) > 4096:
+            cache.clear()
+        hit = cache[key] = allreduce(members, nbytes, p.bandwidth, p.latency,
+                                     p.nic_bandwidth, p.site)
+    return hit
 
 
 class _Build:
@@ -147,7 +162,7 @@ class _Build:
         remote = inst_dev[iu] != inst_dev[iv]
         iu, iv, pb = iu[remote], iv[remote], pb[remote]
         key = iu * D + inst_dev[iv]
-        uk, tinv = np.unique(key, return_inverse=True)
+        uk, tinv = _unique(key, inverse=True)
         NT = len(uk)
         t_inst = uk // D
         t_dst = uk % D
@@ -215,7 +230,8 @@ class _Build:
         for t in range(NT):
             out_x[t_srcseg[t]].append((t, t_off[t]))
             x_npend[t] = 1
-        pairs = np.unique(np.stack([tinv, fseg[iv]]), axis=1) if NT else np.zeros((2, 0), int)
+        pairs = np.stack(np.divmod(_unique(tinv * NF + fseg[iv]), NF)) if NT else \
+            np.zeros((2, 0), int)
         for t, s in pairs.T.tolist():
             x_cons[t].append(s)
             pend[s] += 1
@@ -301,8 +317,7 @@ class _Build:
                     for k in range(len(mem)):
                         i = op_first[last] + k
                         sources.append((NF + int(bseg[i]), float(boff[i])))
-                    seconds, links, algo = allreduce(mem, nbytes, p.bandwidth, p.latency,
-                                                     p.nic_bandwidth, p.site)
+                    seconds, links, algo = _allreduce(p, mem, nbytes)
                     self.ar.append((sources, list(mem), seconds, links, algo, nbytes))
 
         # memory
@@ -343,10 +358,15 @@ def _run(problem: Problem, b: _Build, c: Compiled):
     x_out, x_in = b.x_hold_out.tolist(), b.x_hold_in.tolist()
     last_f, first_b, last_b, first_f = b.last_f, b.first_b, b.last_b, b.first_f
     cap = b.cap.tolist()
-    # gpipe/1f1b extra successors keyed by local task
-    f_to_b = {last_f[d]: first_b[d] for d in first_b}
-    b_to_f = {last_b[d]: (first_f[d], cap[d]) for d in last_b} if not gpipe else {}
+    # gpipe/1f1b extra successors by local task (None: none)
+    f_to_b: list = [None] * NS
+    b_to_f: list = [None] * NS
+    for d in first_b:
+        f_to_b[last_f[d]] = first_b[d]
+        if not gpipe:
+            b_to_f[last_b[d]] = (first_f[d], cap[d])
     later = m * NS              # priority offset of the phase that waits
+    prio = [later if ((local >= NF) == gpipe) else 0 for local in range(NS)]
     start = [0.0] * n_tasks
     x_start = [0.0] * n_x
     link_free = [0.0] * (D * D)
@@ -367,15 +387,10 @@ def _run(problem: Problem, b: _Build, c: Compiled):
         for s, off in sources:
             ar_src.setdefault((m - 1) * NS + s, []).append((k, off))
 
-    def enqueue(task: int):
-        local = task % NS
-        is_b = local >= NF
-        key = task + later if (is_b == gpipe) else task
-        push(ready_q[tdev[local]], (key, task))
-
     for task in range(n_tasks):
         if pend[task] == 0:
-            enqueue(task)
+            local = task % NS
+            push(ready_q[tdev[local]], (task + prio[local], task))
 
     def dispatch(d: int, now: float):
         nonlocal seq
@@ -425,37 +440,40 @@ def _run(problem: Problem, b: _Build, c: Compiled):
             d = tdev[local]
             idle[d] = True
             base = mb * NS
-            touched = [d]
+            other = -1
             for s in succ[local]:
                 t = base + s
                 pend[t] -= 1
                 if pend[t] == 0:
-                    enqueue(t)
+                    push(ready_q[tdev[s]], (t + prio[s], t))
             if training:
-                if local in f_to_b:
+                s = f_to_b[local]
+                if s is not None:
                     if gpipe:
                         if mb == m - 1:
-                            s = f_to_b[local]
                             for j in range(m):
                                 t = j * NS + s
                                 pend[t] -= 1
                                 if pend[t] == 0:
-                                    enqueue(t)
+                                    push(ready_q[tdev[s]], (t + prio[s], t))
                     else:
-                        t = base + f_to_b[local]
+                        t = base + s
                         pend[t] -= 1
                         if pend[t] == 0:
-                            enqueue(t)
-                if local in b_to_f:
-                    s, k = b_to_f[local]
+                            push(ready_q[tdev[s]], (t + prio[s], t))
+                hop = b_to_f[local]
+                if hop is not None:
+                    s, k = hop
                     if mb + k < m:
                         t = (mb + k) * NS + s
                         pend[t] -= 1
                         if pend[t] == 0:
-                            enqueue(t)
-                            touched.append(tdev[s])
-            for e in touched:
-                dispatch(e, now)
+                            push(ready_q[tdev[s]], (t + prio[s], t))
+                            other = tdev[s]
+            if ready_q[d]:
+                dispatch(d, now)
+            if other >= 0 and idle[other] and ready_q[other]:
+                dispatch(other, now)
         elif kind == _XREADY or kind == _LINKFREE:
             if kind == _XREADY:
                 x = ident % NX
@@ -497,8 +515,10 @@ def _run(problem: Problem, b: _Build, c: Compiled):
                 t = base + s
                 pend[t] -= 1
                 if pend[t] == 0:
-                    enqueue(t)
-                    dispatch(tdev[s], now)
+                    e = tdev[s]
+                    push(ready_q[e], (t + prio[s], t))
+                    if idle[e]:
+                        dispatch(e, now)
     if any(p_ > 0 for p_ in pend):
         raise RuntimeError("simulator deadlock: some tasks never became ready")
     for s0, e0 in ar_times:
