@@ -745,31 +745,27 @@ def device_chain(space: Space) -> list[int]:
     return chain
 
 
-def layout_seeds(space: Space, limit: int = 12) -> list[OpGenome]:
-    """Balanced stage/replica layouts: stage counts 1, 2, 4, ... times
-    replica counts, devices taken along :func:`device_chain`."""
+def layout_seeds(space: Space, limit: int = 16) -> list[OpGenome]:
+    """Balanced stage/replica layouts: the (stages, replicas) shapes of
+    :func:`evolution.dtfm.shapes_for` (every factorisation of the device
+    count, and powers of two), devices taken along :func:`device_chain`,
+    each at every microbatch count (the population keeps the best)."""
+    from .dtfm import shapes_for
     D, n = space.n_devices, space.n_ops
     chain = device_chain(space)
-    ms = space.microbatch_choices
-    out: list[OpGenome] = []
-    shapes = []
-    pp = 1
-    while pp <= min(D, n):
-        dp = 1
-        while pp * dp <= D:
-            shapes.append((pp, dp))
-            dp *= 2
-        pp *= 2
-    if (min(D, n), 1) not in shapes:
-        shapes.append((min(D, n), 1))
+    shapes = shapes_for(D, n)
     # prefer shapes using more devices, then fewer replicas
     shapes.sort(key=lambda s: (-s[0] * s[1], s[1]))
+    out: list[OpGenome] = []
     for pp, dp in shapes[:limit]:
         stages = [tuple(chain[s * dp:(s + 1) * dp]) for s in range(pp)]
-        m = max([x for x in ms if x <= max(2 * pp, 1)] or [ms[0]])
-        genome = LayoutGenome.balanced(space, stages, m, space.schedule_choices[0],
-                                       origin=f"layout-{pp}x{dp}").decode(space)
-        out.append(genome)
+        layout = LayoutGenome.balanced(space, stages, 1, space.schedule_choices[0],
+                                       origin=f"layout-{pp}x{dp}")
+        base = layout.decode(space)
+        for m in space.microbatch_choices:
+            genome = base.copy()
+            genome.microbatches = m
+            out.append(genome)
     return out
 
 
