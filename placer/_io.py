@@ -130,15 +130,34 @@ def parse_yaml(text: str, file: str | None, error: type[PlacerError] = FormatErr
                     fix="fix the YAML syntax") from None
 
 
+class _DuplicateKey(ValueError):
+    """A JSON object names a key twice."""
+
+
+def _object_without_duplicates(pairs: list) -> dict:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return out
+
+
 def parse_json(text: str, file: str | None, error: type[PlacerError] = FormatError) -> Any:
-    """Parse JSON. NaN/Infinity literals parse, so that the field check that
-    rejects them can name the field."""
+    """Parse JSON, refusing keys named twice in one object (json would keep
+    the last silently: a plan placing an op twice must not pass). NaN/Infinity
+    literals parse, so that the field check that rejects them can name the field."""
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_object_without_duplicates)
     except json.JSONDecodeError as exc:
         raise error(f"invalid JSON: {exc.msg}", file=file,
                     field=f"line {exc.lineno} column {exc.colno}",
                     fix="fix the JSON syntax or re-create the file") from None
+    except _DuplicateKey as exc:
+        raise error(f"invalid JSON: key {exc.args[0]!r} appears twice in one object",
+                    file=file, fix="give each key once") from None
     except (ValueError, RecursionError) as exc:
         raise error(f"invalid JSON: {exc}", file=file) from None
 
