@@ -22,10 +22,12 @@ import functools
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import torch
@@ -164,29 +166,40 @@ def _calibrate(build, names, bandwidth, latency):
 
 
 def accuracy(plans: int = 4, nproc: int = 2, model: str = MODEL, batch: int = 8,
-             seq: int = 32, steps: int = 5, microbatches: int = 2, seed: int = 0,
-             link: tuple | None = None) -> dict:
-    """Predicted vs measured step time of random plans on ``nproc`` CPU ranks."""
+             seq: int = 32, steps: int = 5, microbatches: int = 2, seed: int = 0) -> dict:
+    """Predicted vs measured step time of random plans on ``nproc`` CPU ranks
+    (one torch thread each). Each run calibrates first, in its own ranks and
+    before its steps (op times and the links between the ranks, see
+    :func:`placer.runtime.dist.run_rank`), so the prediction comes from
+    microbenchmarks, never from the steps it predicts."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
     from runtime_helpers import random_plan
     from placer.runtime.dist import launch
     build = functools.partial(_build, model, batch, seq)
     module, inputs = build()
-    bandwidth, latency = link or measure_link()
+    graph = placer.trace(module, inputs)
     names = [f"r{i}" for i in range(nproc)]
-    graph, cg, cluster, ovh = _calibrate(build, names, bandwidth, latency)
     rows = []
     for k in range(plans):
         plan = random_plan(graph, names, seed=seed + k, microbatches=microbatches,
                            segments=3, max_group=nproc)
-        predicted = placer.simulate(cg, cluster, plan, op_overhead=ovh, nic="none").step_time
-        measured = launch(plan, build, steps=steps, warmup=2, cluster=cluster,
-                          timeout=300)["report"]["step_time"]
-        rows.append({"plan": k, "predicted": predicted, "measured": measured,
-                     "error": (predicted - measured) / measured})
-    errors = [abs(r["error"]) for r in rows]
-    return {"link": {"bandwidth": bandwidth, "latency": latency}, "plans": rows,
-            "median_abs_error": statistics.median(errors)}
+        load = _load()
+        result = launch(plan, build, steps=steps, warmup=2, timeout=300, calibrate=True,
+                        threads=1)
+        rows.append(_row(k, plan, result, load))
+    return {"nproc": nproc, "plans": rows,
+            "median_abs_error": statistics.median(abs(r["error"]) for r in rows)}
+
+
+def _row(k, plan, result, load) -> dict:
+    rep, cal = result["report"], result["calibration"]
+    measured, predicted = rep["step_time"], rep["predicted"]
+    link = next(iter(cal["links"].values()), {"bandwidth": None, "latency": None})
+    return {"plan": k, "devices": sorted(plan.devices_used()),
+            "microbatches": plan.microbatches, "predicted": predicted, "measured": measured,
+            "error": (predicted - measured) / measured, "load": load,
+            "op_overhead": cal["op_overhead"], "link_bandwidth": link["bandwidth"],
+            "link_latency": link["latency"]}
 
 
 # --------------------------------------------------------------------------
@@ -212,6 +225,10 @@ class Namespaces:
     def __enter__(self):
         if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
             raise PermissionError("network namespaces need root, ip and tc")
+        self._delete()   # leftovers of a run that was killed before it cleaned up
+        # a SIGTERM (timeout, CI cancel) unwinds through __exit__ like an error
+        self._old_term = signal.signal(signal.SIGTERM, _raise_exit) \
+            if threading.current_thread() is threading.main_thread() else None
         try:
             _sh("ip", "netns", "add", self.bridge)
             _sh("ip", "netns", "exec", self.bridge, "ip", "link", "add", "br0", "type", "bridge")
@@ -237,9 +254,20 @@ class Namespaces:
         return self
 
     def __exit__(self, *exc):
+        self._delete()
+        if getattr(self, "_old_term", None) is not None:
+            signal.signal(signal.SIGTERM, self._old_term)
+            self._old_term = None
+        return False
+
+    def _delete(self) -> None:
+        """Remove the namespaces (their veth ends and qdiscs go with them)."""
         for ns in [*self.names, self.bridge]:
             _sh("ip", "netns", "del", ns, check=False)
-        return False
+
+
+def _raise_exit(signum, frame):
+    raise SystemExit(128 + signum)
 
 
 def _rate_bytes(rate: str) -> float:
@@ -250,58 +278,112 @@ def _rate_bytes(rate: str) -> float:
     return float(rate)
 
 
-def netns(plans: int = 2, nproc: int = 2, rate: str = "200mbit", model: str = MODEL,
-          batch: int = 8, seq: int = 32, steps: int = 3, microbatches: int = 2,
-          seed: int = 0, timeout: float = 300.0) -> dict:
-    """Ranks in namespaces behind ``tc tbf`` links; predicted vs measured."""
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
-    from runtime_helpers import random_plan
+def _launch_in(nets, plan, tmp: str, tag: str, *, model: str, batch: int, seq: int,
+               steps: int, timeout: float) -> dict:
+    """Run ``plan`` with one rank per namespace (rank i in namespace i) and
+    ``--calibrate``; returns rank 0's written report."""
+    from placer.runtime.dist import rank_devices
+    world = len(rank_devices(plan))
+    plan_path = os.path.join(tmp, f"{tag}.plan.json")
+    plan.save(plan_path)
+    out = os.path.join(tmp, f"{tag}.out.json")
+    port = str(29531 + sum(map(ord, tag)) % 400)
+    procs = []
+    try:
+        for i in range(world):
+            env = dict(os.environ, MASTER_ADDR=nets.address(0), MASTER_PORT=port,
+                       RANK=str(i), WORLD_SIZE=str(world), OMP_NUM_THREADS="1",
+                       GLOO_SOCKET_IFNAME=f"{nets.prefix}v{i}")
+            cmd = ["ip", "netns", "exec", nets.names[i], sys.executable, "-m",
+                   "placer.runtime.dist", plan_path, "--model", model, "--batch", str(batch),
+                   "--seq", str(seq), "--steps", str(steps), "--warmup", "2", "--calibrate",
+                   "--timeout", str(timeout), "--config", json.dumps(CONFIG)]
+            if i == 0:
+                cmd += ["-o", out]
+            log = open(os.path.join(tmp, f"{tag}.rank{i}.log"), "w")
+            procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                          text=True))
+            log.close()
+        for p in procs:
+            p.wait(timeout=timeout)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if procs[0].returncode != 0:
+        with open(os.path.join(tmp, f"{tag}.rank0.log")) as f:
+            err = f.read().strip().splitlines()
+        raise RuntimeError(f"rank 0 of the {tag} plan failed: {err[-1] if err else '?'}")
+    with open(out) as f:
+        return json.load(f)
+
+
+def _naive_plan(graph, names: list[str], microbatches: int):
+    """Consecutive ops cut into equal-FLOP stages, one per device (what one
+    would write by hand without a cost model)."""
+    order = graph.topological_order()
+    work = [graph.op(o).flops + graph.op(o).bwd_flops for o in order]
+    total = sum(work) or 1.0
+    placement, acc = {}, 0.0
+    for op_id, w in zip(order, work):
+        stage = min(int(acc / total * len(names)), len(names) - 1)
+        placement[op_id] = [names[stage]]
+        acc += w
+    for members in graph.colocation_groups().values():
+        for op_id in members[1:]:
+            placement[op_id] = list(placement[members[0]])
+    return placer.Plan(placement, microbatches=microbatches, schedule="1f1b")
+
+
+def netns(nproc: int = 2, rate: str = "100mbit", model: str = MODEL, batch: int = 8,
+          seq: int = 32, steps: int = 5, microbatches: int = 2, seed: int = 0,
+          search_seconds: float = 20.0, timeout: float = 300.0) -> dict:
+    """An emulated decentralized cluster: ranks in namespaces behind ``tc
+    tbf`` links at ``rate``. Runs a naive plan (equal-FLOP pipeline stages),
+    whose ranks calibrate first (op times, links); searches an optimized
+    plan on that calibrated graph and cluster; runs it (calibrating again).
+    Reports measured and predicted step times and the optimized plan's
+    measured vs predicted speedup over the naive one."""
+    from placer.cost import simulate
     module, inputs = _build(model, batch, seq)
+    graph = placer.trace(module, inputs)
     names = [f"r{i}" for i in range(nproc)]
-    bandwidth = _rate_bytes(rate)
-    build = functools.partial(_build, model, batch, seq)
-    graph, cg, cluster, ovh = _calibrate(build, names, bandwidth, 2e-4)
-    rows = []
+    naive = _naive_plan(graph, names, microbatches)
     with Namespaces(nproc, rate) as nets, tempfile.TemporaryDirectory() as tmp:
-        cluster_path = os.path.join(tmp, "cluster.yaml")
-        cluster.save(cluster_path)
-        for k in range(plans):
-            plan = random_plan(graph, names, seed=seed + k, microbatches=microbatches,
-                               segments=3, max_group=nproc)
-            plan_path = os.path.join(tmp, f"plan{k}.json")
-            plan.save(plan_path)
-            out = os.path.join(tmp, f"out{k}.json")
-            procs = []
-            for i, ns in enumerate(nets.names):
-                env = dict(os.environ, MASTER_ADDR=nets.address(0), MASTER_PORT="29531",
-                           RANK=str(i), WORLD_SIZE=str(nproc), OMP_NUM_THREADS="1",
-                           GLOO_SOCKET_IFNAME=f"{nets.prefix}v{i}")
-                cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "placer.runtime.dist",
-                       plan_path, "--model", model, "--batch", str(batch), "--seq", str(seq),
-                       "--cluster", cluster_path, "--steps", str(steps),
-                       "--timeout", str(timeout), "--config", json.dumps(CONFIG)]
-                if i == 0:
-                    cmd += ["-o", out]
-                procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
-                                              stderr=subprocess.PIPE, text=True))
-            try:
-                for p in procs:
-                    p.wait(timeout=timeout)
-            finally:
-                for p in procs:
-                    if p.poll() is None:
-                        p.kill()
-                        p.wait()
-            if procs[0].returncode != 0:
-                raise RuntimeError(procs[0].stderr.strip().splitlines()[-1])
-            with open(out) as f:
-                measured = json.load(f)["step_time"]
-            predicted = placer.simulate(cg, cluster, plan, op_overhead=ovh,
-                                        nic="none").step_time
-            rows.append({"plan": k, "predicted": predicted, "measured": measured,
-                         "error": (predicted - measured) / measured})
-    return {"rate": rate, "plans": rows,
+        load_naive = _load()
+        first = _launch_in(nets, naive, tmp, "naive", model=model, batch=batch, seq=seq,
+                           steps=steps, timeout=timeout)
+        cal = first["calibration"]
+        cg, cc = placer.Graph.from_dict(cal["graph"]), placer.Cluster.from_dict(cal["cluster"])
+        options = {"op_overhead": cal["op_overhead"]}
+        best = placer.optimize(cg, cc, "evolution", seed=seed, time_budget=search_seconds,
+                               problem_options=options,
+                               microbatches=[m for m in (1, 2, 4) if m <= batch])
+        load_opt = _load()
+        second = _launch_in(nets, best, tmp, "optimized", model=model, batch=batch, seq=seq,
+                            steps=steps, timeout=timeout)
+    # the optimized plan predicted on the naive run's calibration, too
+    best_on_first = simulate(cg, cc, best, **options).step_time
+    rows = [_netns_row("naive", naive, first, load_naive),
+            _netns_row("optimized", best, second, load_opt)]
+    measured = rows[0]["measured"] / rows[1]["measured"]
+    predicted = rows[0]["predicted"] / rows[1]["predicted"]
+    return {"rate": rate, "rate_bytes_per_s": _rate_bytes(rate), "plans": rows,
+            "speedup_measured": measured,
+            "speedup_predicted": predicted,
+            "speedup_predicted_one_calibration": rows[0]["predicted"] / best_on_first,
+            "speedup_error": (predicted - measured) / measured,
+            "link": {k: {"bandwidth": v["bandwidth"], "latency": v["latency"]}
+                     for k, v in cal["links"].items()},
             "median_abs_error": statistics.median(abs(r["error"]) for r in rows)}
+
+
+def _netns_row(name, plan, rep, load) -> dict:
+    measured, predicted = rep["step_time"], rep["predicted"]
+    return {"plan": name, "devices": sorted(plan.devices_used()),
+            "microbatches": plan.microbatches, "measured": measured, "predicted": predicted,
+            "error": (predicted - measured) / measured, "load": load}
 
 
 def main(argv=None) -> int:
@@ -309,14 +391,14 @@ def main(argv=None) -> int:
     ap.add_argument("what", choices=["overhead", "accuracy", "netns"])
     ap.add_argument("--plans", type=int, default=4)
     ap.add_argument("--nproc", type=int, default=2)
-    ap.add_argument("--rate", default="200mbit")
+    ap.add_argument("--rate", default="100mbit")
     ns = ap.parse_args(argv)
     if ns.what == "overhead":
         out = overhead()
     elif ns.what == "accuracy":
         out = accuracy(plans=ns.plans, nproc=ns.nproc)
     else:
-        out = netns(plans=ns.plans, nproc=ns.nproc, rate=ns.rate)
+        out = netns(nproc=ns.nproc, rate=ns.rate)
     print(json.dumps(out, indent=1))
     return 0
 

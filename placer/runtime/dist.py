@@ -231,12 +231,20 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
              optimizer=None, loss_fn: Callable | None = None, targets=None, graph=None,
              cluster=None, device: str | torch.device | None = None, training: bool = True,
              loss_reduction: str = "mean", problem_options: dict | None = None,
-             seed: int = 0) -> dict | None:
+             seed: int = 0, calibrate: bool = False) -> dict | None:
     """Run this rank's share of the plan; the process group must be up.
 
     Returns, on rank 0, a dict with ``loss``, ``losses``, ``outputs``,
     ``gradients``, ``parameters`` (merged over ranks) and ``report`` (a dict
-    of the :class:`MeasuredReport` figures); None on the other ranks."""
+    of the :class:`MeasuredReport` figures); None on the other ranks.
+
+    ``calibrate``: before the steps, the ranks measure what the prediction
+    needs, independently of the plan's steps: every op's time on each
+    rank's device (:func:`placer.runtime.profile.profile`, averaged over the
+    ranks) and the links between the ranks (ping-pong at several sizes,
+    :func:`placer.runtime.profile.measure_links`); the prediction is then
+    made on that calibrated graph and cluster (``calibration`` in the
+    result says what was measured)."""
     torch.manual_seed(seed)
     rank, world = dist.get_rank(), dist.get_world_size()
     graph, plan, sp, inputs, mb_rows = prepare(model, plan, example_inputs, graph=graph,
@@ -262,10 +270,22 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     transport.make_groups(engine.holders.values())
     opt = build_optimizer(optimizer, engine.parameters()) if training else None
     params = engine.parameters()
+    calibration = None
+    rounds = []
+    # calibration rounds interleaved with the measured steps, so both sample
+    # the same load of a shared machine
+    chunk = -(-steps // min(CALIBRATION_ROUNDS, steps))
+    cal_before = {warmup + k for k in range(0, steps, chunk)} if calibrate else set()
     times, losses, last, grads = [], [], None, {}
     compute = comm = 0.0
     peak_act = 0.0
     for step in range(steps + warmup):
+        if step in cal_before:
+            _STATUS.set("calibrating")
+            rng = torch.get_rng_state()   # the steps draw the same numbers as without it
+            with _STATUS.wait(None, "calibration"):
+                rounds.append(_calibration_round(model, example_inputs, graph, tdev))
+            torch.set_rng_state(rng)
         _STATUS.set(f"step {step}")
         _maybe_inject_fault(rank, step)
         for p in params:
@@ -307,6 +327,9 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
             "outputs": (join_outputs(sp, last["outputs"]) if last["outputs"] else None),
             "gradients": grads, "parameters": engine.state(), "compute": compute,
             "comm": comm, "peak": peak}
+    if calibrate:
+        with _STATUS.wait(None, "the calibration gather"):
+            calibration = _combine_calibration(rounds, graph, devs, tdev)
     gathered = [None] * world if rank == 0 else None
     _STATUS.set("gather results")
     with _STATUS.wait(None, "the results gather"):
@@ -324,7 +347,16 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
                 merged[key].setdefault(k, v)
     step_time = statistics.median(times)
     busy = {p["device"]: p["compute"] + p["comm"] for p in gathered}
-    prediction = predict(graph, cluster, plan, problem_options) if cluster is not None else None
+    if calibration is not None:
+        from ..cost import simulate
+        cg, cc = calibration["graph"], calibration["cluster"]
+        prediction = simulate(cg, cc, plan, **{"op_overhead": calibration["op_overhead"],
+                                                **(problem_options or {})})
+        merged["calibration"] = {**calibration, "graph": cg.to_dict(), "cluster": cc.to_dict()}
+    elif cluster is not None:
+        prediction = predict(graph, cluster, plan, problem_options)
+    else:
+        prediction = None
     report = MeasuredReport(step_time=step_time, peak_memory={p["device"]: p["peak"]
                                                               for p in gathered},
                             busy=busy, compute={p["device"]: p["compute"] for p in gathered},
@@ -338,6 +370,65 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     merged["schedule"] = used
     merged["notes"] = list(sp.notes)
     return merged
+
+
+#: calibration rounds a ``calibrate=True`` run interleaves with its steps
+CALIBRATION_ROUNDS = 3
+
+
+def _calibration_round(model, example_inputs, graph, tdev) -> dict:
+    """Collective: one round of microbenchmarks on every rank: the links
+    between ranks and every op's time on this rank's device."""
+    from ..cluster import Cluster, Device
+    from .profile import measure_links, profile
+    links = measure_links(dist.get_world_size(), dist.get_rank(), repeats=5)
+    name = str(tdev)
+    here = Cluster.from_rules("here", [Device(name, 1e11, 1e10)], default=(1e9, 1e-4))
+    timed, cal = profile(model, example_inputs, graph=graph, cluster=here, devices=[name],
+                         repeats=3, warmup=1)
+    dev = cal.device(name)
+    return {"ops": {op.id: op.extra["measured"][name] for op in timed
+                    if name in op.extra.get("measured", {})},
+            "op_overhead": dev.extra["op_overhead"], "efficiency": dev.efficiency,
+            "points": {pair: link["points"] for pair, link in links["pairs"].items()},
+            "allreduce": links["allreduce"]}
+
+
+def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev) -> dict | None:
+    """Collective: rank 0 gets the calibrated graph and cluster (medians over
+    every round of every rank: the ranks' devices are alike); None elsewhere."""
+    from ..cluster import Device
+    from .profile import calibrated_graph, fit_link, ranks_cluster
+    gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(rounds, gathered, dst=0)
+    if gathered is None:
+        return None
+    every = [r for part in gathered for r in part]
+    med = statistics.median
+    name = str(tdev)
+    timed = type(graph).from_dict(graph.to_dict())
+    for op in timed:
+        rows = [r["ops"][op.id] for r in every if op.id in r["ops"]]
+        if rows:
+            op.extra.setdefault("measured", {})[name] = {k: med(row[k] for row in rows)
+                                                         for k in rows[0]}
+    ovh = med(r["op_overhead"] for r in every)
+    dev = Device(name, 1e11, 1e10, efficiency=every[0]["efficiency"],
+                 extra={"op_overhead": ovh})
+    pairs = {}
+    for pair in every[0]["points"]:
+        sizes = set.intersection(*(set(r["points"][pair]) for r in rounds))
+        points = {n: med(r["points"][pair][n] for r in rounds) for n in sizes}
+        bw, lat = fit_link(points)
+        pairs[pair] = {"bandwidth": bw, "latency": lat, "points": points}
+    allreduce = {n: med(r["allreduce"][n] for r in rounds) for n in rounds[0]["allreduce"]}
+    from ..cluster import Cluster
+    one = Cluster("here", [dev], [[float("inf")]], [[0.0]])
+    return {"graph": calibrated_graph(timed, one, name, overhead=ovh),
+            "cluster": ranks_cluster(devs, dev, {"pairs": pairs}), "op_overhead": ovh,
+            "efficiency": dev.efficiency, "rounds": len(every),
+            "links": {f"{devs[i]}-{devs[j]}": v for (i, j), v in pairs.items()},
+            "allreduce": allreduce}
 
 
 # --------------------------------------------------------------------------
@@ -354,14 +445,15 @@ def _init(backend: str, timeout: float) -> None:
 
 
 def _child(index: int, world: int, port: int, backend: str, timeout: float, build,
-           plan_dict: dict, kwargs: dict, out_path: str, cluster_dict) -> None:
+           plan_dict: dict, kwargs: dict, out_path: str, cluster_dict,
+           threads: int | None = None) -> None:
     global _STATUS
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                        "RANK": str(index), "WORLD_SIZE": str(world),
                        "LOCAL_RANK": str(index)})
     _STATUS = _Status(_status_path(out_path, index), index)
     _STATUS.set("start-up")
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // world))
     from ..cluster import Cluster
     from ..plan import Plan
     _STATUS.set("joining the process group")
@@ -436,7 +528,7 @@ def _stop(processes) -> None:
 
 def launch(plan, build: Callable[[], tuple], *, nproc: int | None = None, backend: str = "gloo",
            timeout: float = 300.0, cluster=None, fault_timeout: float = 60.0,
-           **kwargs) -> dict:
+           threads: int | None = None, **kwargs) -> dict:
     """Start one local process per plan device (torch.multiprocessing, spawn),
     run :func:`run_rank` in each and return rank 0's result.
 
@@ -447,7 +539,8 @@ def launch(plan, build: Callable[[], tuple], *, nproc: int | None = None, backen
     seconds are killed and :class:`PlanError` is raised. A rank that dies or
     fails, or a run in which no rank progresses for ``fault_timeout``
     seconds, stops every process and raises :class:`RankError` naming the
-    rank, its device and its stage (see the module doc)."""
+    rank, its device and its stage (see the module doc). ``threads``: torch
+    threads per rank (default: this machine's cores shared out evenly)."""
     import torch.multiprocessing as mp
     devs = rank_devices(plan, cluster)
     nproc = nproc or len(devs)
@@ -458,7 +551,7 @@ def launch(plan, build: Callable[[], tuple], *, nproc: int | None = None, backen
         out = os.path.join(tmp, "result.pt")
         ctx = mp.start_processes(
             _child, args=(nproc, _free_port(), backend, timeout, build, plan.to_dict(), kwargs,
-                          out, cluster.to_dict() if cluster is not None else None),
+                          out, cluster.to_dict() if cluster is not None else None, threads),
             nprocs=nproc, join=False, start_method="spawn")
         try:
             _watch(ctx.processes, [_status_path(out, r) for r in range(nproc)], devs,
@@ -538,6 +631,10 @@ def _parser(prog: str, with_nproc: bool) -> argparse.ArgumentParser:
     ap.add_argument("--inference", action="store_true")
     ap.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--calibrate", action="store_true",
+                    help="measure op times (and, for ranks, the links between them) before "
+                         "the steps and predict from those measurements")
+    ap.set_defaults(_prog=prog)
     if with_nproc:
         ap.add_argument("--fault-timeout", type=float, default=60.0,
                         help="seconds without progress on any rank before the run is "
@@ -569,7 +666,29 @@ def _common(ns) -> tuple:
     kwargs = {"steps": ns.steps, "warmup": ns.warmup, "training": not ns.inference}
     if ns.lr is not None:
         kwargs["optimizer"] = functools.partial(torch.optim.SGD, lr=ns.lr)
-    return plan, build, kwargs, _cluster(ns.cluster)
+    cluster = _cluster(ns.cluster)
+    ns._calibrated = ns.calibrate or (cluster is not None and any(
+        "op_overhead" in d.extra for d in cluster.devices))
+    if ns.calibrate and ns._prog == "placer run":
+        kwargs, cluster = _calibrate_here(plan, build, kwargs, cluster)
+    elif ns.calibrate:
+        kwargs["calibrate"] = True
+    return plan, build, kwargs, cluster
+
+
+def _calibrate_here(plan, build, kwargs: dict, cluster):
+    """``placer run --calibrate``: profile the plan's graph on this machine's
+    devices; the run then predicts from the measured op times."""
+    from ..cluster import Cluster
+    from .profile import calibrated_graph, profile
+    from .run import resolve_graph
+    model, inputs = build()
+    graph, _ = resolve_graph(model, inputs, plan)
+    timed, cal = profile(model, inputs, graph=graph, cluster=cluster or Cluster.local())
+    name = next(d.name for d in cal.devices if "op_overhead" in d.extra)
+    ovh = cal.device(name).extra["op_overhead"]
+    return {**kwargs, "graph": calibrated_graph(timed, cal, name, overhead=ovh),
+            "problem_options": {"op_overhead": ovh}}, cal
 
 
 def _print(result: dict, ns) -> None:
@@ -580,7 +699,7 @@ def _print(result: dict, ns) -> None:
     if ns.json:
         print(dump_json({**rep, "loss": result.get("loss")}).rstrip())
         if path:
-            atomic_write_text(path, dump_json({k: v for k, v in rep.items()}))
+            atomic_write_text(path, dump_json({**rep, "calibration": result.get("calibration")}))
         return
     pred = rep.get("predicted")
     line = f"step {rep['step_time'] * 1e3:.2f} ms measured"
@@ -589,8 +708,12 @@ def _print(result: dict, ns) -> None:
     if result.get("loss") is not None:
         line += f", loss {result['loss']:.6g}"
     print(line)
+    if pred and not getattr(ns, "_calibrated", True):
+        print("note: the prediction is uncalibrated (nominal FLOP rates); add --calibrate, or "
+              "measure once with `placer profile --model ... -o g.json --cluster-out c.yaml` "
+              "and pass --cluster c.yaml")
     if path:
-        atomic_write_text(path, dump_json({k: v for k, v in rep.items()}))
+        atomic_write_text(path, dump_json({**rep, "calibration": result.get("calibration")}))
 
 
 def launch_main(argv: list[str] | None = None) -> int:

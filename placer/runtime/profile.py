@@ -48,21 +48,25 @@ class _Timer(torch.fx.Interpreter):
         self.device = device
         self.repeats = repeats
         self.training = training
-        self.times: dict[str, tuple[float, float]] = {}
+        self.samples: dict[str, tuple[list, list]] = {}
 
     def baseline(self) -> tuple[float, float]:
-        """What timing a trivial op costs (the timer's and autograd's own
-        overhead), subtracted from every op: inside a piece, autograd runs
-        the whole backward in one call."""
+        """What the timer itself costs, subtracted from every op: forward,
+        an empty timed region (an op's own launch cost stays in its time,
+        since a piece pays it too); backward, a call of autograd on a
+        one-node graph (inside a piece, autograd runs the whole backward in
+        one call)."""
         if not hasattr(self, "_base"):
             x = torch.ones(1, device=self.device)
             fwd, bwd = [], []
             for _ in range(max(self.repeats, 5)):
                 leaf = x.detach().requires_grad_(True)
+                with torch.set_grad_enabled(self.training):
+                    y = torch.neg(leaf.clone())
                 _sync(self.device)
                 start = time.perf_counter()
                 with torch.set_grad_enabled(self.training):
-                    y = torch.neg(leaf.clone())
+                    pass
                 _sync(self.device)
                 fwd.append(time.perf_counter() - start)
                 if self.training:
@@ -114,9 +118,16 @@ class _Timer(torch.fx.Interpreter):
                     _sync(self.device)
                     bwd.append(time.perf_counter() - start)
             base_f, base_b = self.baseline()
-            self.times[node.name] = (max(0.0, statistics.median(fwd) - base_f),
-                                     max(0.0, statistics.median(bwd) - base_b) if bwd else 0.0)
+            f_all, b_all = self.samples.setdefault(node.name, ([], []))
+            f_all.append(max(0.0, statistics.median(fwd) - base_f))
+            b_all.append(max(0.0, statistics.median(bwd) - base_b) if bwd else 0.0)
             return pytree.tree_map_only(torch.Tensor, lambda t: t.detach(), value)
+
+    @property
+    def times(self) -> dict[str, tuple[float, float]]:
+        """Node name -> (forward, backward) seconds, medians over the passes."""
+        return {k: (statistics.median(f), statistics.median(b))
+                for k, (f, b) in self.samples.items()}
 
 
 def _time_nodes(model, inputs, gm, device, repeats, training, rows=None):
@@ -126,6 +137,8 @@ def _time_nodes(model, inputs, gm, device, repeats, training, rows=None):
             if isinstance(t, torch.Tensor) else t for t, m in zip(inputs, mask)]
     work = copy.deepcopy(gm).to(device)
     timer = _Timer(work, device, repeats, training)
+    # each op repeated in a row (a whole pass per sample was tried: the
+    # timer's own backward calls between ops then evict more than a step does)
     timer.run(*args)
     return timer.times
 
@@ -135,6 +148,29 @@ def inputs_batch(inputs) -> int:
         if isinstance(t, torch.Tensor) and t.dim() > 0:
             return int(t.shape[0])
     return 1
+
+
+def _fit_launch(phases: list[dict], batch: int) -> float:
+    """The per-launch overhead ``o`` the cost model should use, given each
+    op phase's (forward or backward of an op) measured seconds at several
+    row counts (``{rows: seconds}``). The cost model charges a phase
+    ``o + max(0, t_batch - o) * rows / batch`` (see :func:`calibrated_graph`);
+    ``o`` is chosen on a grid to minimise the squared relative errors of the
+    summed time at every measured row count (microbatches and replicas run
+    ops at fewer rows)."""
+    import numpy as np
+    sizes = sorted(phases[0]) if phases else []
+    if len(sizes) < 2:
+        return 0.0
+    t = np.array([[ph[r] for r in sizes] for ph in phases])       # (phases, sizes)
+    full = t[:, sizes.index(batch)]
+    measured = t.sum(axis=0)
+    frac = np.array(sizes, dtype=float) / batch
+    grid = np.linspace(0.0, float(np.quantile(full, 0.9)) if len(full) else 0.0, 401)
+    scaled = np.maximum(0.0, full[None, :] - grid[:, None]).sum(axis=1)   # (grid,)
+    pred = grid[:, None] * len(phases) + scaled[:, None] * frac[None, :]
+    err = ((pred / np.maximum(measured, 1e-12) - 1.0) ** 2).sum(axis=1)
+    return float(grid[int(np.argmin(err))])
 
 
 def profile(model: torch.nn.Module, example_inputs: Any, graph: Graph | None = None,
@@ -161,6 +197,9 @@ def profile(model: torch.nn.Module, example_inputs: Any, graph: Graph | None = N
                          None, fx_names)
     batch = inputs_batch(inputs)
     half = max(1, batch // 2)
+    # rows the plans run at: the batch, a half (two microbatches or
+    # replicas), a quarter (both); the fit is over all of them
+    sizes = sorted({batch, half, max(1, batch // 4)}, reverse=True)
     out_graph = Graph.from_dict(graph.to_dict())
     devices_out = []
     for dev in cluster.devices:
@@ -169,33 +208,32 @@ def profile(model: torch.nn.Module, example_inputs: Any, graph: Graph | None = N
             tdev = _as_device(dev.name)
             for _ in range(warmup):
                 _time_nodes(model, inputs, gm, tdev, 1, graph.training)
-            full = _time_nodes(model, inputs, gm, tdev, repeats, graph.training)
-            part = _time_nodes(model, inputs, gm, tdev, repeats, graph.training, rows=half) \
-                if half < batch else full
-            total_full = total_half = 0.0
+            timed = {r: _time_nodes(model, inputs, gm, tdev, repeats, graph.training,
+                                    rows=None if r == batch else r) for r in sizes}
+            full, part = timed[batch], timed[half]
+            totals = {r: 0.0 for r in sizes}
+            phases = []
             flops = 0.0
-            n = 0
             for op in out_graph:
                 name = op.extra.get("fx")
                 if name not in full:
+                    # the cost model charges it a launch too
+                    phases += [{r: 0.0 for r in sizes}] * (2 if graph.training else 1)
                     continue
                 f, b = full[name]
                 fh, bh = part.get(name, (f, b))
                 op.extra.setdefault("measured", {})[dev.name] = {
                     "fwd": f, "bwd": b, "fwd_half": fh, "bwd_half": bh, "batch": batch}
-                total_full += f + b
-                total_half += fh + bh
+                for r in sizes:
+                    totals[r] += sum(timed[r].get(name, (f, b)))
+                for k in range(2 if graph.training else 1):
+                    phases.append({r: timed[r].get(name, (f, b))[k] for r in sizes})
                 flops += op.flops + (op.bwd_flops if graph.training else 0.0)
-                n += 1
-            # t(B) = n*o + W, t(B/2) = n*o + W*h/B  ->  solve for o and W
-            frac = half / batch
-            work = (total_full - total_half) / (1 - frac) if frac < 1 else total_full
-            work = min(max(work, 1e-12), total_full)
-            launches = max(n * (2 if graph.training else 1), 1)
-            overhead = max(0.0, (total_full - work) / launches)
+            overhead = _fit_launch(phases, batch)
+            work = max(sum(max(0.0, ph[batch] - overhead) for ph in phases), 1e-12)
             rate = flops / work if flops > 0 else dev.flops
             dev.efficiency = min(1.0, max(1e-6, rate / dev.flops))
-            dev.extra = dict(dev.extra, op_overhead=overhead, measured_step=total_full)
+            dev.extra = dict(dev.extra, op_overhead=overhead, measured_step=totals[batch])
         devices_out.append(dev)
     out_cluster = Cluster(cluster.name, devices_out, cluster.bandwidth, cluster.latency,
                           meta=getattr(cluster, "meta", None))
@@ -267,3 +305,105 @@ def profile_main(argv: list[str] | None = None) -> int:
               f"{r['op_overhead_s'] * 1e6:.1f} us, measured step "
               f"{r['measured_step_s'] * 1e3:.2f} ms")
     return 0
+
+
+# --------------------------------------------------------------------------
+# links between torch.distributed ranks
+# --------------------------------------------------------------------------
+#: message sizes (bytes) of the ping-pong; a slow link stops early (below)
+LINK_SIZES = (256, 16 << 10, 256 << 10, 1 << 20, 4 << 20)
+
+
+def _pingpong(peer: int, first: bool, nbytes: int, repeats: int) -> float:
+    """Median one-way time of ``nbytes`` between this rank and ``peer``
+    (half a round trip; the receiver is always waiting, as the runtime's
+    pre-posted receives are)."""
+    import torch.distributed as dist
+    buf = torch.zeros(max(1, nbytes // 4))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        if first:
+            dist.send(buf, peer)
+            dist.recv(buf, peer)
+        else:
+            dist.recv(buf, peer)
+            dist.send(buf, peer)
+        times.append((time.perf_counter() - start) / 2)
+    return statistics.median(times)
+
+
+def fit_link(points: dict) -> tuple[float, float]:
+    """``(bandwidth bytes/s, latency s)`` of ``t = latency + bytes /
+    bandwidth`` fitted to ``{bytes: seconds}``, minimising relative errors
+    (so the small messages' latency counts as much as the large ones')."""
+    import numpy as np
+    sizes = np.array(sorted(points), dtype=float)
+    times = np.array([points[s] for s in sorted(points)], dtype=float)
+    w = 1.0 / np.maximum(times, 1e-9)
+    A = np.stack([np.ones_like(sizes), sizes], axis=1) * w[:, None]
+    (lat, inv_bw), *_ = np.linalg.lstsq(A, times * w, rcond=None)
+    if inv_bw <= 0:   # flat within noise: the largest size bounds the speed
+        inv_bw = max(times[-1] - times[0], 1e-12) / max(sizes[-1] - sizes[0], 1.0)
+    return float(1.0 / inv_bw), max(0.0, float(lat))
+
+
+def measure_links(world: int, rank: int, *, sizes=LINK_SIZES, repeats: int = 9,
+                  budget: float = 1.0) -> dict:
+    """Collective over every rank of the default process group: a ping-pong
+    between each pair of ranks at several message sizes (a size is skipped
+    once one round at the previous size took over ``budget`` / ``repeats``
+    seconds, so a slow link is measured in about ``budget`` seconds) and an
+    all-reduce over all ranks. Returns, identically on every rank,
+    ``{"pairs": {(i, j): {"bandwidth", "latency", "points"}},
+    "allreduce": {bytes: seconds}}``."""
+    import torch.distributed as dist
+    pairs = {}
+    for i in range(world):
+        for j in range(i + 1, world):
+            points = {}
+            for nbytes in sizes:
+                dist.barrier()
+                if rank in (i, j):
+                    _pingpong(j if rank == i else i, rank == i, nbytes, 2)   # warm-up
+                    t = _pingpong(j if rank == i else i, rank == i, nbytes, repeats)
+                else:
+                    t = 0.0
+                # both ends agree on every figure (and on when to stop)
+                shared = torch.tensor([t], dtype=torch.float64)
+                dist.all_reduce(shared, op=dist.ReduceOp.MAX)
+                points[nbytes] = float(shared)
+                if points[nbytes] * 2 * repeats > budget:
+                    break
+            bw, lat = fit_link(points)
+            pairs[(i, j)] = {"bandwidth": bw, "latency": lat, "points": points}
+    allreduce = {}
+    for nbytes in sizes[:3]:
+        buf = torch.zeros(max(1, nbytes // 4))
+        times = []
+        for _ in range(repeats):
+            dist.barrier()
+            start = time.perf_counter()
+            dist.all_reduce(buf)
+            times.append(time.perf_counter() - start)
+        shared = torch.tensor([statistics.median(times)], dtype=torch.float64)
+        dist.all_reduce(shared, op=dist.ReduceOp.MAX)
+        allreduce[nbytes] = float(shared)
+    return {"pairs": pairs, "allreduce": allreduce}
+
+
+def ranks_cluster(names: list[str], device, links: dict, memory: float = 1e10) -> Cluster:
+    """A cluster of the ranks' devices ``names`` (in rank order), each a copy
+    of the calibrated ``device`` (its efficiency and ``op_overhead``), joined
+    by the measured ``links`` (:func:`measure_links`)."""
+    import numpy as np
+    from ..cluster import Device
+    n = len(names)
+    bw = np.full((n, n), np.inf)
+    lat = np.zeros((n, n))
+    for (i, j), link in links["pairs"].items():
+        bw[i, j] = bw[j, i] = link["bandwidth"]
+        lat[i, j] = lat[j, i] = link["latency"]
+    devices = [Device(name, device.flops, memory, efficiency=device.efficiency,
+                      kind=device.kind, extra=dict(device.extra)) for name in names]
+    return Cluster("ranks", devices, bw, lat)
