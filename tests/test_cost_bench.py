@@ -13,6 +13,7 @@ def test_quick_bench_writes_json(tmp_path, capsys):
     row = data["rows"][0]
     assert row["ops"] == 100 and row["devices"] == 4
     assert row["sim_per_s"] > 0 and row["analytical_per_s"] > 0
+    assert row["analytical_fresh_per_s"] > 0 and row["analytical_array_per_s"] > 0
     assert -1.0 <= row["kendall_tau"] <= 1.0
     assert data["memory"]["estimates"] > 0
     assert "sim/s" in capsys.readouterr().out
