@@ -540,14 +540,15 @@ class DTFM(Strategy):
 
 
 def partition_of(space: Space, plan: Plan) -> Partition | None:
-    """The partition of a heuristic's plan whose stages (runs along the
-    topological order) sit on disjoint device sets of one size, so the GA
-    can start from its grouping; None for any other plan."""
+    """The partition of a heuristic's plan whose device sets (in order of
+    first use along the topological order; a set may come back, as
+    colocation does to tied weights) are disjoint and of one size, so the
+    GA can start from its grouping; None for any other plan."""
     index = space.problem.device_index
     stages: list[tuple] = []
     for op_id in space.problem.ids:
         devs = tuple(sorted(index[d] for d in plan.placement[op_id]))
-        if not stages or stages[-1] != devs:
+        if devs not in stages:
             stages.append(devs)
     sizes = {len(g) for g in stages}
     flat = [d for g in stages for d in g]

@@ -7,7 +7,8 @@ import placer
 from placer.cost import Problem, get_cost_model
 from placer.search import Budget, get_strategy
 
-from evolution.dtfm import even_allocation, scale_batch, shapes_for, tsp_path
+from evolution.dtfm import even_allocation, partition_of, scale_batch, shapes_for, tsp_path
+from evolution.genome import Space
 
 
 def test_tsp_path_exact_and_heuristic():
@@ -61,3 +62,31 @@ def test_dtfm_deterministic_small():
         b = Budget(evaluations=150)
         plans.append(get_strategy("dtfm", seeds=()).search(p, b.meter(model), b, 7))
     assert plans[0].placement == plans[1].placement
+
+
+def test_dtfm_deterministic_with_heuristic_seeds_and_restarts():
+    g = placer.datasets.graph("gpt-125m.module")
+    p = Problem(g, placer.Cluster.preset("hetero-lab"))
+    model = get_cost_model("analytical")
+    plans = []
+    for _ in range(2):
+        b = Budget(evaluations=400)
+        plans.append(get_strategy("dtfm", patience=2, restarts=2).search(
+            p, b.meter(model), b, 3))
+        assert b.used <= 400
+    assert plans[0].placement == plans[1].placement
+    assert plans[0].microbatches == plans[1].microbatches
+
+
+def test_partition_of_reads_uniform_layouts_only():
+    g = placer.datasets.graph("gpt-125m.module")
+    p = Problem(g, placer.Cluster.preset("hetero-lab"))
+    space = Space(p, [4])
+    plan = even_allocation(p, 2, 3, 4)
+    x = partition_of(space, plan)
+    assert (x.pp, x.dp, x.microbatches) == (2, 3, 4)
+    assert x.groups() == [(0, 1, 2), (3, 4, 5)]
+    names = p.devices
+    uneven = dict(plan.placement)
+    uneven[p.ids[-1]] = [names[9]]
+    assert partition_of(space, type(plan)(uneven, 4)) is None

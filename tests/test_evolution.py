@@ -57,17 +57,27 @@ def test_colocation_repaired():
         genome.to_plan(space).validate(g, p.cluster, check_fingerprints=False)
 
 
-def test_evolution_valid_deterministic_and_no_worse_than_seeds(problem):
-    a, budget = _run("evolution", problem, seed=4)
-    b, _ = _run("evolution", problem, seed=4)
+@pytest.mark.parametrize("final", [None, "simulator"])
+def test_evolution_valid_deterministic_and_no_worse_than_seeds(problem, final):
+    """Never worse than the heuristics it starts from, by the model that
+    ranks its finalists (the given one, or the simulator)."""
+    a, budget = _run("evolution", problem, seed=4, final=final)
+    b, _ = _run("evolution", problem, seed=4, final=final)
     a.validate(problem.graph, problem.cluster, check_fingerprints=False)
     assert a.placement == b.placement and a.microbatches == b.microbatches
     assert budget.used <= 300
-    model = get_cost_model("analytical")
+    model = get_cost_model(final or "analytical")
     mine = model.estimate(problem, a).objective
     for name in ("heft", "m_sct", "even_pipeline", "pipeline_dp"):
         h, _ = _run(name, problem, evaluations=300)
         assert mine <= model.estimate(problem, h).objective * (1 + 1e-9), name
+
+
+def test_restarts_and_final_polish_are_deterministic(problem):
+    plans = [_run("evolution", problem, evaluations=900, seed=2, patience=2, restarts=3)[0]
+             for _ in range(2)]
+    assert plans[0].placement == plans[1].placement
+    assert plans[0].microbatches == plans[1].microbatches
 
 
 def test_parallel_evaluation_matches_serial(problem):
