@@ -328,11 +328,18 @@ def _links(p: Problem, B: int, speed: np.ndarray, per_mb: np.ndarray, k_single, 
     device's interface time out and in and bytes received (``recv``)."""
     D = p.n_devices
     DD = D * D
-    keys, inv = _unique(np.r_[k_single, k_dp], inverse=True)
-    U = len(keys)
-    load = np.bincount(inv[:len(k_single)], w_single, minlength=U)
-    if len(k_dp):
-        load = load + np.bincount(inv[len(k_single):], w_dp, minlength=U)
+    if B * DD <= 1 << 18:
+        # few cells: sum densely, keep the loaded ones (sorted by construction)
+        dense = np.bincount(k_single, w_single, minlength=B * DD)
+        if len(k_dp):
+            dense = dense + np.bincount(k_dp, w_dp, minlength=B * DD)
+        keys = np.flatnonzero(dense)
+        load = dense[keys]
+    else:
+        keys, inv = _unique(np.r_[k_single, k_dp], inverse=True)
+        load = np.bincount(inv[:len(k_single)], w_single, minlength=len(keys))
+        if len(k_dp):
+            load = load + np.bincount(inv[len(k_single):], w_dp, minlength=len(keys))
     row, link = np.divmod(keys, DD)
     a, z = np.divmod(link, D)
     lmb = load * per_mb[row]
@@ -502,7 +509,8 @@ def _cut_sets(src: np.ndarray, dst: np.ndarray, n: int):
 def _crossing_edges(p: Problem, pre: dict, A: np.ndarray, small: np.ndarray,
                     hr: np.ndarray, hc: np.ndarray):
     """(plan row, edge index by source) of every edge between different
-    groups, sorted by row then edge. Such an edge spans a group switch
+    groups, by row, then by the first switch it spans, then by edge (so
+    edges leaving one op sit together). Such an edge spans a group switch
     (``hr``, ``hc``: row and position before it), so only the edges
     spanning the switches are compared."""
     src, dst, _ = _edges_by_source(p)
@@ -520,9 +528,15 @@ def _crossing_edges(p: Problem, pre: dict, A: np.ndarray, small: np.ndarray,
     counts = ptr[hc + 1] - ptr[hc]
     total = int(counts.sum())
     at = np.repeat(ptr[hc] - (np.cumsum(counts) - counts), counts) + np.arange(total)
-    # an edge spanning several switches of a plan is a candidate once
-    key = _unique(np.repeat(hr, counts) * E + edge[at])
-    rows, cut = np.divmod(key, E)
+    # an edge spanning several switches of a plan is a candidate at the
+    # first of them only: where the plan's switch before is before its source
+    prev = np.full(len(hc), -1, dtype=np.int64)
+    same = hr[1:] == hr[:-1]
+    prev[1:][same] = hc[:-1][same]
+    cut = edge[at]
+    rows = np.repeat(hr, counts)
+    first = np.repeat(prev, counts) < src[cut]
+    rows, cut = rows[first], cut[first]
     differ = small[rows, src[cut]] != small[rows, dst[cut]]
     return rows[differ], cut[differ]
 
