@@ -104,3 +104,15 @@ def test_bad_pipeline_settings_are_plan_errors():
         setattr(bad, field, value)
         with pytest.raises(PlanError):
             Analytical().estimate_many(p, [plan, bad])
+
+
+def test_problem_still_pickles_and_copies_after_estimates():
+    import copy
+    import pickle
+    g, c, p = _problem(n=60, devices=4)
+    plans = random_plans(g, c, 3, seed=6)
+    ana = Analytical()
+    before = [r.step_time for r in ana.estimate_many(p, plans)]
+    for q in (pickle.loads(pickle.dumps(p)), copy.deepcopy(p)):
+        assert not q._plan_arrays.entries
+        assert [r.step_time for r in ana.estimate_many(q, plans)] == before

@@ -418,6 +418,16 @@ class _PlanArrays:
         self.ops += size
         return arrays
 
+    def __getstate__(self):
+        # a copy of the problem starts empty: entries hold weak references
+        return {"limit": self.limit}
+
+    def __setstate__(self, state):
+        self.__init__(state["limit"])
+
+    def __deepcopy__(self, memo):
+        return _PlanArrays(self.limit)
+
     def drop(self, key: int) -> None:
         """Forget the entry of ``id(plan)`` (its plan was garbage collected)."""
         entry = self.entries.pop(key, None)
