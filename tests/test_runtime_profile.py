@@ -31,3 +31,39 @@ def test_profile_writes_measurements_and_efficiency(tmp_path):
     assert report.step_time > 0
     assert cluster.device("cpu").efficiency is None  # input untouched
     assert torch.is_tensor(inputs[0])
+
+
+def test_fit_link_recovers_latency_and_bandwidth():
+    from placer.runtime.profile import fit_link
+    points = {n: 2e-4 + n / 1e9 for n in (256, 16 << 10, 1 << 20, 4 << 20)}
+    bw, lat = fit_link(points)
+    assert abs(bw / 1e9 - 1) < 1e-6 and abs(lat / 2e-4 - 1) < 1e-6
+
+
+def test_launch_overhead_fit_matches_the_cost_models_form():
+    from placer.runtime.profile import _fit_launch
+    # every phase: 30 us fixed + 100 us per full batch of 8 rows
+    phases = [{r: 30e-6 + 100e-6 * r / 8 for r in (2, 4, 8)} for _ in range(10)]
+    assert abs(_fit_launch(phases, 8) - 30e-6) < 1e-6
+
+
+def test_calibrated_launch_predicts_from_its_own_measurements():
+    import functools
+    from placer.runtime.dist import launch
+    build = functools.partial(zoo.build, "gpt-125m", tiny=True, batch=4)
+    model, inputs = build()
+    graph = placer.trace(model, inputs)
+    order = graph.topological_order()
+    half = len(order) // 2
+    plan = placer.Plan({op: ["a" if i < half else "b"] for i, op in enumerate(order)},
+                       microbatches=2)
+    for members in graph.colocation_groups().values():
+        for op in members[1:]:
+            plan.placement[op] = list(plan.placement[members[0]])
+    result = launch(plan, build, steps=1, warmup=0, timeout=120, calibrate=True, threads=1)
+    cal = result["calibration"]
+    assert result["report"]["predicted"] > 0
+    link = cal["links"]["a-b"]
+    assert link["bandwidth"] > 0 and link["latency"] >= 0 and len(link["points"]) >= 2
+    assert cal["op_overhead"] >= 0 and cal["allreduce"]
+    assert placer.Cluster.from_dict(cal["cluster"]).names == ["a", "b"]

@@ -43,7 +43,9 @@ import json
 import os
 import socket
 import statistics
+import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from typing import Any, Callable
@@ -92,9 +94,9 @@ class _Status:
 
     def set(self, stage: str, state: str = "running", error: str = "") -> None:
         self.stage = stage
+        self.count += 1
         if self.fd is None:
             return
-        self.count += 1
         record = json.dumps({"rank": self.rank, "stage": stage, "state": state,
                              "count": self.count, "time": time.time(),
                              "error": error[:200]})
@@ -112,8 +114,9 @@ class _Status:
                 status.set(f"{status.stage}: waiting for "
                            + (f"rank {peer}" if peer is not None else (what or "a collective")))
 
-            def __exit__(self_inner, *exc):
-                status.set(status._outer)
+            def __exit__(self_inner, exc_type, *exc):
+                if exc_type is None:      # a failed wait keeps its stage for the error
+                    status.set(status._outer)
         return _Waiting()
 
 
@@ -684,7 +687,8 @@ def _calibrate_here(plan, build, kwargs: dict, cluster):
     from .run import resolve_graph
     model, inputs = build()
     graph, _ = resolve_graph(model, inputs, plan)
-    timed, cal = profile(model, inputs, graph=graph, cluster=cluster or Cluster.local())
+    timed, cal = profile(model, inputs, graph=graph, cluster=cluster or Cluster.local(),
+                         repeats=7, warmup=3)
     name = next(d.name for d in cal.devices if "op_overhead" in d.extra)
     ovh = cal.device(name).extra["op_overhead"]
     return {**kwargs, "graph": calibrated_graph(timed, cal, name, overhead=ovh),
@@ -727,18 +731,63 @@ def launch_main(argv: list[str] | None = None) -> int:
 
 
 def rank_main(argv: list[str] | None = None) -> int:
-    """One rank under torchrun (reads RANK, WORLD_SIZE, MASTER_ADDR/PORT)."""
-    ns = _parser("python -m placer.runtime.dist", False).parse_args(argv)
+    """One rank under torchrun (reads RANK, WORLD_SIZE, MASTER_ADDR/PORT).
+
+    A rank that fails, or that makes no progress for ``--fault-timeout``
+    seconds once its steps have begun, exits with status 1 and one line
+    naming its rank, device and stage (a waiting rank: whom it waits for);
+    torchrun then stops the other ranks."""
+    global _STATUS
+    ap = _parser("python -m placer.runtime.dist", False)
+    ap.add_argument("--fault-timeout", type=float, default=60.0,
+                    help="seconds without progress, once the steps have begun, before this "
+                         "rank stops as hung (start-up is bounded by --timeout)")
+    ns = ap.parse_args(argv)
     plan, build, kwargs, cluster = _common(ns)
     _init(ns.backend, ns.timeout)
+    rank = dist.get_rank()
+    devs = rank_devices(plan, cluster)
+    where = f"rank {rank}" + (f" (device {devs[rank]})" if rank < len(devs) else "")
+    _STATUS = _Status(None, rank)
+    stop = _watch_self(where, ns.fault_timeout)
     try:
+        _STATUS.set("building the model")
         model, inputs = build()
         result = run_rank(model, plan, inputs, cluster=cluster, **kwargs)
         if result is not None:
             _print(result, ns)
+    except (PlacerError, RuntimeError) as exc:   # gloo reports lost peers as RuntimeError
+        text = str(exc).strip().splitlines()
+        print(f"placer.runtime.dist: error: {where} in stage {_STATUS.stage!r} failed: "
+              f"{type(exc).__name__}: {text[-1] if text else ''}", file=sys.stderr, flush=True)
+        return 1
     finally:
+        stop.set()
         dist.destroy_process_group()
     return 0
+
+
+def _watch_self(where: str, fault_timeout: float) -> threading.Event:
+    """Under torchrun, where no launcher watches the ranks: a thread that
+    ends this process with one line when its stage has not changed for
+    ``fault_timeout`` seconds since its first step (calibration excepted).
+    Set the returned event to stop it."""
+    stop = threading.Event()
+
+    def watch():
+        count, since, started = _STATUS.count, time.monotonic(), False
+        while not stop.wait(min(1.0, fault_timeout / 10)):
+            started = started or _STATUS.stage.startswith("step ")
+            if _STATUS.count != count or not started or "calibrat" in _STATUS.stage:
+                count, since = _STATUS.count, time.monotonic()
+            elif time.monotonic() - since > fault_timeout:
+                print(f"placer.runtime.dist: error: {where} in stage {_STATUS.stage!r} made no "
+                      f"progress for {fault_timeout:g} s (fix: check that device and its links; "
+                      f"raise --fault-timeout if one op takes longer)",
+                      file=sys.stderr, flush=True)
+                os._exit(1)
+    threading.Thread(target=watch, name="placer-fault-watch", daemon=True).start()
+    return stop
 
 
 if __name__ == "__main__":
