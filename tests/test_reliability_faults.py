@@ -82,3 +82,55 @@ def test_diagnose_prefers_the_rank_waited_for():
                 {"stage": "step 0", "state": "failed", "time": 3, "error": "ValueError: x"}]
     line = _diagnose(statuses, [1, 1], ["a", "b"], None)
     assert line == "rank 1 (device b) in stage 'step 0' failed: ValueError: x"
+
+
+# --- under torchrun (`python -m placer.runtime.dist` per rank) ---------------------------
+
+def _torchrun(tmp_path, plan, fault: str, fault_timeout: float = 3.0):
+    import shutil
+    import subprocess
+    import sys
+    plan.save(tmp_path / "plan.json")
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
+    env = {**os.environ, "PLACER_TEST_FAULT": fault, "OMP_NUM_THREADS": "1"}
+    start = time.monotonic()
+    proc = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2",
+                           "-m", "placer.runtime.dist", str(tmp_path / "plan.json"),
+                           "--model", "gpt-125m", "--tiny", "--batch", "2", "--steps", "4",
+                           "--warmup", "0", "--timeout", "120",
+                           "--fault-timeout", str(fault_timeout)],
+                          capture_output=True, text=True, env=env, timeout=240)
+    return proc, time.monotonic() - start
+
+
+def _placer_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("placer.runtime.dist: error:")]
+
+
+def test_hung_rank_under_torchrun_stops_with_its_stage(tmp_path, job):
+    plan, _ = job
+    a, b = placer.runtime.dist.rank_devices(plan)
+    proc, took = _torchrun(tmp_path, plan, "1:2:hang")
+    lines = _placer_lines(proc.stderr)
+    assert proc.returncode != 0 and lines, proc.stderr[-3000:]
+    expected = {f"rank 1 (device {b}) in stage 'step 2' made no progress for 3 s",
+                f"rank 0 (device {a}) in stage 'step 2: waiting for the step barrier' made no "
+                f"progress for 3 s"}
+    assert all(any(line.split("error: ", 1)[1].startswith(e) for e in expected)
+               for line in lines), lines
+    assert took < 90, took       # start-up plus 3 s, not the 120 s process-group timeout
+
+
+def test_dead_rank_under_torchrun_is_reported(tmp_path, job):
+    plan, _ = job
+    a, _ = placer.runtime.dist.rank_devices(plan)
+    proc, took = _torchrun(tmp_path, plan, "1:2:exit")
+    assert proc.returncode != 0
+    # torchrun names the dead rank; its peer, when it sees the loss before
+    # torchrun stops it, names its own stage
+    assert "rank      : 1 (local_rank: 1)" in proc.stderr and "exitcode  : 3" in proc.stderr
+    for line in _placer_lines(proc.stderr):
+        assert line.split("error: ", 1)[1].startswith(
+            f"rank 0 (device {a}) in stage 'step 2: waiting for the step barrier' failed: "
+            "RuntimeError:"), line
+    assert took < 90, took

@@ -770,14 +770,17 @@ def rank_main(argv: list[str] | None = None) -> int:
 def _watch_self(where: str, fault_timeout: float) -> threading.Event:
     """Under torchrun, where no launcher watches the ranks: a thread that
     ends this process with one line when its stage has not changed for
-    ``fault_timeout`` seconds since its first step (calibration excepted).
-    Set the returned event to stop it."""
+    ``fault_timeout`` seconds once start-up is over (calibration excepted).
+    Start-up ends after the first step barrier, where ranks that built the
+    model at different speeds meet. Set the returned event to stop it."""
     stop = threading.Event()
+    start_up = ("step 0", "step 0: waiting for the step barrier")
 
     def watch():
         count, since, started = _STATUS.count, time.monotonic(), False
         while not stop.wait(min(1.0, fault_timeout / 10)):
-            started = started or _STATUS.stage.startswith("step ")
+            started = started or (_STATUS.stage.startswith("step ")
+                                  and _STATUS.stage not in start_up)
             if _STATUS.count != count or not started or "calibrat" in _STATUS.stage:
                 count, since = _STATUS.count, time.monotonic()
             elif time.monotonic() - since > fault_timeout:
