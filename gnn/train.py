@@ -11,7 +11,9 @@ is refined (Placeto-style) and the refinements are trained the same way.
 
 A curriculum admits larger graphs stage by stage. Everything random is drawn
 from generators seeded by ``(seed, iteration)``, so a run resumed from a
-checkpoint continues exactly like an uninterrupted one.
+checkpoint continues exactly like an uninterrupted one. Ctrl-C and SIGTERM
+stop a run between updates, saving the last completed one (exit status 130
+and 143 on the command line); ``--resume`` continues it bit for bit.
 
 :func:`train` is the library entry; :func:`main` the command line
 (``train_policy.py`` and ``placer train``).
@@ -74,7 +76,7 @@ class TrainConfig:
     imitation: float = 0.15         # first share of the run also imitates the reference plan
     grad_clip: float = 1.0
     checkpoint_every: int = 100
-    val_every: int = 200
+    val_every: int = 200            # and at the end; 0: never
     graphs: list | None = None      # default: the training split
     clusters: list = field(default_factory=lambda: list(TRAIN_CLUSTERS))
     policy: dict = field(default_factory=dict)
@@ -407,7 +409,9 @@ def train(config: TrainConfig, out=None, *, resume: bool = False, progress: bool
     """Train (or resume) a policy; checkpoints, CSV log and learning curve go
     to ``out`` (a stem: ``out.pt``, ``out.json``, ``out.csv``, ``out.png``).
     With ``time_budget`` (seconds of this call) training stops after the
-    iteration that spends it and saves a checkpoint that ``resume`` continues."""
+    iteration that spends it and saves a checkpoint that ``resume`` continues.
+    Ctrl-C or SIGTERM (caught on the main thread) saves the last completed
+    iteration the same way and raises :class:`TrainingInterrupted`."""
     if resume:
         if out is None:
             raise StrategyError("resume needs the checkpoint to continue", field="out")
