@@ -59,6 +59,8 @@ def load_model(spec: str, input_shapes: list[str] | None = None, input_dtype: st
         if os.getcwd() not in sys.path:
             sys.path.insert(0, os.getcwd())
         try:
+            # the one import of user code: named on the command line by the user
+            # themselves, never read from a graph, cluster or plan file
             module = importlib.import_module(module_name)
         except Exception as exc:  # the user's module may raise anything on import
             raise TraceError(f"cannot import {module_name!r}: {exc}", field="MODEL",
