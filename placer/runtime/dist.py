@@ -387,12 +387,19 @@ def _calibration_round(model, example_inputs, graph, tdev) -> dict:
     links = measure_links(dist.get_world_size(), dist.get_rank(), repeats=5)
     name = str(tdev)
     here = Cluster.from_rules("here", [Device(name, 1e11, 1e10)], default=(1e9, 1e-4))
-    timed, cal = profile(model, example_inputs, graph=graph, cluster=here, devices=[name],
-                         repeats=3, warmup=1)
+    # one rank at a time: ranks sharing a host's cores would otherwise slow
+    # each other down more than in most steps, where ranks take turns
+    for turn in range(dist.get_world_size()):
+        dist.barrier()
+        if turn == dist.get_rank():
+            timed, cal = profile(model, example_inputs, graph=graph, cluster=here,
+                                 devices=[name], repeats=3, warmup=1)
+    dist.barrier()
     dev = cal.device(name)
     return {"ops": {op.id: op.extra["measured"][name] for op in timed
                     if name in op.extra.get("measured", {})},
             "op_overhead": dev.extra["op_overhead"], "efficiency": dev.efficiency,
+            "cpu_share": dev.extra.get("cpu_share", 1.0),
             "points": {pair: link["points"] for pair, link in links["pairs"].items()},
             "allreduce": links["allreduce"]}
 
@@ -416,8 +423,9 @@ def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev) -> di
             op.extra.setdefault("measured", {})[name] = {k: med(row[k] for row in rows)
                                                          for k in rows[0]}
     ovh = med(r["op_overhead"] for r in every)
+    share = med(r["cpu_share"] for r in every)
     dev = Device(name, 1e11, 1e10, efficiency=every[0]["efficiency"],
-                 extra={"op_overhead": ovh})
+                 extra={"op_overhead": ovh, "cpu_share": share})
     pairs = {}
     for pair in every[0]["points"]:
         sizes = set.intersection(*(set(r["points"][pair]) for r in rounds))
@@ -429,7 +437,7 @@ def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev) -> di
     one = Cluster("here", [dev], [[float("inf")]], [[0.0]])
     return {"graph": calibrated_graph(timed, one, name, overhead=ovh),
             "cluster": ranks_cluster(devs, dev, {"pairs": pairs}), "op_overhead": ovh,
-            "efficiency": dev.efficiency, "rounds": len(every),
+            "efficiency": dev.efficiency, "cpu_share": share, "rounds": len(every),
             "links": {f"{devs[i]}-{devs[j]}": v for (i, j), v in pairs.items()},
             "allreduce": allreduce}
 
