@@ -292,6 +292,10 @@ def plot(results: list[dict], path: str) -> None:
                         3.0) for r in results]
             ax.bar(x + k * width, vals, width, label=n, color=plt.cm.tab20(k % 20))
         ax.axhline(1.0, color="k", lw=0.8)
+        for i, r in enumerate(results):
+            if not r.get(f"{tag}best_heuristic"):
+                ax.text(i + 0.4 - width / 2, 0.5, "no heuristic\nplan fits", ha="center",
+                        fontsize=7, color="0.3")
         ax.set_ylabel("step / best heuristic (cap 3)")
         ax.set_title(title, fontsize=9)
     axes[1].set_xticks(x + 0.4 - width / 2, [r["case"].replace("@", "\n") for r in results],
