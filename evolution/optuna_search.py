@@ -99,7 +99,8 @@ class OptunaSearch(Strategy):
                 starts.append(Plan(dict(h.placement), m, schedule, h.method))
             ga = Evolution(seeds=(), layouts=False, initial=starts, population=16,
                            generations=self.generations, patience=4, memetic_every=4,
-                           screen=None, final_k=1, microbatches=m, schedule=schedule,
+                           screen=None, final_k=1, final=None, restarts=0,
+                           microbatches=m, schedule=schedule,
                            coarsen_above=10 ** 9)
             sub = _sub_budget(budget, self.trial_share)
             plan = ga.search(inner, screen, sub, seed=seed + trial.number)
