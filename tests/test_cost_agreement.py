@@ -55,3 +55,27 @@ def test_parallel_branches_pay_one_latency(schedule, tolerance):
                 4, schedule)
     sim, ana = _both(Graph("branches", ops, edges), c, plan)
     assert ana == pytest.approx(sim, rel=tolerance)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_interleaved_branches_overlap_their_latencies(schedule):
+    # branches a_i -> b_i side by side, their ops interleaved in topological
+    # order and cut in blocks of three over two far-apart devices (like
+    # DLRM's embedding tables): every other block boundary cuts a branch,
+    # but those cuts run at once, so the fill pays about one round trip
+    k = 8
+    ops = [Op("src", flops=1e9, output_bytes=1e5)]
+    edges = []
+    for i in range(k):
+        ops += [Op(f"a{i}", flops=1e9, output_bytes=1e5), Op(f"b{i}", flops=1e9,
+                                                             output_bytes=1e5)]
+        edges += [Edge("src", f"a{i}", 1e5), Edge(f"a{i}", f"b{i}", 1e5),
+                  Edge(f"b{i}", "join", 1e5)]
+    ops.append(Op("join", flops=1e9))
+    g = Graph("interleaved", ops, edges)
+    devices = [Device(f"d{i}", 1e14, 1e11, efficiency=1.0, site=f"s{i}") for i in range(2)]
+    c = Cluster.from_rules("far", devices, default=(1e9, 0.05))
+    order = g.topological_order()
+    plan = Plan({op: [f"d{(i // 3) % 2}"] for i, op in enumerate(order)}, 4, schedule)
+    sim, ana = _both(g, c, plan)
+    assert ana == pytest.approx(sim, rel=0.1)

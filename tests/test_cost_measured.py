@@ -11,8 +11,10 @@ from placer.cost.problem import measured_times
 OVH = 2e-5
 
 
-def _cluster(kinds=("cpu", "cpu", "cpu")):
-    devices = [Device(f"d{i}", 1e12, 1e10, efficiency=0.5, kind=k) for i, k in enumerate(kinds)]
+def _cluster(kinds=("cpu", "cpu", "cpu"), share=1.0):
+    devices = [Device(f"d{i}", 1e12, 1e10, efficiency=0.5, kind=k,
+                      extra={"cpu_share": share} if share != 1.0 else {})
+               for i, k in enumerate(kinds)]
     return Cluster.from_rules("c", devices, default=(1e9, 1e-5))
 
 
@@ -46,16 +48,17 @@ def _steps(graph, cluster, plans):
     return sim, ana
 
 
-@pytest.mark.parametrize("key", ["cpu", None])
-def test_measured_times_predict_like_the_calibrated_graph(key):
+@pytest.mark.parametrize("key,share", [("cpu", 1.0), (None, 1.0), ("cpu", 0.6)])
+def test_measured_times_predict_like_the_calibrated_graph(key, share):
     # by device kind, or one figure for every device: all three devices
-    # are alike, so the calibrated graph of d0 holds for all of them
+    # are alike, so the calibrated graph of d0 holds for all of them (a
+    # process's share of a core slows its measured times alike)
     from placer.runtime.profile import calibrated_graph
-    c = _cluster()
+    c = _cluster(share=share)
     g = _graph(key)
     calibrated = calibrated_graph(_graph("d0"), c, "d0", overhead=OVH)
     for op in calibrated:
-        op.extra.pop("measured")
+        op.extra.pop("measured", None)
     plans = _plans(c)
     sim, ana = _steps(g, c, plans)
     sim_c, ana_c = _steps(calibrated, c, plans)

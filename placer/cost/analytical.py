@@ -144,7 +144,7 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     # --- tensors crossing devices -----------------------------------------
     speed = pre["speed"]
     phases = 2.0 if training else 1.0
-    x_row = x_src = x_dst = np.zeros(0, dtype=np.int64)
+    x_row = x_src = x_dst = x_cu = x_cv = np.zeros(0, dtype=np.int64)
     x_w = np.zeros(0)
     k_single = k_dp = np.zeros(0, dtype=np.int64)
     w_single = w_dp = np.zeros(0)
@@ -168,6 +168,7 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
                 keep[_unique(key_e, index=True)[1]] = True
             rows, cu, cv, nb = rows[keep], cu[keep], cv[keep], eb[cut[keep]]
             x_row, x_src, x_dst = rows, src[cut[keep]], dst[cut[keep]]
+            x_cu, x_cv = cu, cv
             single = (cu < D) & (cv < D)
             if single.all():
                 cost = 1.0 / speed[cu, cv]
@@ -205,11 +206,12 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
         nic_out, nic_in = fwd_out, fwd_in
         beta = beta_f
     # --- fill: one microbatch through the pipeline (forward and backward) ----
-    # Each op carries its share of the graph's critical path (see
-    # _precomputed), weighted by its group's speed. Entering a run costs the
-    # transfer time of the tensors crossing into it and, when the run just
-    # before feeds it, the switch's latency (twice each when training); a
-    # run entered from a parallel branch waits for no latency.
+    # The longest path over the plan's runs (see _run_paths): each run takes
+    # its ops' share of the graph's critical path (see _precomputed) at its
+    # group's speed; a tensor crossing into a run adds its latency and the
+    # run's incoming transfers their times (twice each when training), so
+    # parallel branches on other devices overlap. Plans of very many runs
+    # chain their runs in topological order instead (_chained_entry).
     crit = pre["crit_work"]
     if times is None:
         run_w = (crit[run_end] - crit[run_start]) * (slow / size)[run_group] / m[run_row]
@@ -222,17 +224,22 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
         """Global run index of op ``pos`` of plan ``row``."""
         return np.searchsorted(skey, row * n + pos, side="right") + row
 
-    entry = np.zeros(R)
+    fill = np.bincount(run_row, run_w, minlength=B)
+    start = np.zeros(R)                     # when each run may start
+    entry = None
     if len(hr):
         r_src, r_dst = run_of(x_row, x_src), run_of(x_row, x_dst)
-        fed = np.zeros(R, dtype=bool)
-        fed[r_dst[r_dst == r_src + 1]] = True
-        after = np.arange(len(hr)) + hr + 1
-        lat = _pair_latency(p, groups, A[hr, hc], A[hr, hc + 1])
-        entry[after] = np.where(fed[after], lat, 0.0)
-        entry += np.bincount(r_dst, x_w, minlength=R) * per_mb[run_row, 0]
-        entry *= phases
-    fill = np.bincount(run_row, run_w + entry, minlength=B) + ovh * phases * pre["crit_ops"]
+        inflow = phases * np.bincount(r_dst, x_w, minlength=R) * per_mb[run_row, 0]
+        lat_e = phases * _pair_latency(p, groups, x_cu, x_cv)
+        end, start, by_paths = _run_paths(run_row, run_group, row_first, runs, run_w, r_src,
+                                          r_dst, lat_e, G, inflow)
+        longest = np.zeros(B)
+        np.maximum.at(longest, run_row, end)
+        fill = np.maximum(fill, longest)
+        if not by_paths.all():
+            entry = _chained_entry(p, groups, A, hr, hc, R, r_src, r_dst, inflow)
+            fill = np.where(by_paths, fill, np.bincount(run_row, run_w + entry, minlength=B))
+    fill = fill + ovh * phases * pre["crit_ops"]
     # every op of a microbatch runs, so it takes at least any device's share
     fill = np.maximum(fill, comp.max(axis=1))
     # --- first op of each device (ops are in topological order) --------------
@@ -246,14 +253,17 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
         # 1F1B: a device keeps at most cap microbatches between its forward and
         # backward, so when cap < m its round trip (the fill less the part
         # before its first run, both ways) is shared by at most cap of them
-        # prefix sums within each plan's own runs (not across plans, so a
-        # plan's figures do not depend on the batch it is in)
-        local = np.arange(R) - row_first[run_row]
-        C = np.zeros((B, int(runs.max()) + 1))
-        C[run_row, local + 1] = run_w + entry
-        np.cumsum(C, axis=1, out=C)
-        before = np.take_along_axis(C, run_first, axis=1) \
-            + entry[np.minimum(row_first[:, None] + run_first, R - 1)]
+        g_first = np.minimum(row_first[:, None] + run_first, R - 1)
+        before = start[g_first]
+        if entry is not None:
+            # chained plans: prefix sums within each plan's own runs (not
+            # across plans, so a plan's figures do not depend on its batch)
+            local = np.arange(R) - row_first[run_row]
+            C = np.zeros((B, int(runs.max()) + 1))
+            C[run_row, local + 1] = run_w + entry
+            np.cumsum(C, axis=1, out=C)
+            chained = np.take_along_axis(C, run_first, axis=1) + entry[g_first]
+            before = np.where(by_paths[:, None], before, chained)
         capped = used & (held_1f1b < m[:, None])
         trip = np.where(capped, (fill[:, None] - before) / np.maximum(held_1f1b, 1.0), 0.0)
         beta = np.where(gpipe, beta, np.maximum(beta, trip.max(axis=1)))
@@ -315,6 +325,68 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
         obj = (peak / p.memory[None, :]).max(axis=1)
     out.objective = np.where(out.feasible, obj, INFEASIBLE * (1.0 + np.maximum(ratio, 0)))
     return out
+
+
+def _chained_entry(p: Problem, groups, A, hr, hc, R: int, r_src, r_dst, inflow) -> np.ndarray:
+    """What entering each run costs when a plan's runs are chained in
+    topological order: its incoming transfers and, when the run just before
+    feeds it, the switch's latency (twice when training)."""
+    fed = np.zeros(R, dtype=bool)
+    fed[r_dst[r_dst == r_src + 1]] = True
+    after = np.arange(len(hr)) + hr + 1
+    lat = _pair_latency(p, groups, A[hr, hc], A[hr, hc + 1])
+    entry = inflow.copy()
+    entry[after] += np.where(fed[after], lat, 0.0) * (2.0 if p.training else 1.0)
+    return entry
+
+
+def _run_paths(run_row, run_group, row_first, runs, run_w, r_src, r_dst, cost_e, G: int,
+               inflow, limit: int = 256):
+    """Longest paths over each plan's runs: a run starts once the tensors
+    crossing into it arrived (their source run's end plus latency
+    ``cost_e``, then all their transfer times ``inflow``, which queue for its
+    devices' links) and the previous run of its group ended (its devices
+    are busy till then), and takes its share of the critical path. For
+    plans of at most ``limit`` runs, in one pass over run positions for all
+    of them. Returns each run's end and start and which plans were done."""
+    R = len(run_row)
+    rows_ok = runs <= limit
+    ok = rows_ok[run_row]
+    local = np.arange(R) - row_first[run_row]
+    # previous run of the same group in the same plan
+    key = run_row * G + run_group
+    order = np.argsort(key, kind="stable")
+    prev = np.full(R, -1, dtype=np.int64)
+    same = key[order][1:] == key[order][:-1]
+    prev[order[1:][same]] = order[:-1][same]
+    # tensors by the position of the run they enter, then by that run
+    e_ok = ok[r_dst]
+    e_src, e_dst, e_cost = r_src[e_ok], r_dst[e_ok], cost_e[e_ok]
+    e_order = np.lexsort((e_dst, local[e_dst]))
+    e_src, e_dst, e_cost = e_src[e_order], e_dst[e_order], e_cost[e_order]
+    heads = np.flatnonzero(np.r_[True, e_dst[1:] != e_dst[:-1]]) if len(e_dst) else \
+        np.zeros(0, dtype=np.int64)
+    targets = e_dst[heads]
+    n_pos = int(runs[rows_ok].max(initial=1))
+    e_bounds = np.searchsorted(local[e_dst], np.arange(n_pos + 1))
+    t_bounds = np.searchsorted(local[targets], np.arange(n_pos + 1))
+    r_order = np.flatnonzero(ok)[np.argsort(local[ok], kind="stable")]
+    r_bounds = np.searchsorted(local[r_order], np.arange(n_pos + 1))
+    has_prev = prev >= 0
+    prev0 = np.maximum(prev, 0)
+    h = np.zeros(R)
+    ready = inflow.copy()
+    for j in range(n_pos):
+        lo, hi = e_bounds[j], e_bounds[j + 1]
+        if hi > lo:
+            t_lo, t_hi = t_bounds[j], t_bounds[j + 1]
+            ready[targets[t_lo:t_hi]] += np.maximum.reduceat(
+                h[e_src[lo:hi]] + e_cost[lo:hi], heads[t_lo:t_hi] - lo)
+        at = r_order[r_bounds[j]:r_bounds[j + 1]]
+        begin = np.maximum(ready[at], np.where(has_prev[at], h[prev0[at]], 0.0))
+        ready[at] = begin
+        h[at] = begin + run_w[at]
+    return h, ready, rows_ok
 
 
 def _links(p: Problem, B: int, speed: np.ndarray, per_mb: np.ndarray, k_single, w_single,

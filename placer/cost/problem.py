@@ -464,9 +464,11 @@ def measured_times(problem: "Problem") -> Times | None:
     device kind (``"A100-80GB"``: every device of that kind), or one figure
     for every device: ``{"fwd": s, "bwd": s}`` or a number (forward seconds).
     A missing backward is the forward scaled like the FLOPs (``bwd_flops /
-    flops``, or 2x without FLOPs). The launch overhead ``op_overhead`` is
-    taken out of each figure (it is added per replica), so a measured graph
-    predicts like :func:`placer.runtime.profile.calibrated_graph` of it.
+    flops``, or 2x without FLOPs). A device's ``extra["cpu_share"]`` (the
+    share of a core its process gets, from ``placer profile``) divides its
+    figures, and the launch overhead ``op_overhead`` is taken out of each
+    (it is added per replica), so a measured graph predicts like
+    :func:`placer.runtime.profile.calibrated_graph` of it.
     Ops without a figure for a device keep ``flops / rate`` there."""
     g = problem.graph
     entries = [g.op(i).extra.get("measured") for i in problem.ids]
@@ -482,22 +484,23 @@ def measured_times(problem: "Problem") -> Times | None:
     cls = np.empty(problem.n_devices, dtype=np.int64)
     for d, dev in enumerate(devices):
         key = (dev.name if dev.name in keys else None,
-               dev.kind if dev.kind in keys else None, float(problem.rate[d]))
+               dev.kind if dev.kind in keys else None, float(problem.rate[d]),
+               float(dev.extra.get("cpu_share", 1.0)))
         cls[d] = classes.setdefault(key, len(classes))
     K = len(classes)
     fwd = np.empty((problem.n_ops, K))
     bwd = np.empty((problem.n_ops, K))
     ovh = problem.op_overhead
-    for (name, kind, rate), k in classes.items():
+    for (name, kind, rate, share), k in classes.items():
         fwd[:, k] = problem.flops / rate
         bwd[:, k] = problem.bwd_flops / rate
         for i, e in enumerate(entries):
             entry = _measured_entry(e, name, kind) if e is not None else None
             if entry is None:
                 continue
-            f = float(entry["fwd"])
+            f = float(entry["fwd"]) / share
             if entry.get("bwd") is not None:
-                b = float(entry["bwd"])
+                b = float(entry["bwd"]) / share
             else:
                 flops = problem.flops[i]
                 b = f * (problem.bwd_flops[i] / flops if flops > 0 else 2.0)
