@@ -14,12 +14,13 @@ For each plan, with m microbatches:
   keeps in flight (see :func:`placer.cost.memory.inflight`): where the cap
   is below m, beta is at least that device's round trip (the fill from its
   first run on, both ways) over its cap;
-- ``fill``: one microbatch through the pipeline: the heaviest path through
-  the graph, where ops weigh their compute time on their devices; entering a
-  run of ops costs the transfer time of the tensors crossing into it and,
-  when the run just before feeds it, the switch's latency (twice each when
-  training: gradients come back). It is at least any device's compute for
-  the microbatch (every op runs).
+- ``fill``: one microbatch through the pipeline: the longest path over the
+  plan's runs, a run starting once the tensors crossing into it arrived
+  (latency, then their transfer times, which queue) and its group's previous
+  run ended, and taking its ops' share of the graph's critical path on its
+  devices (twice the latency and transfers when training: gradients come
+  back). Parallel branches on different devices overlap. It is at least any
+  device's compute for the microbatch (every op runs).
 
 Step time ``T = (m - 1) * beta + fill``: for S equal stages of time t this
 is ``(m + S - 1) * t``, on one device ``m * t``. A data-parallel group's
