@@ -1,18 +1,28 @@
 """``placer profile``: measure per-op times here and calibrate the cost model.
 
 Every op of the graph is run alone on each local device (its inputs ready,
-like :func:`placer.trace` measures FLOPs), forward and backward, at the
-traced batch and at half of it. The times go into the graph as
+like :func:`placer.trace` measures FLOPs), forward and backward, repeated in
+a row (the fastest repeat: its time while it runs), at the traced batch, at
+half and at a quarter of it. The times go into the graph as
 ``op.extra["measured"][device] = {"fwd": s, "bwd": s, "fwd_half": s,
-"bwd_half": s}``. Per device, a fixed cost per op launch and a sustained
-FLOP rate are fitted (``t = overhead + flops / rate``, the form the cost
-model uses): the rate goes into the cluster as the device's ``efficiency``
-(rate / peak) and the overhead into ``device.extra["op_overhead"]``.
+"bwd_half": s}``. Per device, a fixed cost per op launch is fitted over
+those row counts in the form the cost model uses (``t = overhead + flops /
+rate``) and the share of a core this process gets is measured
+(:func:`cpu_share`: on a shared host a step runs for many time slices, an
+op for less than one); the rate goes into the cluster as the device's
+``efficiency`` (rate / peak), the overhead into
+``device.extra["op_overhead"]`` and the share into
+``device.extra["cpu_share"]``.
 
-Until the cost model reads ``measured`` itself, :func:`calibrated_graph`
-turns the measurements into a graph whose FLOPs, at the calibrated rate,
-take exactly the measured time, so the existing simulator predicts from
-measurements rather than from peak FLOPs.
+:func:`calibrated_graph` turns the measurements into a graph whose FLOPs,
+at the calibrated rate, take the measured time (divided by the share), so
+the simulator predicts from measurements rather than from peak FLOPs.
+
+Between ``torch.distributed`` ranks, :func:`measure_links` times a
+ping-pong at several sizes and an all-reduce, :func:`fit_link` fits
+``latency + bytes / bandwidth`` and :func:`ranks_cluster` builds the
+ranks' cluster (``placer launch --calibrate`` does all of it in the ranks,
+see :func:`placer.runtime.dist.run_rank`).
 """
 
 from __future__ import annotations
