@@ -280,7 +280,7 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     chunk = -(-steps // min(CALIBRATION_ROUNDS, steps))
     cal_before = {warmup + k for k in range(0, steps, chunk)} if calibrate else set()
     times, losses, last, grads = [], [], None, {}
-    compute = comm = 0.0
+    compute = comm = cpu_time = 0.0
     peak_act = 0.0
     for step in range(steps + warmup):
         if step in cal_before:
@@ -299,7 +299,7 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
             torch.cuda.reset_peak_memory_stats(tdev)
         with _STATUS.wait(None, "the step barrier"):
             dist.barrier()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         last, kept = engine.train_step(inputs, targets, offsets, training=training,
                                        optimizer=opt,
                                        keep_gradients=step == steps + warmup - 1)
@@ -307,12 +307,14 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
         if tdev.type == "cuda":
             torch.cuda.synchronize(tdev)
         elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        cpu_used = time.process_time() - cpu_start
         with _STATUS.wait(None, "the step's end"):
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         if step >= warmup:
             times.append(float(elapsed))
             losses.append(last["loss"])
             compute += last["stats"].compute.get(me, 0.0) / steps
+            cpu_time += cpu_used / steps
             comm += transport.comm_time.get(me, 0.0) / steps
             peak_act = max(peak_act, last["stats"].peak_act.get(me, 0.0))
     if tdev.type == "cuda":
@@ -329,7 +331,7 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     mine = {"device": me, "loss": last["loss"], "losses": losses,
             "outputs": (join_outputs(sp, last["outputs"]) if last["outputs"] else None),
             "gradients": grads, "parameters": engine.state(), "compute": compute,
-            "comm": comm, "peak": peak}
+            "comm": comm, "peak": peak, "cpu_time": cpu_time}
     if calibrate:
         with _STATUS.wait(None, "the calibration gather"):
             calibration = _combine_calibration(rounds, graph, devs, tdev)
@@ -370,6 +372,9 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
                             step_times=times)
     merged["report"] = report.to_dict() | {"predicted": report.predicted,
                                            "step_times": times}
+    # CPU time of each rank's process per step (all its threads): against
+    # ``busy``, how much of a step a rank spent preempted on a shared host
+    merged["cpu_time"] = {p["device"]: p["cpu_time"] for p in gathered}
     merged["schedule"] = used
     merged["notes"] = list(sp.notes)
     return merged

@@ -458,3 +458,4 @@ def ranks_cluster(names: list[str], device, links: dict, memory: float = 1e10) -
     devices = [Device(name, device.flops, memory, efficiency=device.efficiency,
                       kind=device.kind, extra=dict(device.extra)) for name in names]
     return Cluster("ranks", devices, bw, lat)
+
