@@ -88,8 +88,9 @@ def test_cached_plan_sees_replaced_lists_and_keys():
 def test_cache_entries_go_with_their_plans():
     g, c, p = _problem()
     plans = random_plans(g, c, 20, seed=5)
+    Simulator().estimate(p, random_plans(g, c, 1, seed=9)[0])
+    assert not p._plan_arrays.entries           # compile() keeps nothing
     Analytical().estimate_many(p, plans)
-    Simulator().estimate(p, plans[0])
     assert len(p._plan_arrays.entries) == 20
     del plans
     gc.collect()

@@ -765,6 +765,10 @@ def _coefficients(p: Problem, devices: tuple) -> tuple:
 class Analytical(CostModel):
     """Closed-form estimate (see the module doc), batched over plans.
 
+    ``estimate_many`` keeps each plan's compiled device indices while the
+    plan lives (see :meth:`Problem.compile_many`): to change a plan after
+    estimating it, replace an op's device list rather than edit it in place.
+
     >>> from placer import Graph, Op, Edge, Cluster, Device, Plan
     >>> g = Graph("t", [Op("a", flops=1e9), Op("b", flops=1e9)], [Edge("a", "b", 1e6)],
     ...           training=False)

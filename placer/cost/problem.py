@@ -216,7 +216,7 @@ class Problem:
         _check_pipeline(plan)
         if groups is None:
             groups = {}
-        base, multi, keys, inverse = self._devices_of(plan)
+        base, multi, keys, inverse = self._devices_of(plan, cache=False)
         op_group = base.astype(np.int64)
         if len(multi):
             op_group[multi] = np.array([self._group_id(k, groups) for k in keys])[inverse]
@@ -261,13 +261,14 @@ class Problem:
             gid = groups[key] = self.n_devices + len(groups)
         return gid
 
-    def _devices_of(self, plan: "Plan"):
+    def _devices_of(self, plan: "Plan", cache: bool = True):
         """``(base, multi, keys, inverse)`` of a plan: each op's first device
         index; the positions of ops on several devices, their distinct sorted
-        device-index tuples and which tuple each one has. Cached per plan."""
+        device-index tuples and which tuple each one has. Cached per plan
+        (see :meth:`compile_many`) unless ``cache`` is false."""
         placement = plan.placement
         keys, values = list(placement), list(placement.values())
-        hit = self._plan_arrays.get(plan, keys, values)
+        hit = self._plan_arrays.get(plan, keys, values) if cache else None
         if hit is not None:
             return hit
         if keys != self.ids:        # not already in topological order
@@ -281,7 +282,7 @@ class Problem:
             values = list(placement.values())
         else:
             arrays = self._device_arrays(values)
-        return self._plan_arrays.put(plan, keys, values, arrays)
+        return self._plan_arrays.put(plan, keys, values, arrays) if cache else arrays
 
     def _device_arrays(self, values):
         n = self.n_ops
