@@ -650,6 +650,9 @@ def _parser(prog: str, with_nproc: bool) -> argparse.ArgumentParser:
     ap.add_argument("--calibrate", action="store_true",
                     help="measure op times (and, for ranks, the links between them) before "
                          "the steps and predict from those measurements")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch CPU threads (per rank; default: torch's, or the cores shared "
+                         "out over the ranks); 1 is steadiest on a busy host")
     ap.set_defaults(_prog=prog)
     if with_nproc:
         ap.add_argument("--fault-timeout", type=float, default=60.0,
@@ -682,6 +685,10 @@ def _common(ns) -> tuple:
     kwargs = {"steps": ns.steps, "warmup": ns.warmup, "training": not ns.inference}
     if ns.lr is not None:
         kwargs["optimizer"] = functools.partial(torch.optim.SGD, lr=ns.lr)
+    if ns.threads and ns._prog == "placer launch":
+        kwargs["threads"] = ns.threads
+    elif ns.threads:
+        torch.set_num_threads(ns.threads)
     cluster = _cluster(ns.cluster)
     ns._calibrated = ns.calibrate or (cluster is not None and any(
         "op_overhead" in d.extra for d in cluster.devices))

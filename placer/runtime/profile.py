@@ -208,7 +208,10 @@ def _fit_launch(phases: list[dict], batch: int) -> float:
     full = t[:, sizes.index(batch)]
     measured = t.sum(axis=0)
     frac = np.array(sizes, dtype=float) / batch
-    grid = np.linspace(0.0, float(np.quantile(full, 0.9)) if len(full) else 0.0, 401)
+    # a launch costs at most what a typical op takes (a graph of a few big
+    # modules must not read their time as launch overhead)
+    busy = full[full > 0]
+    grid = np.linspace(0.0, float(np.median(busy)) if len(busy) else 0.0, 401)
     scaled = np.maximum(0.0, full[None, :] - grid[:, None]).sum(axis=1)   # (grid,)
     pred = grid[:, None] * len(phases) + scaled[:, None] * frac[None, :]
     err = ((pred / np.maximum(measured, 1e-12) - 1.0) ** 2).sum(axis=1)
@@ -458,4 +461,3 @@ def ranks_cluster(names: list[str], device, links: dict, memory: float = 1e10) -
     devices = [Device(name, device.flops, memory, efficiency=device.efficiency,
                       kind=device.kind, extra=dict(device.extra)) for name in names]
     return Cluster("ranks", devices, bw, lat)
-
