@@ -145,7 +145,8 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     # --- tensors crossing devices -----------------------------------------
     speed = pre["speed"]
     phases = 2.0 if training else 1.0
-    x_row = x_src = x_dst = x_cu = x_cv = np.zeros(0, dtype=np.int64)
+    x_row = x_src = x_dst = np.zeros(0, dtype=np.int64)
+    x_lat = np.zeros(0)
     x_w = np.zeros(0)
     k_single = k_dp = np.zeros(0, dtype=np.int64)
     w_single = w_dp = np.zeros(0)
@@ -169,16 +170,19 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
                 keep[_unique(key_e, index=True)[1]] = True
             rows, cu, cv, nb = rows[keep], cu[keep], cv[keep], eb[cut[keep]]
             x_row, x_src, x_dst = rows, src[cut[keep]], dst[cut[keep]]
-            x_cu, x_cv = cu, cv
             single = (cu < D) & (cv < D)
             if single.all():
                 cost = 1.0 / speed[cu, cv]
+                x_lat = p.latency[cu, cv]
             else:
                 dm = ~single
                 cost = np.empty(len(cu))
                 cost[single] = 1.0 / speed[cu[single], cv[single]]
+                x_lat = np.empty(len(cu))
+                x_lat[single] = p.latency[cu[single], cv[single]]
                 pairs = _pair_lookup(p, groups, gt, cu[dm] * G + cv[dm])
                 cost[dm] = pairs["worst"]
+                x_lat[dm] = pairs["lat"]
                 # spread each (plan, group pair) total over that pair's links
                 reps = pairs["nnz"]
                 pos = np.repeat(pairs["start"] - np.r_[0, np.cumsum(reps)[:-1]], reps) \
@@ -231,7 +235,7 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     if len(hr):
         r_src, r_dst = run_of(x_row, x_src), run_of(x_row, x_dst)
         inflow = phases * np.bincount(r_dst, x_w, minlength=R) * per_mb[run_row, 0]
-        lat_e = phases * _pair_latency(p, groups, x_cu, x_cv)
+        lat_e = phases * x_lat
         end, start, by_paths = _run_paths(run_row, run_group, row_first, runs, run_w, r_src,
                                           r_dst, lat_e, G, inflow)
         longest = np.zeros(B)
@@ -484,7 +488,7 @@ def _pair_lookup(p: Problem, groups, gt: dict, codes: np.ndarray) -> dict:
     if reg is None:
         reg = gt["reg_codes"] = np.zeros(0, dtype=np.int64)
         gt["reg_start"] = gt["reg_nnz"] = np.zeros(0, dtype=np.int64)
-        gt["reg_worst"] = gt["reg_fracs"] = np.zeros(0)
+        gt["reg_worst"] = gt["reg_fracs"] = gt["reg_lat"] = np.zeros(0)
         gt["reg_links"] = np.zeros(0, dtype=np.int64)
     pos = np.minimum(np.searchsorted(reg, uniq), max(len(reg) - 1, 0))
     missing = uniq[reg[pos] != uniq] if len(reg) else uniq
@@ -501,9 +505,11 @@ def _pair_lookup(p: Problem, groups, gt: dict, codes: np.ndarray) -> dict:
         gt["reg_start"] = np.r_[gt["reg_start"], start][order]
         gt["reg_nnz"] = np.r_[gt["reg_nnz"], nnz][order]
         gt["reg_worst"] = np.r_[gt["reg_worst"], [x[2] for x in sparse]][order]
+        gt["reg_lat"] = np.r_[gt["reg_lat"], [x[3] for x in sparse]][order]
         pos = np.searchsorted(reg, uniq)
     pos = pos[inv]
-    return {"worst": gt["reg_worst"][pos], "start": gt["reg_start"][pos],
+    return {"worst": gt["reg_worst"][pos], "lat": gt["reg_lat"][pos],
+            "start": gt["reg_start"][pos],
             "nnz": gt["reg_nnz"][pos]}
 
 
@@ -727,7 +733,8 @@ def _edges_by_source(p: Problem):
 
 def _pair_sparse(p: Problem, src, dst):
     """Non-zero (link index a*D+b, fraction) of :meth:`Problem.pair_traffic`,
-    and the slowest of those links' seconds per byte sent between the groups."""
+    the slowest of those links' seconds per byte sent between the groups and
+    the groups' largest latency (as :func:`_pair_latency`)."""
     cache = p.__dict__.setdefault("_pair_sparse", {})
     key = (tuple(src), tuple(dst))
     hit = cache.get(key)
@@ -746,7 +753,8 @@ def _pair_sparse(p: Problem, src, dst):
             worst = max(float((w[idx] / speed[idx]).max()),
                         float((w2.sum(axis=1) / p.nic_bandwidth).max()),
                         float((w2.sum(axis=0) / p.nic_bandwidth).max()))
-        hit = cache[key] = (idx, w[idx], worst)
+        lat = float(p.latency[np.ix_(key[0], key[1])].max())
+        hit = cache[key] = (idx, w[idx], worst, lat)
     return hit
 
 
