@@ -580,6 +580,16 @@ def launch(plan, build: Callable[[], tuple], *, nproc: int | None = None, backen
         return torch.load(out, weights_only=True)
 
 
+_START_UP = ("step 0", "step 0: waiting for the step barrier")
+
+
+def _past_start_up(status: dict | None) -> bool:
+    """Whether a rank's status shows it stepping (not building, calibrating
+    or meeting the others at the first step barrier)."""
+    stage = (status or {}).get("stage", "")
+    return stage.startswith("step ") and stage not in _START_UP and "calibrat" not in stage
+
+
 def _watch(processes, status_paths: list[str], devs: list[str], timeout: float,
            fault_timeout: float) -> None:
     """Poll the children until all exit 0; raise on a death, failure or hang."""
@@ -600,7 +610,9 @@ def _watch(processes, status_paths: list[str], devs: list[str], timeout: float,
         statuses = [_read_status(p) for p in status_paths]
         now = time.monotonic()
         marks = [(s or {}).get("count") for s in statuses]
-        if marks != seen or None in marks:   # the clock starts once every rank is up
+        # the clock starts once every rank is past start-up (building the model
+        # takes as long as it takes on a busy host; --timeout bounds it)
+        if marks != seen or None in marks or not all(_past_start_up(s) for s in statuses):
             seen, last_change = marks, now
         elif now - last_change > fault_timeout:
             _stop(processes)
@@ -794,7 +806,7 @@ def _watch_self(where: str, fault_timeout: float) -> threading.Event:
     Start-up ends after the first step barrier, where ranks that built the
     model at different speeds meet. Set the returned event to stop it."""
     stop = threading.Event()
-    start_up = ("step 0", "step 0: waiting for the step barrier")
+    start_up = _START_UP
 
     def watch():
         count, since, started = _STATUS.count, time.monotonic(), False
