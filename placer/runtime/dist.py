@@ -406,6 +406,7 @@ def _calibration_round(model, example_inputs, graph, tdev) -> dict:
             "op_overhead": dev.extra["op_overhead"], "efficiency": dev.efficiency,
             "cpu_share": dev.extra.get("cpu_share", 1.0),
             "points": {pair: link["points"] for pair, link in links["pairs"].items()},
+            "message_cpu": {pair: link["message_cpu"] for pair, link in links["pairs"].items()},
             "allreduce": links["allreduce"]}
 
 
@@ -436,7 +437,8 @@ def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev) -> di
         sizes = set.intersection(*(set(r["points"][pair]) for r in rounds))
         points = {n: med(r["points"][pair][n] for r in rounds) for n in sizes}
         bw, lat = fit_link(points)
-        pairs[pair] = {"bandwidth": bw, "latency": lat, "points": points}
+        pairs[pair] = {"bandwidth": bw, "latency": lat, "points": points,
+                       "message_cpu": med(r["message_cpu"][pair] for r in rounds)}
     allreduce = {n: med(r["allreduce"][n] for r in rounds) for n in rounds[0]["allreduce"]}
     from ..cluster import Cluster
     one = Cluster("here", [dev], [[float("inf")]], [[0.0]])

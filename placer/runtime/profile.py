@@ -409,8 +409,10 @@ def measure_links(world: int, rank: int, *, sizes=LINK_SIZES, repeats: int = 9,
     once one round at the previous size took over ``budget`` / ``repeats``
     seconds, so a slow link is measured in about ``budget`` seconds) and an
     all-reduce over all ranks. Returns, identically on every rank,
-    ``{"pairs": {(i, j): {"bandwidth", "latency", "points"}},
-    "allreduce": {bytes: seconds}}``."""
+    ``{"pairs": {(i, j): {"bandwidth", "latency", "points", "message_cpu"}},
+    "allreduce": {bytes: seconds}}``; ``message_cpu`` is the CPU time (all
+    of a rank's threads) one small message costs a rank, sending or
+    receiving: on cores shared by ranks it is taken from their compute."""
     import torch.distributed as dist
     pairs = {}
     for i in range(world):
@@ -418,19 +420,25 @@ def measure_links(world: int, rank: int, *, sizes=LINK_SIZES, repeats: int = 9,
             points = {}
             for nbytes in sizes:
                 dist.barrier()
+                cpu = 0.0
                 if rank in (i, j):
                     _pingpong(j if rank == i else i, rank == i, nbytes, 2)   # warm-up
+                    used = time.process_time()
                     t = _pingpong(j if rank == i else i, rank == i, nbytes, repeats)
+                    cpu = (time.process_time() - used) / (2 * repeats)
                 else:
                     t = 0.0
                 # both ends agree on every figure (and on when to stop)
-                shared = torch.tensor([t], dtype=torch.float64)
+                shared = torch.tensor([t, cpu], dtype=torch.float64)
                 dist.all_reduce(shared, op=dist.ReduceOp.MAX)
-                points[nbytes] = float(shared)
+                points[nbytes] = float(shared[0])
+                if nbytes == sizes[0]:
+                    message_cpu = float(shared[1])
                 if points[nbytes] * 2 * repeats > budget:
                     break
             bw, lat = fit_link(points)
-            pairs[(i, j)] = {"bandwidth": bw, "latency": lat, "points": points}
+            pairs[(i, j)] = {"bandwidth": bw, "latency": lat, "points": points,
+                             "message_cpu": message_cpu}
     allreduce = {}
     for nbytes in sizes[:3]:
         buf = torch.zeros(max(1, nbytes // 4))
