@@ -333,7 +333,7 @@ class DTFM(Strategy):
             candidates = candidates[:max(1, int(room))]
         if coarse.members is not None:
             candidates = [c.expand(coarse.graph) for c in candidates]
-        k = rank(ranker, problem, candidates)
+        k = rank(ranker, problem, candidates, budget)
         plan = candidates[k]
         report = cost_model.estimate(problem, plan)
         plan.method = self.name

@@ -187,7 +187,8 @@ class Evolution(Strategy):
         # finalize's scoring of the initial plans
         try:
             with reserve(budget, len(self.initial) + 2), \
-                    hold_back(budget, self._final_share(cost_model, coarse)), \
+                    hold_back(budget, self._final_share(cost_model, coarse)
+                              or self._rank_share(cost_model)), \
                     Evaluator(space, metered, budget, workers=self.workers) as evaluate:
                 self._run = {"identity": identity, "space": space, "coarse": coarse,
                              "evaluate": evaluate, "rng": rng, "budget": budget,
@@ -205,8 +206,10 @@ class Evolution(Strategy):
             raise self._interrupted() from None
         finally:
             bar.close()
-        # final ranking of the best distinct plans and each origin's best seed
-        finalists: list[OpGenome] = [g for g in hof]
+        # final ranking of the best distinct plans and each origin's best seed,
+        # in the order the ranking scores them while time lasts: the search's
+        # best, the seeds' bests, then the other finalists
+        finalists: list[OpGenome] = [g for g in hof][:1]
         by_origin: dict[str, OpGenome] = {}
         for g in seeds:
             if not np.isfinite(g.fitness.values[0]):
@@ -215,7 +218,7 @@ class Evolution(Strategy):
             if cur is None or g.fitness.values[0] < cur.fitness.values[0]:
                 by_origin[g.origin] = g
         seen = {g.key() for g in finalists}
-        for g in by_origin.values():
+        for g in [*by_origin.values(), *list(hof)[1:]]:
             if g.key() not in seen:
                 seen.add(g.key())
                 finalists.append(g)
@@ -230,15 +233,16 @@ class Evolution(Strategy):
             # The seeds ran on the coarse graph; their full-graph plans can be
             # better than any expanded genome, so they compete too: the search
             # is then never worse than the heuristics it started from.
-            for name, plan in self._fine_seeds(problem, screen, budget, seed):
-                plans.append(plan)
-                origins.append(name)
+            fine = list(self._fine_seeds(problem, screen, budget, seed))
+            plans[1:1] = [plan for _, plan in fine]
+            origins[1:1] = [name for name, _ in fine]
+            finalists[1:1] = [None] * len(fine)
         if screen is ranker and coarse.members is None:
             i = int(np.argmin([g.fitness.values[0] for g in finalists]))
         else:
-            i = rank(ranker, problem, plans)
+            i = rank(ranker, problem, plans, budget)
         plan = plans[i]
-        if self._final_share(cost_model, coarse) and i < len(finalists):
+        if self._final_share(cost_model, coarse) and finalists[i] is not None:
             polished = self._final_polish(space, ranker, budget, finalists[i], rng)
             if polished is not None:
                 plan = polished
@@ -255,6 +259,13 @@ class Evolution(Strategy):
                 self.final == getattr(cost_model, "name", None) or self.final == self.screen:
             return 0.0
         return self.final_share
+
+    def _rank_share(self, cost_model) -> float:
+        """Share of the time kept for ranking the finalists by a final model
+        other than the search's (when there is no polishing to keep it for)."""
+        if self.final is None or self.final == getattr(cost_model, "name", None):
+            return 0.0
+        return RANK_SHARE
 
     def _final_polish(self, space: Space, ranker, budget: Budget, g: OpGenome,
                       rng: np.random.Generator) -> Plan | None:
@@ -580,6 +591,10 @@ def _genome_in(d: dict) -> OpGenome:
     return g
 
 
+#: share of a time budget kept for the final ranking when nothing else keeps one
+RANK_SHARE = 0.1
+
+
 class hold_back:
     """Context manager: hide ``share`` of ``budget``'s time and evaluations
     (those it has) from the search inside, for a final phase after it."""
@@ -646,12 +661,25 @@ def final_ranker(name: str | None, cost_model, budget: Budget):
     return budget.meter(get_cost_model(name))
 
 
-def rank(model, problem: "Problem", plans: list[Plan]) -> int:
-    """Index of the best of ``plans`` by ``model`` (the first on ties)."""
+def rank(model, problem: "Problem", plans: list[Plan], budget: Budget | None = None) -> int:
+    """Index of the best of ``plans`` by ``model`` (the first on ties).
+
+    With a ``budget`` that has a time limit the plans are scored one by one
+    in the order given (put the likeliest first) until its time is spent,
+    at least the first: a final ranking by a slow model (the simulator on a
+    big graph and cluster can take seconds per plan) must not overrun the
+    search's time budget. Without one, all are scored."""
     if len(plans) == 1:
         return 0
-    reports = model.estimate_many(problem, plans)
-    return int(np.argmin([r.objective for r in reports]))
+    if budget is None or budget.time is None:
+        reports = model.estimate_many(problem, plans)
+        return int(np.argmin([r.objective for r in reports]))
+    values: list[float] = []
+    for plan in plans:
+        if values and budget.remaining_time <= 0:
+            break
+        values.append(model.estimate(problem, plan).objective)
+    return int(np.argmin(values))
 
 
 def _tournament(fits: np.ndarray, rng: np.random.Generator, k: int) -> int:

@@ -265,8 +265,8 @@ def _rank(final: str | None, cost_model, budget: Budget, problem, plans) -> int:
     plans = plans[:int(min(len(plans), room))] if math.isfinite(room) else plans
     if len(plans) < 2:
         return 0
-    reports = budget.meter(get_cost_model(final)).estimate_many(problem, plans)
-    return int(np.argmin([r.objective for r in reports]))
+    from evolution.search import rank
+    return rank(budget.meter(get_cost_model(final)), problem, plans, budget)
 
 
 @register_strategy
