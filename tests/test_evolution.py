@@ -115,3 +115,29 @@ def test_optuna_strategy_returns_a_valid_plan(problem):
     plan.validate(problem.graph, problem.cluster, check_fingerprints=False)
     assert plan.method == "optuna" and plan.predicted["step_time"] > 0
     assert budget.used <= 200
+
+
+def test_final_ranking_stops_when_the_time_is_spent():
+    from evolution.search import rank
+    from placer.search.base import Budget
+
+    class Counting:
+        name = "counting"
+
+        def __init__(self):
+            self.calls = 0
+
+        def estimate(self, problem, plan):
+            self.calls += 1
+            return type("R", (), {"objective": float(plan)})()
+
+        def estimate_many(self, problem, plans):
+            return [self.estimate(problem, p) for p in plans]
+
+    spent = Budget(time=1e-9)
+    model = Counting()
+    assert rank(model, None, [3, 1, 2], spent) == 0 and model.calls == 1
+    model = Counting()
+    assert rank(model, None, [3, 1, 2], Budget(time=60.0)) == 1 and model.calls == 3
+    model = Counting()
+    assert rank(model, None, [3, 1, 2]) == 1 and model.calls == 3
