@@ -87,8 +87,11 @@ class Evolution(Strategy):
       generations, while budget is left, polish the best by local search to
       convergence, keep the best quarter and refill the population with
       heavy mutants of it (3x ``mutation_rate``), this many times;
-    - ``screen``: cost model name for the inner loop (``"analytical"``; None
-      uses the given cost model); ``final_k`` (4) best distinct plans
+    - ``screen``: cost model name for the inner loop (``"auto"``: the
+      analytical model, or the simulator itself when a time budget (and no
+      evaluation budget) leaves room for :data:`EXACT_SCREEN_EVALS` of its
+      estimates; None uses the
+      given cost model); ``final_k`` (4) best distinct plans
       re-ranked, with each seed heuristic's best plan, by ``final`` (cost
       model name, ``"simulator"``; None: the given cost model), whose
       choice the given cost model then reports; ``final_share`` (0.15) of
@@ -110,7 +113,7 @@ class Evolution(Strategy):
                  seeds: Sequence[str] | None = DEFAULT_SEEDS, seed_share: float = 0.3,
                  memetic_every: int = 5, memetic_rounds: int = 3, patience: int = 25,
                  restarts: int = 4,
-                 generations: int | None = None, screen: str | None = "analytical",
+                 generations: int | None = None, screen: str | None = "auto",
                  final_k: int = 12, final: str | None = "simulator",
                  final_share: float = 0.15, workers: int = 0,
                  coarsen_above: int = 1500,
@@ -175,7 +178,7 @@ class Evolution(Strategy):
                         else None)
         inner = coarse.problem
         space = Space(inner, self.microbatch_choices(inner), self.schedule_choices())
-        screen = cost_model if self.screen is None else get_cost_model(self.screen)
+        screen = cost_model if self.screen is None else get_cost_model(self._screen_name)
         if getattr(screen, "name", None) == getattr(cost_model, "name", None) \
                 and self.screen is not None:
             screen = cost_model
@@ -195,6 +198,7 @@ class Evolution(Strategy):
                              "snap": None, "written": _time.perf_counter()}
                 if state is None:
                     seeds = self._seed_genomes(space, screen, budget, seed, coarse)
+                    screen = self._screen_exactly(space, evaluate, screen, seeds, budget)
                 else:
                     seeds = self._restore(state, space, evaluate, rng, budget)
                 self._run["seeds"] = seeds
@@ -237,7 +241,8 @@ class Evolution(Strategy):
             plans[1:1] = [plan for _, plan in fine]
             origins[1:1] = [name for name, _ in fine]
             finalists[1:1] = [None] * len(fine)
-        if screen is ranker and coarse.members is None:
+        if getattr(screen, "name", None) == getattr(ranker, "name", None) \
+                and coarse.members is None:
             i = int(np.argmin([g.fitness.values[0] for g in finalists]))
         else:
             i = rank(ranker, problem, plans, budget)
@@ -248,6 +253,7 @@ class Evolution(Strategy):
                 plan = polished
         report = cost_model.estimate(problem, plan)
         plan.extra["search"] = {"generations": len(logbook), "origin": origins[i],
+                                "screen": getattr(screen, "name", None),
                                 "coarsened": coarse.members is not None}
         return self.finalize(problem, cost_model, budget, plan, report, progress=progress)
 
@@ -256,9 +262,40 @@ class Evolution(Strategy):
         ranking model (0 when that is the screening model or the graph was
         coarsened)."""
         if coarse.members is not None or self.final is None or \
-                self.final == getattr(cost_model, "name", None) or self.final == self.screen:
+                self.final == getattr(cost_model, "name", None) or self.final == self._screen_name:
             return 0.0
         return self.final_share
+
+    @property
+    def _screen_name(self) -> str | None:
+        return "analytical" if self.screen == "auto" else self.screen
+
+    def _screen_exactly(self, space: Space, evaluate: Evaluator, screen, seeds: list,
+                        budget: Budget):
+        """With a time budget only (an evaluation budget asks for a result that
+        does not depend on the machine's speed) and the simulator as the final
+        model, screen with the simulator itself when it is cheap enough here:
+        it is timed on the first seeds and taken when
+        :data:`EXACT_SCREEN_EVALS` of its estimates fit in the time left.
+        Small graphs (module level) then search on the figures they are
+        ranked by, and the analytical model's disagreements stop steering
+        them. Returns the screening model."""
+        if (self.screen != "auto" or budget.time is None or budget.evaluations is not None
+                or self.final != "simulator"
+                or getattr(screen, "name", None) == "simulator" or not seeds):
+            return screen
+        exact = get_cost_model("simulator")
+        slowest = 0.0
+        for g in seeds[:3]:
+            start = _time.perf_counter()
+            exact.estimate(space.problem, g.to_plan(space, self.name))
+            slowest = max(slowest, _time.perf_counter() - start)
+        if slowest * EXACT_SCREEN_EVALS > budget.remaining_time:
+            return screen
+        evaluate.model = budget.meter(exact)
+        evaluate.cache.clear()
+        self._run["exact_screen"] = True
+        return exact
 
     def _rank_share(self, cost_model) -> float:
         """Share of the time kept for ranking the finalists by a final model
@@ -590,6 +627,9 @@ def _genome_in(d: dict) -> OpGenome:
     g.fitness = _Fitness((_num_in(d["f"]),))
     return g
 
+
+#: screen with the simulator when this many of its estimates fit in the time left
+EXACT_SCREEN_EVALS = 1500
 
 #: share of a time budget kept for the final ranking when nothing else keeps one
 RANK_SHARE = 0.1

@@ -141,3 +141,18 @@ def test_final_ranking_stops_when_the_time_is_spent():
     assert rank(model, None, [3, 1, 2], Budget(time=60.0)) == 1 and model.calls == 3
     model = Counting()
     assert rank(model, None, [3, 1, 2]) == 1 and model.calls == 3
+
+
+def test_screens_with_the_simulator_when_it_fits_the_time(monkeypatch):
+    import placer
+    import evolution.search as es
+    g = placer.datasets.graph("gpt-125m.module")
+    c = placer.Cluster.preset("two-sites")
+    monkeypatch.setattr(es, "EXACT_SCREEN_EVALS", 1)        # any simulator fits
+    timed = placer.optimize(g, c, "evolution", seed=0, time_budget=2)
+    assert timed.extra["search"]["screen"] == "simulator"
+    monkeypatch.setattr(es, "EXACT_SCREEN_EVALS", 10 ** 9)  # none does
+    assert placer.optimize(g, c, "evolution", seed=0,
+                           time_budget=2).extra["search"]["screen"] == "analytical"
+    counted = placer.optimize(g, c, "evolution", seed=0, time_budget=None, evaluations=300)
+    assert counted.extra["search"]["screen"] == "analytical"   # deterministic budgets keep it
