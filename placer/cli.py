@@ -552,11 +552,19 @@ def cmd_run(argv: list[str]) -> int:
     """``placer run PLAN --model NAME``: the plan in this process, measured."""
     from .runtime.dist import _common, _parser, _print
     from .runtime.run import run
-    ns = _parser("placer run", False).parse_args(argv)
+    ns = _parser("placer run", False, pictures=True).parse_args(argv)
     plan, build, kwargs, cluster = _common(ns)
     model, inputs = build()
     result = run(model, plan, inputs, cluster=cluster, **kwargs)
     report = result.report
+    if ns.trace:
+        report.to_chrome_trace(ns.trace)
+        if report.prediction is not None:
+            report.prediction.to_chrome_trace(_outputs_next_to(ns.trace) + ".predicted.json")
+    if ns.gantt:
+        report.plot_gantt(ns.gantt, title=f"measured step: {report.step_time * 1e3:.3g} ms"
+                          + (f" (predicted {report.predicted * 1e3:.3g} ms)"
+                             if report.predicted else ""))
     _print({"report": {**report.to_dict(), "predicted": report.predicted},
             "loss": None if result.loss is None else float(result.loss)}, ns)
     return 0

@@ -106,8 +106,14 @@ def test_plan_run_and_simulate_end_to_end(tmp_path, capsys):
     assert simulated["step_time"] == pytest.approx(data["report"]["step_time"])
     trace = json.loads((tmp_path / "t.json").read_text())
     assert trace["traceEvents"]
-    assert main(["run", str(ppath), "--model", "gpt-125m", "--tiny", "--steps", "2"]) == 0
+    assert main(["run", str(ppath), "--model", "gpt-125m", "--tiny", "--steps", "2",
+                 "--cluster", "two-sites", "--trace", str(tmp_path / "m.json"),
+                 "--gantt", str(tmp_path / "m.png")]) == 0
     assert "measured" in capsys.readouterr().out
+    measured = json.loads((tmp_path / "m.json").read_text())
+    assert measured["otherData"]["model"] == "measured" and measured["traceEvents"]
+    assert json.loads((tmp_path / "m.predicted.json").read_text())["traceEvents"]
+    assert (tmp_path / "m.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_delegated_commands_have_help():

@@ -122,6 +122,28 @@ def test_report_has_measured_and_predicted():
     assert report.error() is not None
 
 
+def test_measured_step_has_a_timeline_and_trace(tmp_path):
+    import json
+    model, inputs, graph = _model("gpt-125m")
+    plan = random_plan(graph, DEVICES, seed=2, microbatches=2, dp=0.3)
+    report = run(model, plan, inputs, steps=2, warmup=1, graph=graph).report
+    events = report.events()
+    pairs = {(e.category, e.args["microbatch"], e.name.split(" ", 1)[1], e.lane)
+             for e in events if e.category in ("forward", "backward")}
+    fwd = {(m, what, lane) for cat, m, what, lane in pairs if cat == "forward"}
+    bwd = {(m, what, lane) for cat, m, what, lane in pairs if cat == "backward"}
+    assert fwd and bwd <= fwd and {m for m, _, _ in fwd} == {0, 1}
+    assert {e.lane for e in events} <= set(DEVICES)
+    assert all(e.start >= 0 and e.duration >= 0 for e in events)
+    assert max(e.start + e.duration for e in events) <= max(report.step_times) * 1.5
+    if any(len(devs) > 1 for devs in plan.placement.values()):
+        assert any(e.category == "allreduce" for e in events)
+    report.to_chrome_trace(tmp_path / "t.json")
+    lanes = {ev["args"]["name"] for ev in json.loads((tmp_path / "t.json").read_text())
+             ["traceEvents"] if ev.get("name") == "process_name"}
+    assert {f"device {e.lane}" for e in events} <= lanes
+
+
 def test_plan_for_other_model_is_rejected():
     model, inputs, graph = _model("gpt-125m")
     with pytest.raises(PlanError):

@@ -640,7 +640,7 @@ _EXAMPLES = {
 }
 
 
-def _parser(prog: str, with_nproc: bool) -> argparse.ArgumentParser:
+def _parser(prog: str, with_nproc: bool, pictures: bool = False) -> argparse.ArgumentParser:
     from .._cli import add_json, add_seed, command_parser
     description = ("Run a plan on torch.distributed ranks, one per device, and measure it."
                    if with_nproc else "Run a plan on this machine's devices and measure it.")
@@ -674,6 +674,11 @@ def _parser(prog: str, with_nproc: bool) -> argparse.ArgumentParser:
                              "stopped as hung")
     add_seed(ap, "model's weights and example inputs")
     ap.add_argument("-o", "--output", default=None, help="write the measured report (JSON) here")
+    if pictures:
+        ap.add_argument("--trace", metavar="JSON",
+                        help="write a Chrome/Perfetto trace of a measured step (a row per "
+                             "device; the prediction's, when there is one, as PATH.predicted.json)")
+        ap.add_argument("--gantt", metavar="PNG", help="write a Gantt chart of a measured step")
     add_json(ap)
     if with_nproc:
         ap.add_argument("--nproc", type=int, default=None,

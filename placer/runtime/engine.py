@@ -386,6 +386,9 @@ class Engine:
         #: done in the first step only (every step saves the same tensors)
         self.count_saved = any(torch_devices[d].type != "cuda" for d in local)
         self._peak_act: dict | None = None
+        #: the last step's timeline (placer.cost.Event, seconds from its start):
+        #: one bar per task on its device, and the all-reduce
+        self.events: list = []
         self.modules: dict[Inst, torch.nn.Module] = {}
         self.copies: dict[str, dict[str, torch.Tensor]] = {}   # device -> name -> tensor
         self._build()
@@ -475,6 +478,8 @@ class Engine:
         self._targets = targets
         self._offsets = batch_offsets
         count = self.count_saved and self._peak_act is None
+        self._t0 = t0 = time.perf_counter()
+        events = self.events = []
         for dev, task in self.order:
             kind, m, inst = task
             start = time.perf_counter()
@@ -495,7 +500,10 @@ class Engine:
                 stats.act_bytes[dev] = before - st.saved.pop((m, inst), 0.0)
             # time spent sending or waiting for messages is not compute
             waited = sum(self.transport.comm_time.values()) - comm_before
-            stats.compute[dev] += time.perf_counter() - start - waited
+            end = time.perf_counter()
+            stats.compute[dev] += end - start - waited
+            events.append(_task_event(dev, kind, m, inst, self.routes.sink, start - t0,
+                                      end - start, waited))
         self.transport.finish()
         if count:
             self._peak_act = dict(stats.peak_act)
@@ -718,7 +726,13 @@ class Engine:
         last = self.step(inputs, targets, batch_offsets)
         grads = None
         if training:
+            start = time.perf_counter()
             self.allreduce()
+            if any(len(d) > 1 for d in self.holders.values()):
+                from ..cost.report import Event
+                took = time.perf_counter() - start
+                self.events += [Event(d, "all-reduce", "allreduce", start - self._t0, took)
+                                for d in self.local]
             if keep_gradients:
                 grads = self.gradients()
             if optimizer is not None:
@@ -745,6 +759,16 @@ class Engine:
     def param_bytes(self) -> dict[str, float]:
         return {d: float(sum(t.numel() * t.element_size() for t in table.values()))
                 for d, table in self.copies.items()}
+
+
+def _task_event(dev: str, kind: str, m: int, inst, sink, start: float, duration: float,
+                waited: float):
+    """The timeline bar of one task (forward or backward of a piece for a
+    microbatch); ``waited`` is the part spent waiting for messages."""
+    from ..cost.report import Event
+    what = "loss" if inst == sink else f"piece {getattr(inst, 'piece', inst)}"
+    return Event(dev, f"{kind}{m} {what}", "forward" if kind == "F" else "backward",
+                 start, duration, {"microbatch": m, "waited": waited})
 
 
 @dataclass

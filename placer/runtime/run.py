@@ -10,7 +10,7 @@ from typing import Any, Callable
 import torch
 from torch.utils import _pytree as pytree
 
-from ..cost.report import Report
+from ..cost.report import Report, _Frozen
 from ..errors import PlanError
 from .engine import Engine, LocalTransport, Routes, device_orders, interleave, microbatch_rows
 from .split import capture, node_groups, split
@@ -304,7 +304,7 @@ def run(model: torch.nn.Module, plan, example_inputs: Any, *, steps: int = 3,
     graph, plan, sp, engine = runner.graph, runner.plan, runner.split, runner.engine
     transport, dmap, devices, opt = runner.transport, runner.dmap, runner.devices, runner.opt
     mb_rows, used = runner.mb_rows, runner.schedule
-    times, losses, last, grads = [], [], None, {}
+    times, losses, last, grads, timeline = [], [], None, {}, []
     act_peak: dict[str, float] = {}
     compute: dict[str, float] = {}
     comm: dict[str, float] = {}
@@ -312,6 +312,8 @@ def run(model: torch.nn.Module, plan, example_inputs: Any, *, steps: int = 3,
         elapsed, last, kept = runner.step(keep_gradients=step == steps + warmup - 1)
         grads = kept if kept is not None else grads
         if step >= warmup:
+            if not times or elapsed <= statistics.median(times):
+                timeline = list(engine.events)    # a typical step, not the slowest
             times.append(elapsed)
             losses.append(last["loss"])
             for d, v in last["stats"].peak_act.items():
@@ -347,7 +349,8 @@ def run(model: torch.nn.Module, plan, example_inputs: Any, *, steps: int = 3,
                             comm=comm, idle={d: max(0.0, step_time - b) for d, b in busy.items()},
                             model="measured", microbatches=len(mb_rows), schedule=used,
                             predicted=prediction.step_time if prediction else None,
-                            prediction=prediction, step_times=times)
+                            prediction=prediction, step_times=times,
+                            timeline=_Frozen(timeline))
     outputs = join_outputs(sp, last["outputs"]) if last["outputs"] else None
     return RunResult(outputs=outputs, loss=last["loss"], losses=losses, gradients=grads,
                      parameters=engine.state(), report=report, schedule=used,
