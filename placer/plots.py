@@ -235,6 +235,11 @@ def plot_convergence(series: dict[str, list[dict]], path: PathLike, *, title: st
         else:
             ax.step(xs, ys, where="post", color=colors[name], label=name, lw=1.6)
             ax.plot(xs[-1:], ys[-1:], "o", color=colors[name], ms=4)
+    values = [r["step_time"] * 1e3 for rows in series.values() for r in rows]
+    if values:   # a flat search should look flat, not zoomed into rounding
+        low, high = min(values), max(values)
+        pad = max(high - low, 0.04 * high) * 0.25
+        ax.set_ylim(max(0.0, low - pad), high + pad)
     ax.set_xscale("log")
     ax.set_xlabel("search time (s, log scale)")
     ax.set_ylabel("best step time found (ms)")
