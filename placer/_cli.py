@@ -22,7 +22,7 @@ def command_parser(prog: str, description: str, *examples: str) -> argparse.Argu
 def add_seed(p: argparse.ArgumentParser, what: str = "random choices", default: int | None = 0):
     """``--seed N``: the same seed and inputs give the same result."""
     p.add_argument("--seed", type=int, default=default,
-                   help=f"seed of the {what} (same seed, same result; default {default})")
+                   help=f"seed of the {what} (default {default})")
 
 
 def add_time_budget(p: argparse.ArgumentParser, what: str, default: float | None = None):

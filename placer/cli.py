@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import __version__
-from ._cli import formatter
+from ._cli import add_seed, add_time_budget, formatter
 from .errors import PlacerError, TraceError
 
 EXIT_BAD_INPUT = 2
@@ -647,8 +647,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="strategy (see placer.strategies()); several comma-separated run "
                         "one after another (each with --time-budget) and the best plan is kept")
     p.add_argument("-o", "--output", default="plan.json", help="plan file to write")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--time-budget", type=float, default=30.0, help="seconds of search")
+    add_seed(p, "search")
+    add_time_budget(p, "search per method", 30.0)
     p.add_argument("--evaluations", type=int, help="plans the search may score "
                    "(with a seed: a deterministic budget)")
     p.add_argument("--checkpoint", metavar="STATE",
@@ -676,8 +676,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-m", "--method", default="evolution",
                    help="strategy warm-started from the repaired plan, or 'repair' (no search)")
     p.add_argument("-o", "--output", help="plan file to write (default PLAN.replanned.json)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--time-budget", type=float, default=30.0, help="seconds of search")
+    add_seed(p, "search")
+    add_time_budget(p, "search", 30.0)
     p.add_argument("--evaluations", type=int, help="plans the search may score")
     p.add_argument("--ignore-fingerprints", action="store_true",
                    help="re-plan even if the plan was made for another graph/cluster")
@@ -722,7 +722,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="small sizes (seconds)")
     p.add_argument("--suite", help="search: quick, hetero, homo, dtfm, scale or heuristics; "
                                    "runtime: overhead, accuracy or netns")
-    p.add_argument("--seed", type=int, default=0)
+    add_seed(p, "benchmark's searches")
     p.add_argument("--time-budget", type=float, metavar="SECONDS",
                    help="search and learned: seconds per strategy and case "
                         "(default: the suite's own)")
