@@ -115,9 +115,9 @@ def test_hung_rank_under_torchrun_stops_with_its_stage(tmp_path, job):
     assert proc.returncode != 0 and lines, proc.stderr[-3000:]
     hung = f"rank 1 (device {b}) in stage 'step 2' made no progress for 3 s"
     said = [line.split("error: ", 1)[1] for line in lines]
-    assert any(text.startswith(hung) for text in said), lines
-    # its peer either times out in the same stage or sees the link close
-    # first when the hung rank exits: either way it names where it was
+    # whichever watchdog fires first speaks: the hung rank names itself, or its
+    # peer names the stage it waits in (times out there, or sees the link
+    # close when the hung rank exits); torchrun may stop the other first
     assert all(text.startswith((hung, f"rank 0 (device {a}) in stage 'step 2"))
                for text in said), lines
     assert took < 90, took       # start-up plus 3 s, not the 120 s process-group timeout
