@@ -44,7 +44,7 @@ from .evaluate import Evaluator
 from .genome import LayoutGenome, OpGenome, Space
 from .memetic import local_search
 from .search import (_Bar, _Fitness, _tournament, device_chain, final_ranker, hold_back,
-                     polish_with, rank, reserve)
+                     polish_with, rank, reserve, screen_exactly)
 
 if TYPE_CHECKING:
     from placer.cost import CostModel, Problem
@@ -221,7 +221,7 @@ class DTFM(Strategy):
     after ``patience`` stale generations, while budget is left, keep the
     best quarter and refill with partitions three mutations away),
     ``generations`` (cap), ``polish_top`` (3 best distinct partitions
-    polished), ``local_every`` (5), ``screen`` (``"analytical"``),
+    polished), ``local_every`` (5), ``screen`` (``"auto"``: as in evolution),
     ``coarsen_above`` (1500) / ``coarsen_to`` (400), ``progress_bar``,
     ``seeds`` (heuristics whose plans compete in the final ranking, so the
     result is never worse than them: ``even_pipeline``, ``pipeline_dp``,
@@ -240,7 +240,7 @@ class DTFM(Strategy):
     def __init__(self, *, shapes: Sequence[Sequence[int]] | None = None, population: int = 32,
                  tournament: int = 3, crossover: float = 0.7, patience: int = 30,
                  generations: int | None = None, local_every: int = 5,
-                 screen: str | None = "analytical", coarsen_above: int = 1500,
+                 screen: str | None = "auto", coarsen_above: int = 1500,
                  coarsen_to: int = 400, progress_bar: bool = False,
                  seeds: Sequence[str] | None = ("even_pipeline", "pipeline_dp", "partition",
                                                  "heft", "m_sct"),
@@ -284,7 +284,8 @@ class DTFM(Strategy):
         if not shapes:
             raise StrategyError(f"no (D_pp, D_dp) shape fits {D} devices and "
                                 f"{space.n_ops} ops", field="shapes")
-        screen = cost_model if self.screen is None else get_cost_model(self.screen)
+        screen = cost_model if self.screen is None else get_cost_model(
+            "analytical" if self.screen == "auto" else self.screen)
         sched = Scheduler(space)
         self._cache: dict = {}
         bar = _Bar(self.progress_bar, budget)
@@ -295,6 +296,8 @@ class DTFM(Strategy):
         with reserve(budget, n_final), hold_back(budget, share), \
                 Evaluator(space, budget.meter(screen), budget) as evaluate:
             rivals = self._rivals(inner, screen, budget, seed, space)
+            if self.screen == "auto":
+                screen = screen_exactly(inner, evaluate, screen, rivals[:3], budget, self.final)
 
             def score(parts: list[Partition]) -> np.ndarray:
                 genomes = [self.decode(space, sched, x) for x in parts]
@@ -344,7 +347,8 @@ class DTFM(Strategy):
             "groups": [[space.problem.devices[d] for d in g]
                        for g in self._ordered(space, sched, best_part)],
             "even_allocation_step_time": even if even is None or even < 1e9 else None,
-            "screen_step_time": float(best_part.fitness.values[0])}
+            "screen_step_time": float(best_part.fitness.values[0]),
+            "screen": getattr(screen, "name", None)}
         return self.finalize(problem, cost_model, budget, plan, report, progress=progress)
 
     def _rivals(self, inner, screen, budget: Budget, seed: int, space: Space) -> list[Plan]:

@@ -272,29 +272,13 @@ class Evolution(Strategy):
 
     def _screen_exactly(self, space: Space, evaluate: Evaluator, screen, seeds: list,
                         budget: Budget):
-        """With a time budget only (an evaluation budget asks for a result that
-        does not depend on the machine's speed) and the simulator as the final
-        model, screen with the simulator itself when it is cheap enough here:
-        it is timed on the first seeds and taken when
-        :data:`EXACT_SCREEN_EVALS` of its estimates fit in the time left.
-        Small graphs (module level) then search on the figures they are
-        ranked by, and the analytical model's disagreements stop steering
-        them. Returns the screening model."""
-        if (self.screen != "auto" or budget.time is None or budget.evaluations is not None
-                or self.final != "simulator"
-                or getattr(screen, "name", None) == "simulator" or not seeds):
+        """See :func:`screen_exactly` (timed on the first seeds)."""
+        if self.screen != "auto" or not seeds:
             return screen
-        exact = get_cost_model("simulator")
-        slowest = 0.0
-        for g in seeds[:3]:
-            start = _time.perf_counter()
-            exact.estimate(space.problem, g.to_plan(space, self.name))
-            slowest = max(slowest, _time.perf_counter() - start)
-        if slowest * EXACT_SCREEN_EVALS > budget.remaining_time:
-            return screen
-        evaluate.model = budget.meter(exact)
-        evaluate.cache.clear()
-        self._run["exact_screen"] = True
+        plans = [g.to_plan(space, self.name) for g in seeds[:3]]
+        exact = screen_exactly(space.problem, evaluate, screen, plans, budget, self.final)
+        if exact is not screen:
+            self._run["exact_screen"] = True
         return exact
 
     def _rank_share(self, cost_model) -> float:
@@ -676,6 +660,32 @@ class reserve:
     def __exit__(self, *exc) -> None:
         if self.n:
             self.budget.evaluations += self.n
+
+
+def screen_exactly(problem: "Problem", evaluate: Evaluator, screen, plans: list[Plan],
+                   budget: Budget, final: str | None):
+    """With a time budget only (an evaluation budget asks for a result that
+    does not depend on the machine's speed) and the simulator as the final
+    model, screen with the simulator itself when it is cheap enough here: it
+    is timed on ``plans`` and taken when :data:`EXACT_SCREEN_EVALS` of its
+    estimates fit in the time left (``evaluate`` then scores with it, its
+    cache cleared). Small graphs (module level) then search on the figures
+    they are ranked by, and the analytical model's disagreements stop
+    steering them. Returns the screening model."""
+    if (budget.time is None or budget.evaluations is not None or final != "simulator"
+            or getattr(screen, "name", None) == "simulator" or not plans):
+        return screen
+    exact = get_cost_model("simulator")
+    slowest = 0.0
+    for plan in plans:
+        start = _time.perf_counter()
+        exact.estimate(problem, plan)
+        slowest = max(slowest, _time.perf_counter() - start)
+    if slowest * EXACT_SCREEN_EVALS > budget.remaining_time:
+        return screen
+    evaluate.model = budget.meter(exact)
+    evaluate.cache.clear()
+    return exact
 
 
 def polish_with(space: Space, model, budget: Budget, g: OpGenome, rng: np.random.Generator,

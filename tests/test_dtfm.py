@@ -90,3 +90,15 @@ def test_partition_of_reads_uniform_layouts_only():
     uneven = dict(plan.placement)
     uneven[p.ids[-1]] = [names[9]]
     assert partition_of(space, type(plan)(uneven, 4)) is None
+
+
+def test_dtfm_screens_with_the_simulator_when_it_fits_the_time(monkeypatch):
+    import placer
+    import evolution.search as es
+    g = placer.datasets.graph("gpt-125m.module")
+    c = placer.Cluster.preset("two-sites")
+    monkeypatch.setattr(es, "EXACT_SCREEN_EVALS", 1)
+    assert placer.optimize(g, c, "dtfm", seed=0, time_budget=2).extra["dtfm"]["screen"] \
+        == "simulator"
+    counted = placer.optimize(g, c, "dtfm", seed=0, time_budget=None, evaluations=200)
+    assert counted.extra["dtfm"]["screen"] == "analytical"
