@@ -739,27 +739,24 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``placer`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in DELEGATED:
-        name = argv[0]
-        try:
-            return _delegate(name)(argv[1:]) or 0
-        except PlacerError as exc:
-            print(f"placer {name}: error: {exc}", file=sys.stderr)
-            return EXIT_BAD_INPUT
-        except KeyboardInterrupt:
-            print(f"placer {name}: interrupted", file=sys.stderr)
-            return 130
+        return _guarded(argv[0], lambda: _delegate(argv[0])(argv[1:]))
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_BAD_INPUT
+    return _guarded(args.command, lambda: args.func(args))
+
+
+def _guarded(name: str, command: Callable[[], int | None]) -> int:
+    """Run a subcommand: bad input is one line and exit 2, Ctrl-C exit 130."""
     try:
-        return args.func(args) or 0
+        return command() or 0
     except PlacerError as exc:
-        print(f"placer {args.command}: error: {exc}", file=sys.stderr)
+        print(f"placer {name}: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        print(f"placer {args.command}: interrupted", file=sys.stderr)
+        print(f"placer {name}: interrupted", file=sys.stderr)
         return 130
 
 
