@@ -290,6 +290,22 @@ def run(model: torch.nn.Module, plan, example_inputs: Any, *, steps: int = 3,
     :func:`default_device_map`, so any plan runs on the CPU). ``cluster``
     gives the prediction (default: :meth:`Cluster.local` when the plan's
     devices are in it).
+
+    A tiny GPT split over two CPU-backed devices in two microbatches gives
+    the unplaced model's loss:
+
+    >>> import torch, placer
+    >>> model, inputs = placer.datasets.model("gpt-125m", batch=2, seq=8, tiny=True)
+    >>> graph = placer.trace(model, inputs, granularity="module")
+    >>> half = len(graph.ids) // 2
+    >>> plan = placer.Plan({op: ["a" if i < half else "b"]
+    ...                     for i, op in enumerate(graph.topological_order())}, microbatches=2)
+    >>> result = placer.run(model, plan, inputs, steps=1, graph=graph)
+    >>> reference = default_loss(model(*inputs))
+    >>> torch.allclose(torch.as_tensor(result.loss), reference, atol=1e-5)
+    True
+    >>> sorted(result.report.busy), result.report.step_time > 0
+    (['a', 'b'], True)
     """
     if steps < 1:
         raise PlanError(f"steps must be >= 1, got {steps}")
