@@ -276,10 +276,7 @@ class Evolution(Strategy):
         if self.screen != "auto" or not seeds:
             return screen
         plans = [g.to_plan(space, self.name) for g in seeds[:3]]
-        exact = screen_exactly(space.problem, evaluate, screen, plans, budget, self.final)
-        if exact is not screen:
-            self._run["exact_screen"] = True
-        return exact
+        return screen_exactly(space.problem, evaluate, screen, plans, budget, self.final)
 
     def _rank_share(self, cost_model) -> float:
         """Share of the time kept for ranking the finalists by a final model

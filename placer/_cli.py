@@ -50,13 +50,12 @@ class SearchBar:
                         leave=False, dynamic_ncols=True,
                         bar_format=("{desc}{percentage:3.0f}%|{bar}| {n:g}/{total:g} {unit}"
                                     "{postfix}") if total else "{desc}{elapsed}{postfix}")
-        self.offset = 0.0
 
     def __call__(self, event) -> None:
         done = event.evaluations if self.by_evals else event.elapsed
         if self.bar.total:
             done = min(done, self.bar.total)
-        self.bar.n = round(self.offset + done, 1)
+        self.bar.n = round(done, 1)
         step = event.step_time if event.step_time is not None else event.best
         self.bar.set_postfix_str(f"{event.strategy}: best {step * 1e3:.4g} ms"
                                  + ("" if event.feasible in (None, True) else " (over memory)"),

@@ -253,14 +253,6 @@ _GANTT_COLORS = {"forward": "tab:blue", "backward": "tab:orange", "transfer": "t
                  "allreduce": "tab:red", "compute": "tab:gray"}
 
 
-def _microbatch(event) -> int | None:
-    mb = event.args.get("microbatch")
-    if mb is None and " mb" in event.name:
-        tail = event.name.rsplit(" mb", 1)[1]
-        mb = int(tail) if tail.isdigit() else None
-    return mb
-
-
 def plot_gantt(report, path: PathLike, *, title: str | None = None) -> None:
     """A Gantt chart (PNG) of a report's timeline: a row per device and per
     busy link; colour is the kind of work, and microbatches alternate dark
@@ -277,7 +269,7 @@ def plot_gantt(report, path: PathLike, *, title: str | None = None) -> None:
     span = max([e.start + e.duration for e in events] or [1.0]) * 1e3
     bars: dict[tuple, list] = {}
     for e in events:
-        mb = _microbatch(e)
+        mb = e.args.get("microbatch")
         shade = 1.0 if mb is None or mb % 2 == 0 else 0.55
         bars.setdefault((e.category, e.lane, shade), []).append((e.start * 1e3, e.duration * 1e3))
         if mb is not None and e.duration * 1e3 > 0.025 * span and e.category != "transfer":

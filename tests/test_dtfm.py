@@ -53,27 +53,20 @@ def test_dtfm_beats_even_pipeline_worldwide(worldwide):
     assert megatron.step_time / ours.step_time > 2.0
 
 
-def test_dtfm_deterministic_small():
+@pytest.mark.parametrize("cluster, evaluations, seed, options", [
+    ("dtfm-regional", 150, 7, {"seeds": ()}),
+    # heuristic seeds and restarts must not bring randomness in either
+    ("hetero-lab", 400, 3, {"patience": 2, "restarts": 2}),
+])
+def test_dtfm_deterministic(cluster, evaluations, seed, options):
     g = placer.datasets.graph("gpt-125m.module")
-    p = Problem(g, placer.Cluster.preset("dtfm-regional"))
+    p = Problem(g, placer.Cluster.preset(cluster))
     model = get_cost_model("analytical")
     plans = []
     for _ in range(2):
-        b = Budget(evaluations=150)
-        plans.append(get_strategy("dtfm", seeds=()).search(p, b.meter(model), b, 7))
-    assert plans[0].placement == plans[1].placement
-
-
-def test_dtfm_deterministic_with_heuristic_seeds_and_restarts():
-    g = placer.datasets.graph("gpt-125m.module")
-    p = Problem(g, placer.Cluster.preset("hetero-lab"))
-    model = get_cost_model("analytical")
-    plans = []
-    for _ in range(2):
-        b = Budget(evaluations=400)
-        plans.append(get_strategy("dtfm", patience=2, restarts=2).search(
-            p, b.meter(model), b, 3))
-        assert b.used <= 400
+        b = Budget(evaluations=evaluations)
+        plans.append(get_strategy("dtfm", **options).search(p, b.meter(model), b, seed))
+        assert b.used <= evaluations
     assert plans[0].placement == plans[1].placement
     assert plans[0].microbatches == plans[1].microbatches
 

@@ -687,7 +687,8 @@ def _timeline(p: Problem, c: Compiled, b: _Build, starts, x_starts, ar_times):
             op = p.ids[int(b.inst_op[b.t_inst[x % b.NT]])]
             out.append(Event(f"{names[a]}->{names[z]}", f"{kind} {op} mb{mb}", "transfer",
                              float(x_starts[gx]), float(b.x_dur[x]),
-                             {"bytes": float(b.x_bytes[x]), "latency": float(b.x_lat[x])}))
+                             {"bytes": float(b.x_bytes[x]), "latency": float(b.x_lat[x]),
+                              "microbatch": int(mb)}))
         for (sources, mem, seconds, links, algo, nbytes), (s0, e0) in zip(b.ar, ar_times):
             for x in mem:
                 out.append(Event(names[x], f"all-reduce {nbytes / 1e6:.3g} MB ({algo})",

@@ -35,6 +35,7 @@ from typing import Any, Callable
 import torch
 from torch.utils import _pytree as pytree
 
+from ..cost.report import Event
 from ..errors import PlanError
 from .split import Split
 
@@ -729,7 +730,6 @@ class Engine:
             start = time.perf_counter()
             self.allreduce()
             if any(len(d) > 1 for d in self.holders.values()):
-                from ..cost.report import Event
                 took = time.perf_counter() - start
                 self.events += [Event(d, "all-reduce", "allreduce", start - self._t0, took)
                                 for d in self.local]
@@ -762,10 +762,9 @@ class Engine:
 
 
 def _task_event(dev: str, kind: str, m: int, inst, sink, start: float, duration: float,
-                waited: float):
+                waited: float) -> Event:
     """The timeline bar of one task (forward or backward of a piece for a
     microbatch); ``waited`` is the part spent waiting for messages."""
-    from ..cost.report import Event
     what = "loss" if inst == sink else f"piece {getattr(inst, 'piece', inst)}"
     return Event(dev, f"{kind}{m} {what}", "forward" if kind == "F" else "backward",
                  start, duration, {"microbatch": m, "waited": waited})
