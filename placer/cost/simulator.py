@@ -561,8 +561,19 @@ class Simulator(CostModel):
         for i, row in enumerate(rows):
             c = problem.compile_array(row, groups, microbatches=microbatches,
                                       schedule=schedule)
-            out[i] = self.estimate_compiled(problem, c, timeline=False).objective
+            b = _Build(problem, c)
+            step = _run(problem, b, c)[0]
+            out[i] = _objective(problem, b, step)
         return out
+
+
+def _objective(p: Problem, b: _Build, step: float) -> float:
+    """The report's objective without building the report (search only
+    needs this number; the report's per-device figures cost more than the
+    simulation of a small graph)."""
+    excess = b.peak - p.memory
+    ratio = float((excess / p.memory).max()) if (excess > 0).any() else 0.0
+    return float(p.objective_value(step, float((b.peak / p.memory).max()), ratio))
 
 
 def _report(p: Problem, c: Compiled, b: _Build, step: float, starts, x_starts, ar_times,
@@ -603,8 +614,7 @@ def _report(p: Problem, c: Compiled, b: _Build, step: float, starts, x_starts, a
     excess = peak - p.memory
     over = excess > 0
     feasible = not over.any()
-    ratio = float((excess / p.memory).max()) if not feasible else 0.0
-    objective = p.objective_value(step, float((peak / p.memory).max()), ratio)
+    objective = _objective(p, b, step)
     dev_util = busy / step if step > 0 else np.zeros(D)
     link_util = link_busy / step if step > 0 else link_busy
     bottleneck = ""
