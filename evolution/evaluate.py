@@ -69,6 +69,7 @@ class Evaluator:
         self.cache: dict[bytes, float] = {}
         self.fresh = 0
         self._pool: ProcessPoolExecutor | None = None
+        self._pool_model = ""
 
     def close(self) -> None:
         """Stop the worker processes, if any."""
@@ -106,9 +107,9 @@ class Evaluator:
         for k in fresh:
             g = genomes[todo[k][0]]
             by_setting.setdefault((int(g.microbatches), g.schedule), []).append(k)
-        for (m, schedule), ks in by_setting.items():
-            A = np.stack([genomes[todo[k][0]].assign for k in ks])
-            scores = self._score(A, m, schedule)
+        jobs = [(np.stack([genomes[todo[k][0]].assign for k in ks]), m, schedule)
+                for (m, schedule), ks in by_setting.items()]
+        for ks, scores in zip(by_setting.values(), self._score_all(jobs)):
             for k, s in zip(ks, scores.tolist()):
                 s = float(s) if np.isfinite(s) else float("inf")
                 self.cache[k] = s
@@ -117,20 +118,37 @@ class Evaluator:
         self.fresh += len(fresh)
         return out
 
-    def _score(self, A: np.ndarray, m: int, schedule: str) -> np.ndarray:
-        A, groups = compact(A, self.space)
-        if self.workers > 1 and len(A) >= 2 * self.chunk and getattr(self.model, "name", ""):
+    def _score_all(self, jobs: list[tuple[np.ndarray, int, str]]) -> list[np.ndarray]:
+        """Scores of each ``(assignments, microbatches, schedule)`` job: on
+        the worker processes when there are enough rows to share out (all
+        jobs' chunks in flight at once), else in this process."""
+        total = sum(len(A) for A, _, _ in jobs)
+        if self.workers > 1 and total >= 2 * self.workers and getattr(self.model, "name", ""):
             if self.budget is not None:
-                self.budget.charge(len(A))
+                self.budget.charge(total)
             pool = self._get_pool()
-            parts = [A[i:i + self.chunk] for i in range(0, len(A), self.chunk)]
-            futures = [pool.submit(_score_chunk, part, groups, m, schedule) for part in parts]
-            return np.concatenate([f.result() for f in futures])
-        return np.asarray(self.model.step_times(self.problem, A, groups=groups,
-                                                microbatches=m, schedule=schedule), dtype=float)
+            # about two chunks per worker over the whole call, so a slow
+            # chunk does not leave the other workers idle for long
+            size = max(1, min(self.chunk, -(-total // (2 * self.workers))))
+            pending = []
+            for A, m, schedule in jobs:
+                A, groups = compact(A, self.space)
+                pending.append([pool.submit(_score_chunk, A[i:i + size], groups, m, schedule)
+                                for i in range(0, len(A), size)])
+            return [np.concatenate([f.result() for f in fs]) for fs in pending]
+        out = []
+        for A, m, schedule in jobs:
+            A, groups = compact(A, self.space)
+            out.append(np.asarray(self.model.step_times(self.problem, A, groups=groups,
+                                                        microbatches=m, schedule=schedule),
+                                  dtype=float))
+        return out
 
     def _get_pool(self) -> ProcessPoolExecutor:
+        if self._pool is not None and self._pool_model != self.model.name:
+            self.close()            # the model changed (screening switched to exact)
         if self._pool is None:
+            self._pool_model = self.model.name
             import multiprocessing
             ctx = multiprocessing.get_context("spawn" if os.name == "nt" else "fork")
             self._pool = ProcessPoolExecutor(self.workers, mp_context=ctx,
@@ -139,4 +157,24 @@ class Evaluator:
         return self._pool
 
 
-__all__ = ["Evaluator", "compact"]
+def auto_workers(model, budget) -> int:
+    """Worker processes for ``workers="auto"``: the usable CPUs (at most
+    :data:`MAX_AUTO_WORKERS`) when every estimate is costly (the event
+    simulator) and a time budget bounds the search, so more estimates in
+    that time mean a better plan; else 0 (score in this process: the
+    analytical model is vectorised, and an evaluation budget gives the same
+    plan however fast it is spent)."""
+    if getattr(model, "name", None) != "simulator" or budget is None or budget.time is None:
+        return 0
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:          # not on Linux
+        cpus = os.cpu_count() or 1
+    n = min(cpus, MAX_AUTO_WORKERS)
+    return n if n > 1 else 0
+
+
+#: the most processes ``workers="auto"`` starts
+MAX_AUTO_WORKERS = 4
+
+__all__ = ["Evaluator", "auto_workers", "compact"]

@@ -50,7 +50,7 @@ from placer._io import atomic_write_text, load_document
 from placer.search.base import (Budget, Progress, SearchInterrupted, Strategy, get_strategy,
                                 register_strategy)
 
-from .evaluate import Evaluator
+from .evaluate import Evaluator, auto_workers
 from .genome import LayoutGenome, OpGenome, Space
 from .memetic import local_search
 from .operators import crossover, mutate
@@ -87,6 +87,9 @@ class Evolution(Strategy):
       generations, while budget is left, polish the best by local search to
       convergence, keep the best quarter and refill the population with
       heavy mutants of it (3x ``mutation_rate``), this many times;
+      ``fresh_starts`` (3): once converged after those restarts, under a
+      time budget with time left, start again from the seeds (the hall of
+      fame kept), this many times;
     - ``screen``: cost model name for the inner loop (``"auto"``: the
       analytical model, or the simulator itself when a time budget (and no
       evaluation budget) leaves room for :data:`EXACT_SCREEN_EVALS` of its
@@ -97,7 +100,10 @@ class Evolution(Strategy):
       choice the given cost model then reports; ``final_share`` (0.15) of
       the time and evaluation budget is kept for a local search of the
       winner scored by ``final`` (not on coarsened graphs);
-    - ``workers`` (0): processes for scoring large batches;
+    - ``workers`` (``"auto"``): processes for scoring batches; ``"auto"``
+      uses the usable CPUs (up to 4) when the screening model is the
+      simulator under a time budget (see :func:`~evolution.evaluate.auto_workers`),
+      else none; plans never depend on it, only how many fit in the time;
     - ``coarsen_above`` (1500) / ``coarsen_to`` (400) ops;
     - ``initial_plans``: an alias of ``initial``;
     - ``progress_bar``: draw a tqdm bar with the best step time so far;
@@ -112,10 +118,10 @@ class Evolution(Strategy):
                  mutation_weights: dict | None = None,
                  seeds: Sequence[str] | None = DEFAULT_SEEDS, seed_share: float = 0.3,
                  memetic_every: int = 5, memetic_rounds: int = 3, patience: int = 25,
-                 restarts: int = 4,
+                 restarts: int = 4, fresh_starts: int = 3,
                  generations: int | None = None, screen: str | None = "auto",
                  final_k: int = 12, final: str | None = "simulator",
-                 final_share: float = 0.15, workers: int = 0,
+                 final_share: float = 0.15, workers: int | str = "auto",
                  coarsen_above: int = 1500,
                  coarsen_to: int = 400, layouts: bool = True,
                  initial_plans: Plan | Sequence[Plan] | None = None,
@@ -148,6 +154,7 @@ class Evolution(Strategy):
         self.memetic_rounds = int(memetic_rounds)
         self.patience = int(patience)
         self.restarts = int(restarts)
+        self.fresh_starts = int(fresh_starts)
         self.generations = None if generations is None else int(generations)
         self.screen = screen
         self.final_k = int(final_k)
@@ -156,7 +163,11 @@ class Evolution(Strategy):
             raise StrategyError(f"final_share must be in [0, 1), got {final_share!r}",
                                 field="final_share")
         self.final_share = float(final_share)
-        self.workers = int(workers)
+        if workers != "auto" and (isinstance(workers, bool) or not isinstance(workers, int)
+                                  or workers < 0):
+            raise StrategyError(f"workers must be a whole number >= 0 or 'auto', got "
+                                f"{workers!r}", field="workers")
+        self.workers = workers
         self.coarsen_above = int(coarsen_above)
         self.coarsen_to = int(coarsen_to)
         self.layouts = bool(layouts)
@@ -192,13 +203,15 @@ class Evolution(Strategy):
             with reserve(budget, len(self.initial) + 2), \
                     hold_back(budget, self._final_share(cost_model, coarse)
                               or self._rank_share(cost_model)), \
-                    Evaluator(space, metered, budget, workers=self.workers) as evaluate:
+                    Evaluator(space, metered, budget, workers=self._workers(screen, budget)) \
+                    as evaluate:
                 self._run = {"identity": identity, "space": space, "coarse": coarse,
                              "evaluate": evaluate, "rng": rng, "budget": budget,
                              "snap": None, "written": _time.perf_counter()}
                 if state is None:
                     seeds = self._seed_genomes(space, screen, budget, seed, coarse)
                     screen = self._screen_exactly(space, evaluate, screen, seeds, budget)
+                    evaluate.workers = self._workers(screen, budget)
                 else:
                     seeds = self._restore(state, space, evaluate, rng, budget)
                 self._run["seeds"] = seeds
@@ -265,6 +278,9 @@ class Evolution(Strategy):
                 self.final == getattr(cost_model, "name", None) or self.final == self._screen_name:
             return 0.0
         return self.final_share
+
+    def _workers(self, screen, budget: Budget) -> int:
+        return auto_workers(screen, budget) if self.workers == "auto" else int(self.workers)
 
     @property
     def _screen_name(self) -> str | None:
@@ -391,6 +407,7 @@ class Evolution(Strategy):
             stale = 0
             gen = 0
             restarts = 0
+            starts = 0
         else:
             pop = [_genome_in(d) for d in state["population"]]
             hof.items = [_genome_in(d) for d in state["hall_of_fame"]]
@@ -399,7 +416,9 @@ class Evolution(Strategy):
                 logbook.record(**record)
             best, stale, gen = _num_in(state["best"]), int(state["stale"]), int(state["gen"])
             restarts = int(state.get("restarts", 0))
+            starts = int(state.get("starts", 0))
         self._run["restarts"] = restarts
+        self._run["starts"] = starts
         self._snapshot(pop, hof, logbook, best, stale, gen)
         self._emit(progress, budget, best, gen, bar)
         while not budget.exhausted() and not (state is not None and stale >= self.patience
@@ -446,10 +465,43 @@ class Evolution(Strategy):
             else:
                 stale += 1
             self._snapshot(pop, hof, logbook, best, stale, gen)
-            self._emit(progress, budget, best, gen, bar)
+            self._emit(progress, budget, min(best, hof[0].fitness.values[0]), gen, bar)
             if stale >= self.patience and restarts >= self.restarts:
-                break
-        return pop[0], hof, logbook
+                if not self._fresh_start_fits(budget, starts):
+                    break
+                # converged with time to spare: another run from the seeds
+                # (other mutants), the hall of fame kept across runs
+                starts += 1
+                self._run["starts"] = starts
+                pop = self._fresh(space, seeds, score, rng, toolbox)
+                hof.update(pop)
+                restarts = stale = 0
+                best = pop[0].fitness.values[0]     # this run's best, for staleness
+                self._run["restarts"] = restarts
+        return hof[0] if len(hof) else pop[0], hof, logbook
+
+    def _fresh_start_fits(self, budget: Budget, starts: int) -> bool:
+        """Whether a converged search starts again from its seeds: only
+        under a time budget (an evaluation budget or none means "until
+        converged"), at most ``fresh_starts`` times, and while the time
+        left is at least what the runs so far took on average."""
+        if budget.time is None or starts >= self.fresh_starts or budget.exhausted():
+            return False
+        return budget.remaining_time >= budget.elapsed / (starts + 1)
+
+    def _fresh(self, space: Space, seeds: list, score, rng: np.random.Generator,
+               toolbox) -> list:
+        """A new population: the seeds and fresh mutants of them (scored;
+        the seeds come from the evaluation cache)."""
+        pop = _unique([g.copy() for g in seeds])
+        score(pop)
+        fill = []
+        while len(pop) + len(fill) < self.population and pop:
+            parent = pop[int(rng.integers(len(pop)))]
+            fill.append(toolbox.mutate(parent.copy()))
+        score(fill)
+        return _best(_unique(pop + [g for g in fill if np.isfinite(g.fitness.values[0])]),
+                     self.population)
 
     def _restart(self, space: Space, evaluate: Evaluator, pop: list, score,
                  rng: np.random.Generator) -> list:
@@ -491,7 +543,7 @@ class Evolution(Strategy):
         if run is None or self.checkpoint is None:
             return
         run["snap"] = {"population": list(pop), "hall_of_fame": list(hof.items),
-                       "restarts": run.get("restarts", 0),
+                       "restarts": run.get("restarts", 0), "starts": run.get("starts", 0),
                        "logbook": len(logbook), "logbook_ref": logbook, "best": best,
                        "stale": stale, "gen": gen, "rng": run["rng"].bit_generator.state,
                        "cache": len(run["evaluate"].cache),
@@ -512,7 +564,7 @@ class Evolution(Strategy):
         table = run["space"].table
         data = {"format": STATE_FORMAT, "strategy": self.name, "identity": run["identity"],
                 "gen": snap["gen"], "best": _num_out(snap["best"]), "stale": snap["stale"],
-                "restarts": snap["restarts"],
+                "restarts": snap["restarts"], "starts": snap["starts"],
                 "used": snap["used"], "elapsed": snap["elapsed"], "rng": snap["rng"],
                 "groups": [list(g) for g in table.extra()[:snap["groups"] - table.n_devices]],
                 "seeds": [_genome_out(g) for g in run["seeds"]],

@@ -92,6 +92,47 @@ def test_parallel_evaluation_matches_serial(problem):
     assert np.array_equal(serial, parallel)
 
 
+def test_parallel_evaluation_mixed_settings_and_model_switch(problem):
+    # one call holding several (microbatches, schedule) settings is scored on
+    # the pool in one go; a switch of model restarts the pool with the new one
+    space = Space(problem, [1, 2, 4], ["1f1b", "gpipe"])
+    rng = np.random.default_rng(4)
+    base = LayoutGenome.balanced(space, [(0,), (1,), (2,)], 2).decode(space)
+    genomes = [mutate(space, base.copy(), rng, rate=3) for _ in range(30)]
+    for i, g in enumerate(genomes):
+        g.microbatches, g.schedule = [1, 2, 4][i % 3], ["1f1b", "gpipe"][i % 2]
+    analytical, sim = get_cost_model("analytical"), get_cost_model("simulator")
+    with Evaluator(space, analytical, workers=2) as ev:
+        assert np.array_equal(ev(genomes), Evaluator(space, analytical)(genomes))
+        ev.model = sim
+        ev.cache.clear()
+        assert np.array_equal(ev(genomes), Evaluator(space, sim)(genomes))
+
+
+def test_auto_workers_only_for_the_simulator_under_a_time_budget(monkeypatch):
+    from evolution import evaluate
+    monkeypatch.setattr(evaluate.os, "sched_getaffinity", lambda pid: set(range(16)),
+                        raising=False)
+    sim, analytical = get_cost_model("simulator"), get_cost_model("analytical")
+    assert evaluate.auto_workers(sim, Budget(time=10)) == evaluate.MAX_AUTO_WORKERS
+    assert evaluate.auto_workers(analytical, Budget(time=10)) == 0
+    assert evaluate.auto_workers(sim, Budget(evaluations=100)) == 0
+    monkeypatch.setattr(evaluate.os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert evaluate.auto_workers(sim, Budget(time=10)) == 0
+    with pytest.raises(placer.PlacerError, match="workers"):
+        get_strategy("evolution", workers=-1)
+
+
+def test_fresh_starts_only_with_time_left_under_a_time_budget():
+    evo = get_strategy("evolution", fresh_starts=2)
+    timed = Budget(time=100.0).start()
+    assert evo._fresh_start_fits(timed, 0)          # nearly all of it left
+    assert not evo._fresh_start_fits(timed, 2)      # used up the allowed starts
+    assert not evo._fresh_start_fits(Budget(evaluations=1000).start(), 0)
+    spent = Budget(time=1e-9).start()
+    assert not evo._fresh_start_fits(spent, 0)
+
+
 def test_initial_plans_seed_the_population(problem):
     start, _ = _run("pipeline_dp", problem)
     start = placer.Plan(start.placement, start.microbatches, start.schedule)
