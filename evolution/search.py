@@ -226,7 +226,8 @@ class Evolution(Strategy):
         # final ranking of the best distinct plans and each origin's best seed,
         # in the order the ranking scores them while time lasts: the search's
         # best, the seeds' bests, then the other finalists
-        finalists: list[OpGenome] = [g for g in hof][:1]
+        finalists: list[OpGenome] = list({g.key(): g for g in [g for g in hof][:1] + list(
+            self._run.get("champions", ()))}.values())
         by_origin: dict[str, OpGenome] = {}
         for g in seeds:
             if not np.isfinite(g.fitness.values[0]):
@@ -419,6 +420,7 @@ class Evolution(Strategy):
             starts = int(state.get("starts", 0))
         self._run["restarts"] = restarts
         self._run["starts"] = starts
+        champions = self._run.setdefault("champions", [])
         self._snapshot(pop, hof, logbook, best, stale, gen)
         self._emit(progress, budget, best, gen, bar)
         while not budget.exhausted() and not (state is not None and stale >= self.patience
@@ -473,6 +475,10 @@ class Evolution(Strategy):
                 # (other mutants), the hall of fame kept across runs
                 starts += 1
                 self._run["starts"] = starts
+                # each run's best goes to the final ranking: the screening
+                # model may prefer the next run's plans that the final
+                # model rates worse, and they could crowd it out of the hall
+                champions.append(hof[0])
                 pop = self._fresh(space, seeds, score, rng, toolbox)
                 hof.update(pop)
                 restarts = stale = 0
