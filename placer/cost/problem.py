@@ -219,6 +219,7 @@ class Problem:
                 nic.append(np.inf)
         self.nic_bandwidth = np.array(nic, dtype=float)
         self.device_index = {name: i for i, name in enumerate(self.devices)}
+        self._base_type = np.int16 if self.n_devices < 2 ** 15 else np.int32
 
     # --- plans ------------------------------------------------------------
     def compile(self, plan: "Plan", groups: dict | None = None) -> Compiled:
@@ -239,7 +240,8 @@ class Problem:
     def compile_many(self, plans: Sequence["Plan"]):
         """Plans as one ``(B, n_ops)`` int array of group ids over one shared
         group table, with their microbatches and schedules:
-        ``(assignments, groups, microbatches, schedules)``.
+        ``(assignments, groups, microbatches, schedules)``. The ids are
+        int16 while the table has fewer than 2**15 groups (int32 beyond).
 
         A plan's device indices are kept (per problem, while the plan lives)
         together with the device lists they came from, and reused while
@@ -249,12 +251,14 @@ class Problem:
             _check_pipeline(plan)
         groups: dict = {}
         compiled = [self._devices_of(plan) for plan in plans]
-        A = np.stack([c[0] for c in compiled]) if compiled else \
-            np.zeros((0, self.n_ops), dtype=np.int64)
         dp = [i for i, c in enumerate(compiled) if len(c[1])]
         if dp:
             # group ids of every plan's distinct device sets, then one scatter
             gids = np.array([self._group_id(k, groups) for i in dp for k in compiled[i][2]])
+        id_type = np.int16 if self.n_devices + len(groups) < 2 ** 15 else np.int32
+        A = np.stack([c[0] for c in compiled]).astype(id_type, copy=False) if compiled else \
+            np.zeros((0, self.n_ops), dtype=id_type)
+        if dp:
             sets = np.array([len(compiled[i][2]) for i in dp])
             count = np.array([len(compiled[i][1]) for i in dp])
             offset = np.repeat(np.cumsum(sets) - sets, count)
@@ -303,7 +307,7 @@ class Problem:
             # one dict lookup per op, at C speed, on each op's first device;
             # only ops on several devices (data-parallel) go through tuples
             base = np.fromiter(map(dev.__getitem__, map(_FIRST, values)),
-                               dtype=np.int64, count=n)
+                               dtype=self._base_type, count=n)
             multi = np.zeros(0, dtype=np.int64)
             keys: list = []
             inverse = multi
