@@ -25,9 +25,14 @@ For each plan, with m microbatches:
 Step time ``T = (m - 1) * beta + fill``: for S equal stages of time t this
 is ``(m + S - 1) * t``, on one device ``m * t``. A data-parallel group's
 all-reduce (linear bounds of ring and hierarchical, the cheaper, per DDP
-bucket) starts when its backward ends, which is earlier than the step's
-end by the backward drain through the ops before it, and may extend the
-step. Memory is the simulator's formula.
+bucket) is released bucket by bucket over the group's last backward,
+which ends before the step does by the last microbatch's backward drain
+through the runs before the group (the backward share of their work on the
+path, one way of their transfers). A device runs its groups' all-reduces
+one after another, as the simulator's collective stream does, so the step
+ends no earlier than, for any release point t of a group on it, t plus
+everything its groups release from t on (see :func:`_allreduce_late`).
+Memory is the simulator's formula.
 
 Everything is computed per plan from its *runs* (maximal stretches of the
 topological order on one group) and *slots* (the groups it uses), so the
@@ -252,11 +257,12 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     # every op of a microbatch runs, so it takes at least any device's share
     fill = np.maximum(fill, comp.max(axis=1))
     # --- first op of each device (ops are in topological order) --------------
-    s_first = sl["first"]
     first_d = sl["first_d"]
     used = first_d < n
     run_first = run_of(np.arange(B)[:, None], np.minimum(first_d, n - 1)) - row_first[:, None]
     runs = runs[:, None]
+    local = np.arange(R) - row_first[run_row]   # each run's place in its plan
+    C_w = C = None
     held_1f1b = inflight(p, run_first, runs, used, m[:, None], "1f1b")
     if training:
         # 1F1B: a device keeps at most cap microbatches between its forward and
@@ -265,12 +271,7 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
         g_first = np.minimum(row_first[:, None] + run_first, R - 1)
         before = start[g_first]
         if entry is not None:
-            # chained plans: prefix sums within each plan's own runs (not
-            # across plans, so a plan's figures do not depend on its batch)
-            local = np.arange(R) - row_first[run_row]
-            C = np.zeros((B, int(runs.max()) + 1))
-            C[run_row, local + 1] = run_w + entry
-            np.cumsum(C, axis=1, out=C)
+            C = _row_prefix(B, runs, run_row, local, run_w + entry)
             chained = np.take_along_axis(C, run_first, axis=1) + entry[g_first]
             before = np.where(by_paths[:, None], before, chained)
         capped = used & (held_1f1b < m[:, None])
@@ -292,14 +293,24 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
                 bgt = lb * s_per_mb / size[s_group] * slow[s_group]
             else:
                 bgt = t_b[np.arange(U), s_slow] * s_per_mb / size[s_group]
-            # after a group's last backward, the microbatch's backward still
-            # has to drain through the ops before it: about that share of the
-            # backward half of the fill
-            slack = (fill / phases)[s_row] * s_first / n
-            # all buckets but the last overlap the group's own last backward
-            slack = slack + bgt * (buckets - 1) / buckets
-            late = np.full(B, -np.inf)
-            np.maximum.at(late, s_row, ar - slack)
+            # after a group's last backward, the last microbatch's backward
+            # still drains through the runs before the group's first one: the
+            # backward share of their work on the path to it and one way of
+            # its transfers (the path counts them both ways)
+            fr = sl["first_run"]
+            if C_w is None:
+                C_w = _row_prefix(B, runs, run_row, local, run_w)
+            work = C_w[s_row, local[fr]]
+            if entry is None:
+                before = start[fr]
+            else:
+                chained = C[s_row, local[fr]] + entry[fr]
+                before = np.where(by_paths[s_row], start[fr], chained)
+            work = np.minimum(work, before)
+            last = -(pre["bwd_share"] * work + (before - work) / phases)
+            # its buckets are ready one by one over its own last backward
+            first = last - bgt * (buckets - 1) / buckets
+            late = _allreduce_late(B, s_row, e_slot, e_cell, ar, buckets, first, last)
             step = np.maximum(step, step + late)
 
     # --- memory -------------------------------------------------------------------
@@ -334,6 +345,52 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
         obj = (peak / p.memory[None, :]).max(axis=1)
     out.objective = np.where(out.feasible, obj, INFEASIBLE * (1.0 + np.maximum(ratio, 0)))
     return out
+
+
+def _row_prefix(B: int, runs, run_row, local, values) -> np.ndarray:
+    """(B, max runs + 1) prefix sums of per-run ``values`` within each plan:
+    ``out[b, k]`` sums the first k runs of plan b (not across plans, so a
+    plan's figures do not depend on its batch)."""
+    out = np.zeros((B, int(np.max(runs)) + 1))
+    out[run_row, local + 1] = values
+    np.cumsum(out, axis=1, out=out)
+    return out
+
+
+def _allreduce_late(B: int, s_row, e_slot, e_cell, ar, buckets, first, last) -> np.ndarray:
+    """How far past the step's end (without all-reduce) each plan's
+    all-reduces finish: a device's all-reduces run one after another, so it
+    is busy from any release point t at least with the buckets released
+    then or later. A slot's buckets (``ar`` seconds in all) are released
+    from ``first`` to ``last`` (relative to the step's end); at t the slot
+    still holds all of them (t <= first), its last bucket (t <= last) or
+    none. Per (plan, device), the latest ``t + work after t`` over the
+    release points of its slots, then the latest over a plan's devices."""
+    late = np.full(B, -np.inf)
+    pick = np.flatnonzero(ar[e_slot] > 0)
+    if not len(pick):
+        return late
+    slot, cell = e_slot[pick], e_cell[pick]
+    order = np.argsort(cell, kind="stable")
+    slot, cell = slot[order], cell[order]
+    # every pair (i, j) of slots on one device (i == j included)
+    head = np.flatnonzero(np.r_[True, cell[1:] != cell[:-1]])
+    size = np.diff(np.r_[head, len(cell)])
+    k = np.repeat(size, size)
+    start = np.repeat(head, size)
+    i = np.repeat(np.arange(len(cell)), k)
+    j = np.repeat(start, k) + np.arange(len(i)) - np.repeat(np.cumsum(k) - k, k)
+    si, sj = slot[i], slot[j]
+    tail = ar[sj] / buckets[sj]
+    at_first = np.bincount(i, np.where(first[si] <= first[sj], ar[sj],
+                                       np.where(first[si] <= last[sj], tail, 0.0)),
+                           minlength=len(cell))
+    at_last = np.bincount(i, np.where(last[si] <= first[sj], ar[sj],
+                                      np.where(last[si] <= last[sj], tail, 0.0)),
+                          minlength=len(cell))
+    done = np.maximum(first[slot] + at_first, last[slot] + at_last)
+    np.maximum.at(late, s_row[slot], done)
+    return late
 
 
 def _chained_entry(p: Problem, groups, A, hr, hc, R: int, r_src, r_dst, inflow) -> np.ndarray:
@@ -487,6 +544,7 @@ def _slots(gt: dict, B: int, D: int, G: int, n: int, run_key: np.ndarray,
     first_d = np.full(B * D, n, dtype=np.int64)
     np.minimum.at(first_d, e_cell, first[e_slot])
     return {"run_slot": run_slot, "row": row, "group": group, "first": first,
+            "first_run": first_run,
             "e_slot": e_slot, "e_cell": e_cell, "first_d": first_d.reshape(B, D)}
 
 
@@ -571,7 +629,13 @@ def _precomputed(p: Problem) -> dict:
                                                p.nic_bandwidth[None, :]))
     src, dst, _ = _edges_by_source(p)
     outdeg = np.bincount(src, minlength=n) if len(src) else np.zeros(1, dtype=np.int64)
-    hit = p._analytical_pre = {"cum": cum, "sparse_max": np.stack(levels), "log2": log2,
+    if p.times is not None:
+        fwd_total, bwd_total = p.times.forward.sum(), p.times.backward.sum()
+    else:
+        fwd_total, bwd_total = p.flops.sum(), p.bwd_flops.sum()
+    work_total = fwd_total + bwd_total
+    hit = p._analytical_pre = {"cum": cum,
+                               "bwd_share": bwd_total / work_total if work_total > 0 else 0.5, "sparse_max": np.stack(levels), "log2": log2,
                                "crit_work": crit_work, "crit_ops": crit_ops,
                                "speed": speed, "inv_speed": (1.0 / speed).ravel(),
                                "latency": p.latency.ravel(), "lags": max(int(outdeg.max()) - 1, 0),
