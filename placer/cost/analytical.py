@@ -690,17 +690,25 @@ def _crossing_edges(pre: dict, small: np.ndarray, hr: np.ndarray, hc: np.ndarray
     prev = np.full(len(hc), -1, dtype=np.int64)
     same = hr[1:] == hr[:-1]
     prev[1:][same] = hc[:-1][same]
+    # the last op of the run after each switch
+    nxt = np.full(len(hc), n - 1, dtype=np.int64)
+    nxt[:-1][same] = hc[1:][same]
     cut = edge[at]
     switch = np.repeat(np.arange(len(hr)), counts)
     first = np.flatnonzero(prev[switch] < src[cut])
     cut, switch = cut[first], switch[first]
     rows = hr[switch]
     # the run ending at switch j of row r is run j + r (runs are row-major)
+    differ = np.flatnonzero(small.ravel()[rows * n + dst[cut]] != run_group[switch + rows])
+    rows, cut, switch = rows[differ], cut[differ], switch[differ]
+    # most edges end in the run right after their switch: search the others
+    to = dst[cut]
+    beyond = np.flatnonzero(to > nxt[switch])
     r_src = switch + rows
-    d_pos = rows * n + dst[cut]
-    differ = np.flatnonzero(small.ravel()[d_pos] != run_group[r_src])
-    rows, cut, r_src = rows[differ], cut[differ], r_src[differ]
-    return rows, cut, r_src, run_of(rows, dst[cut])
+    r_dst = r_src + 1
+    if len(beyond):
+        r_dst[beyond] = run_of(rows[beyond], to[beyond])
+    return rows, cut, r_src, r_dst
 
 
 def _critical_shares(p: Problem):

@@ -250,7 +250,7 @@ class Problem:
         for plan in plans:
             _check_pipeline(plan)
         groups: dict = {}
-        compiled = [self._devices_of(plan) for plan in plans]
+        compiled = list(map(self._devices_of, plans))
         dp = [i for i, c in enumerate(compiled) if len(c[1])]
         if dp:
             # group ids of every plan's distinct device sets, then one scatter
@@ -284,9 +284,12 @@ class Problem:
         (see :meth:`compile_many`) unless ``cache`` is false."""
         placement = plan.placement
         keys, values = list(placement), list(placement.values())
-        hit = self._plan_arrays.get(plan, keys, values) if cache else None
-        if hit is not None:
-            return hit
+        if cache:
+            # valid while the placement holds the same keys and list objects
+            entry = self._plan_arrays.entries.get(id(plan))
+            if entry is not None and entry[0]() is plan and values == entry[2] \
+                    and keys == entry[1]:
+                return entry[3]
         if keys != self.ids:        # not already in topological order
             try:
                 values = self._getter(placement) if self._getter is not None else \
@@ -410,14 +413,6 @@ class _PlanArrays:
         self.entries: dict[int, tuple] = {}
         self.ops = 0
         self.limit = limit
-
-    def get(self, plan, keys: list, values: list):
-        """The cached arrays of ``plan`` if its placement still has these
-        ``keys`` and ``values`` (the same objects)."""
-        entry = self.entries.get(id(plan))
-        if entry is None or entry[0]() is not plan or values != entry[2] or keys != entry[1]:
-            return None
-        return entry[3]
 
     def put(self, plan, keys: list, values: list, arrays):
         """Remember ``arrays`` for ``plan`` (until it dies); returns them."""
