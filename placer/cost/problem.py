@@ -311,12 +311,11 @@ class Problem:
             # only ops on several devices (data-parallel) go through tuples
             base = np.fromiter(map(dev.__getitem__, map(_FIRST, values)),
                                dtype=self._base_type, count=n)
-            multi = np.zeros(0, dtype=np.int64)
             keys: list = []
-            inverse = multi
-            if sum(map(len, values)) != n:
-                lens = np.fromiter(map(len, values), dtype=np.int64, count=n)
-                multi = np.flatnonzero(lens != 1)
+            lens = np.fromiter(map(len, values), dtype=np.int64, count=n)
+            multi = np.flatnonzero(lens != 1)
+            inverse = np.zeros(0, dtype=np.int64)
+            if len(multi):
                 lists = list(map(tuple, map(values.__getitem__, multi.tolist())))
                 memo = dict.fromkeys(lists)
                 for devices in memo:
