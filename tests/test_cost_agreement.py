@@ -79,3 +79,36 @@ def test_interleaved_branches_overlap_their_latencies(schedule):
     plan = Plan({op: [f"d{(i // 3) % 2}"] for i, op in enumerate(order)}, 4, schedule)
     sim, ana = _both(g, c, plan)
     assert ana == pytest.approx(sim, rel=0.1)
+
+
+def _four_devices(flops=1e12, bandwidth=1e9):
+    devices = [Device(f"d{i}", flops, 1e12, efficiency=1.0) for i in range(4)]
+    return Cluster.from_rules("four", devices, default=(bandwidth, 0.0))
+
+
+def test_allreduce_longer_than_the_backward_it_hides_behind():
+    # 2 stages x 2 replicas, one microbatch, 1 TFLOP/s, 1 GB/s, no latency:
+    # forward a 10 ms, a->b 10 MB per replica pair 10 ms, forward b 10 ms,
+    # backward b 20 ms, then b's ring all-reduce of 100 MB over 2 devices
+    # (2 (k-1)/k x 100 MB / 1 GB/s = 100 ms) outlasts what is left of the
+    # step (gradients back 10 ms, backward a 20 ms): 10+10+10+20+100 ms
+    g = Graph("two", [Op("a", flops=2e10, output_bytes=2e7),
+                      Op("b", flops=2e10, param_bytes=1e8)], [Edge("a", "b", 2e7)])
+    plan = Plan({"a": ["d0", "d1"], "b": ["d2", "d3"]}, 1, "1f1b")
+    sim, ana = _both(g, _four_devices(), plan, op_overhead=0.0, bucket_bytes=1e9)
+    assert sim == pytest.approx(0.150, rel=1e-9)
+    assert ana == pytest.approx(0.150, rel=1e-9)
+
+
+def test_allreduces_sharing_devices_run_one_after_another():
+    # b's group {d0, d1} lies inside a's {d0..d3}: forward a 10 ms, forward
+    # b 10 ms, backward b 20 ms (t = 40 ms), b's all-reduce 50 MB / 1 GB/s
+    # = 50 ms; backward a 20 ms is done at 60 ms, but a's all-reduce
+    # (2 x 3/4 x 20 MB / 1 GB/s = 30 ms) waits for d0 and d1 until 90 ms:
+    # 120 ms, not the 95 ms of pricing each group alone
+    g = Graph("nested", [Op("a", flops=4e10, param_bytes=2e7),
+                         Op("b", flops=2e10, param_bytes=5e7)], [Edge("a", "b", 0.0)])
+    plan = Plan({"a": ["d0", "d1", "d2", "d3"], "b": ["d0", "d1"]}, 1, "1f1b")
+    sim, ana = _both(g, _four_devices(), plan, op_overhead=0.0, bucket_bytes=1e9)
+    assert sim == pytest.approx(0.120, rel=1e-9)
+    assert ana == pytest.approx(0.120, rel=1e-9)

@@ -117,3 +117,25 @@ def test_problem_still_pickles_and_copies_after_estimates():
     for q in (pickle.loads(pickle.dumps(p)), copy.deepcopy(p)):
         assert not q._plan_arrays.entries
         assert [r.step_time for r in ana.estimate_many(q, plans)] == before
+
+
+def test_overlapping_groups_batch_equals_one_by_one():
+    # data-parallel groups sharing devices (their all-reduces queue on the
+    # shared ones): a batch prices each plan as it prices it alone
+    g, c, p = _problem(n=200, devices=8)
+    names = c.names
+    rng = np.random.default_rng(0)
+    plans = []
+    for k in range(12):
+        sets = [sorted(rng.choice(names, size=int(rng.integers(1, 5)), replace=False).tolist())
+                for _ in range(3)]
+        cuts = np.sort(rng.choice(np.arange(1, len(p.ids)), size=2, replace=False))
+        stage = np.searchsorted(cuts, np.arange(len(p.ids)), side="right")
+        plans.append(Plan({op: list(sets[s]) for op, s in zip(p.ids, stage.tolist())},
+                          microbatches=4, schedule=("gpipe", "1f1b")[k % 2]))
+    ana = Analytical()
+    batch = ana.estimate_many(p, plans)
+    for plan, r in zip(plans, batch):
+        alone = ana.estimate(p, plan)
+        assert r.step_time == pytest.approx(alone.step_time, rel=1e-12)
+        assert r.objective == pytest.approx(alone.objective, rel=1e-12)

@@ -25,9 +25,14 @@ For each plan, with m microbatches:
 Step time ``T = (m - 1) * beta + fill``: for S equal stages of time t this
 is ``(m + S - 1) * t``, on one device ``m * t``. A data-parallel group's
 all-reduce (linear bounds of ring and hierarchical, the cheaper, per DDP
-bucket) starts when its backward ends, which is earlier than the step's
-end by the backward drain through the ops before it, and may extend the
-step. Memory is the simulator's formula.
+bucket) is released bucket by bucket over the group's last backward,
+which ends before the step does by the last microbatch's backward drain
+through the runs before the group (the backward share of their work on the
+path, one way of their transfers). A device runs its groups' all-reduces
+one after another, as the simulator's collective stream does, so the step
+ends no earlier than, for any release point t of a group on it, t plus
+everything its groups release from t on (see :func:`_allreduce_late`).
+Memory is the simulator's formula.
 
 Everything is computed per plan from its *runs* (maximal stretches of the
 topological order on one group) and *slots* (the groups it uses), so the
@@ -63,7 +68,7 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     per-group sums are differences of prefix sums at run ends, the largest
     workspace a range maximum, so the work per plan grows with its runs and
     its cut edges, not its ops nor the size of the group table."""
-    A = np.asarray(A, dtype=np.int64)
+    A = np.asarray(A)
     B, n = A.shape
     D = p.n_devices
     G = len(groups)
@@ -76,7 +81,8 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
 
     # --- runs: (row, first op, end op, group), in row-major order ------------
     # small ids move less memory in the B x n and B x E passes below
-    small = A.astype(np.int16 if G < 2 ** 15 else np.int32)
+    id_type = np.int16 if G < 2 ** 15 else np.int32
+    small = A if A.dtype == id_type else A.astype(id_type)
     hr, hc = np.divmod(np.flatnonzero(small[:, 1:] != small[:, :-1]), max(n - 1, 1))
     runs = np.bincount(hr, minlength=B) + 1
     R = B + len(hr)
@@ -88,7 +94,7 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     run_end = np.empty(R, dtype=np.int64)
     run_end[:-1] = run_start[1:]
     run_end[row_first + runs - 1] = n
-    run_group = A[run_row, run_start]
+    run_group = small.ravel()[run_row * n + run_start].astype(np.int64)
     sl = _slots(gt, B, D, G, n, run_row * G + run_group, run_start)
     run_slot, s_row, s_group, e_slot, e_cell = \
         sl["run_slot"], sl["row"], sl["group"], sl["e_slot"], sl["e_cell"]
@@ -145,41 +151,51 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     # --- tensors crossing devices -----------------------------------------
     speed = pre["speed"]
     phases = 2.0 if training else 1.0
-    x_row = x_src = x_dst = np.zeros(0, dtype=np.int64)
+    x_row = np.zeros(0, dtype=np.int64)
     x_lat = np.zeros(0)
     x_w = np.zeros(0)
     k_single = k_dp = np.zeros(0, dtype=np.int64)
     w_single = w_dp = np.zeros(0)
+    skey = hr * n + hc + 1                  # switch keys, sorted
+
+    def run_of(row, pos):
+        """Global run index of op ``pos`` of plan ``row``."""
+        return np.searchsorted(skey, row * n + pos, side="right") + row
+
+    r_src = r_dst = np.zeros(0, dtype=np.int64)
     if p.n_edges:
         src, dst, eb = _edges_by_source(p)
-        rows, cut = _crossing_edges(p, pre, A, small, hr, hc)
+        rows, cut, r_src, r_dst = _crossing_edges(pre, small, hr, hc, src, dst, run_group,
+                                                  run_of)
         if len(rows):
-            cu = A[rows, src[cut]]
-            cv = A[rows, dst[cut]]
+            cv = run_group[r_dst]
             # an op's output goes once to each destination group; edges are
             # sorted by source, so repeats sit together
             key_e = (rows * n + src[cut]) * G + cv
             lags = pre["lags"]
             if lags <= 8:
-                dup = np.zeros(len(key_e), dtype=bool)
-                for lag in range(1, lags + 1):
-                    dup[lag:] |= key_e[lag:] == key_e[:-lag]
-                keep = ~dup
+                dup = key_e[1:] == key_e[:-1]
+                for lag in range(2, lags + 1):
+                    dup[lag - 1:] |= key_e[lag:] == key_e[:-lag]
+                keep = np.r_[0, np.flatnonzero(~dup) + 1]
             else:
-                keep = np.zeros(len(key_e), dtype=bool)
-                keep[_unique(key_e, index=True)[1]] = True
-            rows, cu, cv, nb = rows[keep], cu[keep], cv[keep], eb[cut[keep]]
-            x_row, x_src, x_dst = rows, src[cut[keep]], dst[cut[keep]]
+                keep = _unique(key_e, index=True)[1]
+            rows, cv, r_src, r_dst = rows[keep], cv[keep], r_src[keep], r_dst[keep]
+            cu = run_group[r_src]
+            nb = eb[cut[keep]]
+            x_row = rows
             single = (cu < D) & (cv < D)
             if single.all():
-                cost = 1.0 / speed[cu, cv]
-                x_lat = p.latency[cu, cv]
+                link = cu * D + cv
+                cost = pre["inv_speed"][link]
+                x_lat = pre["latency"][link]
             else:
                 dm = ~single
+                link = cu[single] * D + cv[single]
                 cost = np.empty(len(cu))
-                cost[single] = 1.0 / speed[cu[single], cv[single]]
+                cost[single] = pre["inv_speed"][link]
                 x_lat = np.empty(len(cu))
-                x_lat[single] = p.latency[cu[single], cv[single]]
+                x_lat[single] = pre["latency"][link]
                 pairs = _pair_lookup(p, groups, gt, cu[dm] * G + cv[dm])
                 cost[dm] = pairs["worst"]
                 x_lat[dm] = pairs["lat"]
@@ -191,7 +207,7 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
                 w_dp = np.repeat(nb[dm], reps) * gt["reg_fracs"][pos]
             # tensors crossing one link wait for each other: count them all
             x_w = nb * cost
-            k_single = rows[single] * (D * D) + cu[single] * D + cv[single]
+            k_single = rows[single] * (D * D) + link
             w_single = nb[single]
     lk = _links(p, B, speed, per_mb[:, 0], k_single, w_single, k_dp, w_dp)
     fwd_out, fwd_in = lk["out"], lk["in"]
@@ -223,17 +239,10 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     else:
         sc = gt["slow_cls"][run_group]
         run_w = (crit[run_end, sc] - crit[run_start, sc]) / size[run_group] / m[run_row]
-    skey = hr * n + hc + 1                  # switch keys, sorted
-
-    def run_of(row, pos):
-        """Global run index of op ``pos`` of plan ``row``."""
-        return np.searchsorted(skey, row * n + pos, side="right") + row
-
     fill = np.bincount(run_row, run_w, minlength=B)
     start = np.zeros(R)                     # when each run may start
     entry = None
     if len(hr):
-        r_src, r_dst = run_of(x_row, x_src), run_of(x_row, x_dst)
         inflow = phases * np.bincount(r_dst, x_w, minlength=R) * per_mb[run_row, 0]
         lat_e = phases * x_lat
         end, start, by_paths = _run_paths(run_row, run_group, row_first, runs, run_w, r_src,
@@ -248,11 +257,12 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     # every op of a microbatch runs, so it takes at least any device's share
     fill = np.maximum(fill, comp.max(axis=1))
     # --- first op of each device (ops are in topological order) --------------
-    s_first = sl["first"]
     first_d = sl["first_d"]
     used = first_d < n
     run_first = run_of(np.arange(B)[:, None], np.minimum(first_d, n - 1)) - row_first[:, None]
     runs = runs[:, None]
+    local = np.arange(R) - row_first[run_row]   # each run's place in its plan
+    C_w = C = None
     held_1f1b = inflight(p, run_first, runs, used, m[:, None], "1f1b")
     if training:
         # 1F1B: a device keeps at most cap microbatches between its forward and
@@ -261,12 +271,7 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
         g_first = np.minimum(row_first[:, None] + run_first, R - 1)
         before = start[g_first]
         if entry is not None:
-            # chained plans: prefix sums within each plan's own runs (not
-            # across plans, so a plan's figures do not depend on its batch)
-            local = np.arange(R) - row_first[run_row]
-            C = np.zeros((B, int(runs.max()) + 1))
-            C[run_row, local + 1] = run_w + entry
-            np.cumsum(C, axis=1, out=C)
+            C = _row_prefix(B, runs, run_row, local, run_w + entry)
             chained = np.take_along_axis(C, run_first, axis=1) + entry[g_first]
             before = np.where(by_paths[:, None], before, chained)
         capped = used & (held_1f1b < m[:, None])
@@ -288,14 +293,24 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
                 bgt = lb * s_per_mb / size[s_group] * slow[s_group]
             else:
                 bgt = t_b[np.arange(U), s_slow] * s_per_mb / size[s_group]
-            # after a group's last backward, the microbatch's backward still
-            # has to drain through the ops before it: about that share of the
-            # backward half of the fill
-            slack = (fill / phases)[s_row] * s_first / n
-            # all buckets but the last overlap the group's own last backward
-            slack = slack + bgt * (buckets - 1) / buckets
-            late = np.full(B, -np.inf)
-            np.maximum.at(late, s_row, ar - slack)
+            # after a group's last backward, the last microbatch's backward
+            # still drains through the runs before the group's first one: the
+            # backward share of their work on the path to it and one way of
+            # its transfers (the path counts them both ways)
+            fr = sl["first_run"]
+            if C_w is None:
+                C_w = _row_prefix(B, runs, run_row, local, run_w)
+            work = C_w[s_row, local[fr]]
+            if entry is None:
+                before = start[fr]
+            else:
+                chained = C[s_row, local[fr]] + entry[fr]
+                before = np.where(by_paths[s_row], start[fr], chained)
+            work = np.minimum(work, before)
+            last = -(pre["bwd_share"] * work + (before - work) / phases)
+            # its buckets are ready one by one over its own last backward
+            first = last - bgt * (buckets - 1) / buckets
+            late = _allreduce_late(B, s_row, e_slot, e_cell, ar, buckets, first, last)
             step = np.maximum(step, step + late)
 
     # --- memory -------------------------------------------------------------------
@@ -332,6 +347,52 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     return out
 
 
+def _row_prefix(B: int, runs, run_row, local, values) -> np.ndarray:
+    """(B, max runs + 1) prefix sums of per-run ``values`` within each plan:
+    ``out[b, k]`` sums the first k runs of plan b (not across plans, so a
+    plan's figures do not depend on its batch)."""
+    out = np.zeros((B, int(np.max(runs)) + 1))
+    out[run_row, local + 1] = values
+    np.cumsum(out, axis=1, out=out)
+    return out
+
+
+def _allreduce_late(B: int, s_row, e_slot, e_cell, ar, buckets, first, last) -> np.ndarray:
+    """How far past the step's end (without all-reduce) each plan's
+    all-reduces finish: a device's all-reduces run one after another, so it
+    is busy from any release point t at least with the buckets released
+    then or later. A slot's buckets (``ar`` seconds in all) are released
+    from ``first`` to ``last`` (relative to the step's end); at t the slot
+    still holds all of them (t <= first), its last bucket (t <= last) or
+    none. Per (plan, device), the latest ``t + work after t`` over the
+    release points of its slots, then the latest over a plan's devices."""
+    late = np.full(B, -np.inf)
+    pick = np.flatnonzero(ar[e_slot] > 0)
+    if not len(pick):
+        return late
+    slot, cell = e_slot[pick], e_cell[pick]
+    order = np.argsort(cell, kind="stable")
+    slot, cell = slot[order], cell[order]
+    # every pair (i, j) of slots on one device (i == j included)
+    head = np.flatnonzero(np.r_[True, cell[1:] != cell[:-1]])
+    size = np.diff(np.r_[head, len(cell)])
+    k = np.repeat(size, size)
+    start = np.repeat(head, size)
+    i = np.repeat(np.arange(len(cell)), k)
+    j = np.repeat(start, k) + np.arange(len(i)) - np.repeat(np.cumsum(k) - k, k)
+    si, sj = slot[i], slot[j]
+    tail = ar[sj] / buckets[sj]
+    at_first = np.bincount(i, np.where(first[si] <= first[sj], ar[sj],
+                                       np.where(first[si] <= last[sj], tail, 0.0)),
+                           minlength=len(cell))
+    at_last = np.bincount(i, np.where(last[si] <= first[sj], ar[sj],
+                                      np.where(last[si] <= last[sj], tail, 0.0)),
+                          minlength=len(cell))
+    done = np.maximum(first[slot] + at_first, last[slot] + at_last)
+    np.maximum.at(late, s_row[slot], done)
+    return late
+
+
 def _chained_entry(p: Problem, groups, A, hr, hc, R: int, r_src, r_dst, inflow) -> np.ndarray:
     """What entering each run costs when a plan's runs are chained in
     topological order: its incoming transfers and, when the run just before
@@ -339,7 +400,7 @@ def _chained_entry(p: Problem, groups, A, hr, hc, R: int, r_src, r_dst, inflow) 
     fed = np.zeros(R, dtype=bool)
     fed[r_dst[r_dst == r_src + 1]] = True
     after = np.arange(len(hr)) + hr + 1
-    lat = _pair_latency(p, groups, A[hr, hc], A[hr, hc + 1])
+    lat = _pair_latency(p, groups, A[hr, hc].astype(np.int64), A[hr, hc + 1].astype(np.int64))
     entry = inflow.copy()
     entry[after] += np.where(fed[after], lat, 0.0) * (2.0 if p.training else 1.0)
     return entry
@@ -353,33 +414,43 @@ def _run_paths(run_row, run_group, row_first, runs, run_w, r_src, r_dst, cost_e,
     devices' links) and the previous run of its group ended (its devices
     are busy till then), and takes its share of the critical path. For
     plans of at most ``limit`` runs, in one pass over run positions for all
-    of them. Returns each run's end and start and which plans were done."""
+    of them. Returns each run's end and start and which plans were done.
+    Crossing edges come by plan row (as from :func:`_crossing_edges`)."""
     R = len(run_row)
     rows_ok = runs <= limit
-    ok = rows_ok[run_row]
     local = np.arange(R) - row_first[run_row]
-    # previous run of the same group in the same plan
+    # previous run of the same group in the same plan (R: none; h[R] = 0)
     key = run_row * G + run_group
     order = np.argsort(key, kind="stable")
-    prev = np.full(R, -1, dtype=np.int64)
+    prev = np.full(R, R, dtype=np.int64)
     same = key[order][1:] == key[order][:-1]
     prev[order[1:][same]] = order[:-1][same]
-    # tensors by the position of the run they enter, then by that run
-    e_ok = ok[r_dst]
-    e_src, e_dst, e_cost = r_src[e_ok], r_dst[e_ok], cost_e[e_ok]
-    e_order = np.lexsort((e_dst, local[e_dst]))
-    e_src, e_dst, e_cost = e_src[e_order], e_dst[e_order], e_cost[e_order]
+    if not rows_ok.all():
+        ok = rows_ok[run_row]
+        e_ok = np.flatnonzero(ok[r_dst])
+        r_src, r_dst, cost_e = r_src[e_ok], r_dst[e_ok], cost_e[e_ok]
+        runs_ok = np.flatnonzero(ok)
+    else:
+        runs_ok = np.arange(R)
+    n_pos = int(runs[rows_ok].max(initial=1))
+    small = np.int16 if n_pos < 2 ** 15 else np.int64
+    # tensors by the position of the run they enter; within a position they
+    # stay by row, so by the run they enter (one run per row and position)
+    e_local = local[r_dst].astype(small)
+    e_order = np.argsort(e_local, kind="stable")
+    e_src, e_dst, e_cost = r_src[e_order], r_dst[e_order], cost_e[e_order]
     heads = np.flatnonzero(np.r_[True, e_dst[1:] != e_dst[:-1]]) if len(e_dst) else \
         np.zeros(0, dtype=np.int64)
     targets = e_dst[heads]
-    n_pos = int(runs[rows_ok].max(initial=1))
-    e_bounds = np.searchsorted(local[e_dst], np.arange(n_pos + 1))
-    t_bounds = np.searchsorted(local[targets], np.arange(n_pos + 1))
-    r_order = np.flatnonzero(ok)[np.argsort(local[ok], kind="stable")]
-    r_bounds = np.searchsorted(local[r_order], np.arange(n_pos + 1))
-    has_prev = prev >= 0
-    prev0 = np.maximum(prev, 0)
-    h = np.zeros(R)
+    grid = np.arange(n_pos + 1)
+    e_local = e_local[e_order]
+    e_bounds = np.searchsorted(e_local, grid)
+    t_bounds = np.searchsorted(e_local[heads], grid)
+    r_order = runs_ok[np.argsort(local[runs_ok].astype(small), kind="stable")]
+    r_bounds = np.searchsorted(local[r_order], grid)
+    r_prev = prev[r_order]
+    r_w = run_w[r_order]
+    h = np.zeros(R + 1)
     ready = inflow.copy()
     for j in range(n_pos):
         lo, hi = e_bounds[j], e_bounds[j + 1]
@@ -387,11 +458,12 @@ def _run_paths(run_row, run_group, row_first, runs, run_w, r_src, r_dst, cost_e,
             t_lo, t_hi = t_bounds[j], t_bounds[j + 1]
             ready[targets[t_lo:t_hi]] += np.maximum.reduceat(
                 h[e_src[lo:hi]] + e_cost[lo:hi], heads[t_lo:t_hi] - lo)
-        at = r_order[r_bounds[j]:r_bounds[j + 1]]
-        begin = np.maximum(ready[at], np.where(has_prev[at], h[prev0[at]], 0.0))
+        a, b = r_bounds[j], r_bounds[j + 1]
+        at = r_order[a:b]
+        begin = np.maximum(ready[at], h[r_prev[a:b]])
         ready[at] = begin
-        h[at] = begin + run_w[at]
-    return h, ready, rows_ok
+        h[at] = begin + r_w[a:b]
+    return h[:R], ready, rows_ok
 
 
 def _links(p: Problem, B: int, speed: np.ndarray, per_mb: np.ndarray, k_single, w_single,
@@ -430,14 +502,12 @@ def _links(p: Problem, B: int, speed: np.ndarray, per_mb: np.ndarray, k_single, 
     first = _unique(row[at_top], index=True)
     arg[first[0]] = link[at_top[first[1]]]
     # a device pair's two directions together, on the slower direction
-    pair = row * DD + np.minimum(a, z) * D + np.maximum(a, z)
-    upair, pinv = _unique(pair, inverse=True)
-    prow, plink = np.divmod(upair, DD)
-    u, v = np.divmod(plink, D)
-    both = np.bincount(pinv, lmb, minlength=len(upair)) / \
-        np.minimum(flat[plink], flat[v * D + u])
+    rev = row * DD + z * D + a                  # the same pair the other way
+    at = np.minimum(np.searchsorted(keys, rev), max(len(keys) - 1, 0))
+    back = np.where(keys[at] == rev, lmb[at], 0.0) if len(keys) else lmb
+    both = (lmb + back) / np.minimum(flat[link], flat[z * D + a])
     both_max = np.zeros(B)
-    np.maximum.at(both_max, prow, both)
+    np.maximum.at(both_max, row, both)
     nic = p.nic_bandwidth[None, :]
     return {"row": row, "link": link, "bytes": load, "max": top, "arg": arg,
             "both_max": both_max,
@@ -474,6 +544,7 @@ def _slots(gt: dict, B: int, D: int, G: int, n: int, run_key: np.ndarray,
     first_d = np.full(B * D, n, dtype=np.int64)
     np.minimum.at(first_d, e_cell, first[e_slot])
     return {"run_slot": run_slot, "row": row, "group": group, "first": first,
+            "first_run": first_run,
             "e_slot": e_slot, "e_cell": e_cell, "first_d": first_d.reshape(B, D)}
 
 
@@ -558,9 +629,16 @@ def _precomputed(p: Problem) -> dict:
                                                p.nic_bandwidth[None, :]))
     src, dst, _ = _edges_by_source(p)
     outdeg = np.bincount(src, minlength=n) if len(src) else np.zeros(1, dtype=np.int64)
-    hit = p._analytical_pre = {"cum": cum, "sparse_max": np.stack(levels), "log2": log2,
+    if p.times is not None:
+        fwd_total, bwd_total = p.times.forward.sum(), p.times.backward.sum()
+    else:
+        fwd_total, bwd_total = p.flops.sum(), p.bwd_flops.sum()
+    work_total = fwd_total + bwd_total
+    hit = p._analytical_pre = {"cum": cum,
+                               "bwd_share": bwd_total / work_total if work_total > 0 else 0.5, "sparse_max": np.stack(levels), "log2": log2,
                                "crit_work": crit_work, "crit_ops": crit_ops,
-                               "speed": speed, "lags": max(int(outdeg.max()) - 1, 0),
+                               "speed": speed, "inv_speed": (1.0 / speed).ravel(),
+                               "latency": p.latency.ravel(), "lags": max(int(outdeg.max()) - 1, 0),
                                "cut_sets": _cut_sets(src, dst, n)}
     if p.times is not None:
         hit["times_cum"] = tuple(np.concatenate([np.zeros((1, t.shape[1])), np.cumsum(t, axis=0)])
@@ -585,24 +663,24 @@ def _cut_sets(src: np.ndarray, dst: np.ndarray, n: int):
     return ptr, e_rep[order]
 
 
-def _crossing_edges(p: Problem, pre: dict, A: np.ndarray, small: np.ndarray,
-                    hr: np.ndarray, hc: np.ndarray):
-    """(plan row, edge index by source) of every edge between different
-    groups, by row, then by the first switch it spans, then by edge (so
-    edges leaving one op sit together). Such an edge spans a group switch
-    (``hr``, ``hc``: row and position before it), so only the edges
-    spanning the switches are compared."""
-    src, dst, _ = _edges_by_source(p)
-    E = len(src)
+def _crossing_edges(pre: dict, small: np.ndarray, hr: np.ndarray, hc: np.ndarray,
+                    src: np.ndarray, dst: np.ndarray, run_group: np.ndarray, run_of):
+    """(plan row, edge index by source, source run, destination run) of
+    every edge between different groups, by row, then by the first switch
+    it spans, then by edge (so edges leaving one op sit together). Such an
+    edge spans a group switch (``hr``, ``hc``: row and position before it),
+    so only the edges spanning the switches are compared."""
     cs = pre["cut_sets"]
+    n = small.shape[1]
     if cs is None:
-        B = len(A)
+        B = len(small)
+        E = len(src)
         # op-major copy: gathering whole rows of B ids per edge is fast
         AT = np.ascontiguousarray(small.T)
         cut, rows = np.divmod(np.flatnonzero(AT[src] != AT[dst]), B)
         if len(rows):                                  # plan-major order
             rows, cut = np.divmod(np.sort(rows * E + cut), E)
-        return rows, cut
+        return rows, cut, run_of(rows, src[cut]), run_of(rows, dst[cut])
     ptr, edge = cs
     counts = ptr[hc + 1] - ptr[hc]
     total = int(counts.sum())
@@ -612,12 +690,25 @@ def _crossing_edges(p: Problem, pre: dict, A: np.ndarray, small: np.ndarray,
     prev = np.full(len(hc), -1, dtype=np.int64)
     same = hr[1:] == hr[:-1]
     prev[1:][same] = hc[:-1][same]
+    # the last op of the run after each switch
+    nxt = np.full(len(hc), n - 1, dtype=np.int64)
+    nxt[:-1][same] = hc[1:][same]
     cut = edge[at]
-    rows = np.repeat(hr, counts)
-    first = np.repeat(prev, counts) < src[cut]
-    rows, cut = rows[first], cut[first]
-    differ = small[rows, src[cut]] != small[rows, dst[cut]]
-    return rows[differ], cut[differ]
+    switch = np.repeat(np.arange(len(hr)), counts)
+    first = np.flatnonzero(prev[switch] < src[cut])
+    cut, switch = cut[first], switch[first]
+    rows = hr[switch]
+    # the run ending at switch j of row r is run j + r (runs are row-major)
+    differ = np.flatnonzero(small.ravel()[rows * n + dst[cut]] != run_group[switch + rows])
+    rows, cut, switch = rows[differ], cut[differ], switch[differ]
+    # most edges end in the run right after their switch: search the others
+    to = dst[cut]
+    beyond = np.flatnonzero(to > nxt[switch])
+    r_src = switch + rows
+    r_dst = r_src + 1
+    if len(beyond):
+        r_dst[beyond] = run_of(rows[beyond], to[beyond])
+    return rows, cut, r_src, r_dst
 
 
 def _critical_shares(p: Problem):
@@ -824,7 +915,7 @@ class _LazyReport(Report):
     def __getattr__(self, name):
         build = self.__dict__.get("_build")
         if name in _LAZY_FIELDS and build is not None:
-            self.__dict__.update(build())
+            self.__dict__.update(_dicts(*build) if isinstance(build, tuple) else build())
             del self.__dict__["_build"]
             return self.__dict__[name]
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
@@ -847,14 +938,18 @@ class _LazyReport(Report):
 
 
 def _reports(p: Problem, b: _Batch, microbatches: list, schedules: list) -> list[Report]:
-    steps = b.step.tolist()
-    feasible = b.feasible.tolist()
-    objective = b.objective.tolist()
-    return [_LazyReport(lambda i=i: _dicts(p, b, i), step_time=steps[i], feasible=feasible[i],
-                        objective=objective[i], model="analytical",
-                        microbatches=microbatches[i], schedule=schedules[i], extra={},
-                        timeline=None)
-            for i in range(len(schedules))]
+    new = object.__new__
+    out = []
+    for i, (step, feasible, objective, m, schedule) in enumerate(zip(
+            b.step.tolist(), b.feasible.tolist(), b.objective.tolist(), microbatches,
+            schedules)):
+        # as _LazyReport(...), without a call per report (they are many)
+        r = new(_LazyReport)
+        r.__dict__.update(step_time=step, feasible=feasible, objective=objective,
+                          model="analytical", microbatches=m, schedule=schedule, extra={},
+                          timeline=None, _build=(p, b, i))
+        out.append(r)
+    return out
 
 
 def _bottleneck(p: Problem, b: _Batch, i: int) -> str:

@@ -219,6 +219,7 @@ class Problem:
                 nic.append(np.inf)
         self.nic_bandwidth = np.array(nic, dtype=float)
         self.device_index = {name: i for i, name in enumerate(self.devices)}
+        self._base_type = np.int16 if self.n_devices < 2 ** 15 else np.int32
 
     # --- plans ------------------------------------------------------------
     def compile(self, plan: "Plan", groups: dict | None = None) -> Compiled:
@@ -239,7 +240,8 @@ class Problem:
     def compile_many(self, plans: Sequence["Plan"]):
         """Plans as one ``(B, n_ops)`` int array of group ids over one shared
         group table, with their microbatches and schedules:
-        ``(assignments, groups, microbatches, schedules)``.
+        ``(assignments, groups, microbatches, schedules)``. The ids are
+        int16 while the table has fewer than 2**15 groups (int32 beyond).
 
         A plan's device indices are kept (per problem, while the plan lives)
         together with the device lists they came from, and reused while
@@ -248,13 +250,15 @@ class Problem:
         for plan in plans:
             _check_pipeline(plan)
         groups: dict = {}
-        compiled = [self._devices_of(plan) for plan in plans]
-        A = np.stack([c[0] for c in compiled]) if compiled else \
-            np.zeros((0, self.n_ops), dtype=np.int64)
+        compiled = list(map(self._devices_of, plans))
         dp = [i for i, c in enumerate(compiled) if len(c[1])]
         if dp:
             # group ids of every plan's distinct device sets, then one scatter
             gids = np.array([self._group_id(k, groups) for i in dp for k in compiled[i][2]])
+        id_type = np.int16 if self.n_devices + len(groups) < 2 ** 15 else np.int32
+        A = np.stack([c[0] for c in compiled]).astype(id_type, copy=False) if compiled else \
+            np.zeros((0, self.n_ops), dtype=id_type)
+        if dp:
             sets = np.array([len(compiled[i][2]) for i in dp])
             count = np.array([len(compiled[i][1]) for i in dp])
             offset = np.repeat(np.cumsum(sets) - sets, count)
@@ -280,9 +284,12 @@ class Problem:
         (see :meth:`compile_many`) unless ``cache`` is false."""
         placement = plan.placement
         keys, values = list(placement), list(placement.values())
-        hit = self._plan_arrays.get(plan, keys, values) if cache else None
-        if hit is not None:
-            return hit
+        if cache:
+            # valid while the placement holds the same keys and list objects
+            entry = self._plan_arrays.entries.get(id(plan))
+            if entry is not None and entry[0]() is plan and values == entry[2] \
+                    and keys == entry[1]:
+                return entry[3]
         if keys != self.ids:        # not already in topological order
             try:
                 values = self._getter(placement) if self._getter is not None else \
@@ -303,13 +310,12 @@ class Problem:
             # one dict lookup per op, at C speed, on each op's first device;
             # only ops on several devices (data-parallel) go through tuples
             base = np.fromiter(map(dev.__getitem__, map(_FIRST, values)),
-                               dtype=np.int64, count=n)
-            multi = np.zeros(0, dtype=np.int64)
+                               dtype=self._base_type, count=n)
             keys: list = []
-            inverse = multi
-            if sum(map(len, values)) != n:
-                lens = np.fromiter(map(len, values), dtype=np.int64, count=n)
-                multi = np.flatnonzero(lens != 1)
+            lens = np.fromiter(map(len, values), dtype=np.int64, count=n)
+            multi = np.flatnonzero(lens != 1)
+            inverse = np.zeros(0, dtype=np.int64)
+            if len(multi):
                 lists = list(map(tuple, map(values.__getitem__, multi.tolist())))
                 memo = dict.fromkeys(lists)
                 for devices in memo:
@@ -406,14 +412,6 @@ class _PlanArrays:
         self.entries: dict[int, tuple] = {}
         self.ops = 0
         self.limit = limit
-
-    def get(self, plan, keys: list, values: list):
-        """The cached arrays of ``plan`` if its placement still has these
-        ``keys`` and ``values`` (the same objects)."""
-        entry = self.entries.get(id(plan))
-        if entry is None or entry[0]() is not plan or values != entry[2] or keys != entry[1]:
-            return None
-        return entry[3]
 
     def put(self, plan, keys: list, values: list, arrays):
         """Remember ``arrays`` for ``plan`` (until it dies); returns them."""
