@@ -489,11 +489,12 @@ class Evolution(Strategy):
     def _fresh_start_fits(self, budget: Budget, starts: int) -> bool:
         """Whether a converged search starts again from its seeds: only
         under a time budget (an evaluation budget or none means "until
-        converged"), at most ``fresh_starts`` times, and while the time
-        left is at least what the runs so far took on average."""
+        converged"), at most ``fresh_starts`` times, and while at least a
+        tenth of the time is left (a run cut short by the budget still
+        explores; its best joins the final ranking)."""
         if budget.time is None or starts >= self.fresh_starts or budget.exhausted():
             return False
-        return budget.remaining_time >= budget.elapsed / (starts + 1)
+        return budget.remaining_time >= 0.1 * budget.time
 
     def _fresh(self, space: Space, seeds: list, score, rng: np.random.Generator,
                toolbox) -> list:
