@@ -27,7 +27,7 @@ def problem():
 def reference(problem):
     graph, cluster = problem
     plan = placer.optimize(graph, cluster, **KW)
-    assert plan.extra["search"]["generations"] > 40   # long enough to interrupt
+    assert plan.extra["search"]["generations"] > 28   # long enough to interrupt
     return plan
 
 
@@ -39,7 +39,7 @@ def interrupt_at(*gens):
     return callback
 
 
-@pytest.mark.parametrize("gens", [(0,), (5,), (37,), (5, 21)])
+@pytest.mark.parametrize("gens", [(0,), (5,), (25,), (5, 21)])
 def test_interrupt_saves_plan_and_resume_matches(tmp_path, problem, reference, gens):
     graph, cluster = problem
     state = tmp_path / "state.json"
