@@ -151,7 +151,6 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     # --- tensors crossing devices -----------------------------------------
     speed = pre["speed"]
     phases = 2.0 if training else 1.0
-    x_row = np.zeros(0, dtype=np.int64)
     x_lat = np.zeros(0)
     x_w = np.zeros(0)
     k_single = k_dp = np.zeros(0, dtype=np.int64)
@@ -183,7 +182,6 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
             rows, cv, r_src, r_dst = rows[keep], cv[keep], r_src[keep], r_dst[keep]
             cu = run_group[r_src]
             nb = eb[cut[keep]]
-            x_row = rows
             single = (cu < D) & (cv < D)
             if single.all():
                 link = cu * D + cv
@@ -531,7 +529,7 @@ def _slot_times(times_cum, run_start, run_end, run_slot, U: int):
 def _slots(gt: dict, B: int, D: int, G: int, n: int, run_key: np.ndarray,
            run_start: np.ndarray) -> dict:
     """The *slots*, (plan, group) pairs that runs use (``run_key = row * G +
-    group``): each run's slot, each slot's row, group and first op; one
+    group``): each run's slot, each slot's row, group and first run; one
     entry per (slot, member device) with its cell ``row * D + device``; and
     the first op of each (plan, device), ``n`` where unused."""
     keys, first_run, run_slot = _unique(run_key, index=True, inverse=True)
@@ -543,8 +541,7 @@ def _slots(gt: dict, B: int, D: int, G: int, n: int, run_key: np.ndarray,
     e_cell = (row[:, None] * D + members)[ok]
     first_d = np.full(B * D, n, dtype=np.int64)
     np.minimum.at(first_d, e_cell, first[e_slot])
-    return {"run_slot": run_slot, "row": row, "group": group, "first": first,
-            "first_run": first_run,
+    return {"run_slot": run_slot, "row": row, "group": group, "first_run": first_run,
             "e_slot": e_slot, "e_cell": e_cell, "first_d": first_d.reshape(B, D)}
 
 
