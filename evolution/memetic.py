@@ -1,7 +1,8 @@
 """The memetic step: steepest-descent local search around a genome.
 
 Each round scores, in one batch, the genome's neighbourhood: every stage
-boundary shifted by 1, 2 or a quarter of its stage, every boundary op moved
+boundary shifted by 1, 2 or a quarter of its stage, every run of
+consecutive boundaries shifted by one op together, every boundary op moved
 to each neighbour's group, and the neighbouring microbatch counts and the
 other schedule; it moves to the best improving neighbour and stops when none
 improves (or after ``rounds``).
@@ -14,6 +15,13 @@ import numpy as np
 from .evaluate import Evaluator
 from .genome import OpGenome, Space
 from .operators import _boundary_ops
+
+
+#: chains of boundaries are shifted only in layouts of at most this many
+#: stages (op-level scattered plans have hundreds of runs), and at most
+#: this many boundaries long
+MAX_CHAIN_STAGES = 16
+MAX_CHAIN = 4
 
 
 def neighbourhood(space: Space, g: OpGenome, rng: np.random.Generator,
@@ -36,6 +44,21 @@ def neighbourhood(space: Space, g: OpGenome, rng: np.random.Generator,
             if step < left_len:                  # right stage takes ops
                 c = g.copy()
                 c.assign[k - step:k] = a[k]
+                out.append(c)
+    # a chain of boundaries shifted together: one op's worth of work passes
+    # from a stage to a distant one through the stages between (single
+    # shifts would each make the pipeline worse first)
+    sizes = ends - starts
+    chains = len(starts) if len(starts) <= MAX_CHAIN_STAGES else 0
+    for s in range(1, chains):
+        for t in range(s + 1, min(chains, s + MAX_CHAIN)):
+            if sizes[t] > 1:                     # stages s-1.. take one op along
+                c = g.copy()
+                c.assign[starts[s:t + 1]] = a[starts[s:t + 1] - 1]
+                out.append(c)
+            if sizes[s - 1] > 1:                 # stages ..t give one op back
+                c = g.copy()
+                c.assign[starts[s:t + 1] - 1] = a[starts[s:t + 1]]
                 out.append(c)
     for i in _boundary_ops(space, a).tolist():
         for j in set(a[space.neighbours(i)].tolist()) - {int(a[i])}:

@@ -197,3 +197,15 @@ def test_screens_with_the_simulator_when_it_fits_the_time(monkeypatch):
                            time_budget=2).extra["search"]["screen"] == "analytical"
     counted = placer.optimize(g, c, "evolution", seed=0, time_budget=None, evaluations=300)
     assert counted.extra["search"]["screen"] == "analytical"   # deterministic budgets keep it
+
+
+def test_neighbourhood_shifts_chains_of_boundaries(problem):
+    # stage 0 gains one op and stage 2 gives one up while stage 1 keeps its
+    # size: two boundaries move together, which no single shift does
+    from evolution.memetic import neighbourhood
+    space = Space(problem)
+    g = LayoutGenome([10, 20], [(0,), (1,), (2,)]).decode(space)
+    sizes = {tuple(np.bincount(c.assign, minlength=3)[:3].tolist())
+             for c in neighbourhood(space, g, np.random.default_rng(0), limit=10_000)}
+    n = space.n_ops
+    assert (11, 10, n - 21) in sizes and (9, 10, n - 19) in sizes
