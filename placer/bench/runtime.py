@@ -166,7 +166,7 @@ def _calibrate(build, names, bandwidth, latency):
 
 
 def accuracy(plans: int = 4, nproc: int = 2, model: str = MODEL, batch: int = 8,
-             seq: int = 32, steps: int = 5, microbatches: int = 2, seed: int = 0) -> dict:
+             seq: int = 32, steps: int = 8, microbatches: int = 2, seed: int = 0) -> dict:
     """Predicted vs measured step time of random plans on ``nproc`` CPU ranks
     (one torch thread each). Each run calibrates first, in its own ranks and
     before its steps (op times and the links between the ranks, see
@@ -199,7 +199,8 @@ def _row(k, plan, result, load) -> dict:
             "microbatches": plan.microbatches, "predicted": predicted, "measured": measured,
             "error": (predicted - measured) / measured, "load": load,
             "op_overhead": cal["op_overhead"], "link_bandwidth": link["bandwidth"],
-            "link_latency": link["latency"]}
+            "link_latency": link["latency"], "cpu_share": cal.get("cpu_share"),
+            "cpu_share_all": cal.get("cpu_share_all"), "cpu_shares": cal.get("cpu_shares")}
 
 
 # --------------------------------------------------------------------------
@@ -345,7 +346,7 @@ def netns(nproc: int = 2, rate: str = "100mbit", model: str = MODEL, batch: int 
     plan on that calibrated graph and cluster; runs it (calibrating again).
     Reports measured and predicted step times and the optimized plan's
     measured vs predicted speedup over the naive one."""
-    from placer.cost import simulate
+    from placer.runtime.contention import predict_shared
     module, inputs = _build(model, batch, seq)
     graph = placer.trace(module, inputs)
     names = [f"r{i}" for i in range(nproc)]
@@ -364,7 +365,7 @@ def netns(nproc: int = 2, rate: str = "100mbit", model: str = MODEL, batch: int 
         second = _launch_in(nets, best, tmp, "optimized", model=model, batch=batch, seq=seq,
                             steps=steps, timeout=timeout)
     # the optimized plan predicted on the naive run's calibration, too
-    best_on_first = simulate(cg, cc, best, **options).step_time
+    best_on_first = predict_shared(cg, cc, best, **options).step_time
     rows = [_netns_row("naive", naive, first, load_naive),
             _netns_row("optimized", best, second, load_opt)]
     measured = rows[0]["measured"] / rows[1]["measured"]

@@ -281,7 +281,7 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     opt = build_optimizer(optimizer, engine.parameters()) if training else None
     params = engine.parameters()
     calibration = None
-    rounds = []
+    rounds, shares = [], []
     # calibration rounds interleaved with the measured steps, so both sample
     # the same load of a shared machine
     chunk = -(-steps // min(CALIBRATION_ROUNDS, steps))
@@ -297,6 +297,11 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
                 rounds.append(_calibration_round(model, example_inputs, graph, tdev,
                                                  loss_fn=loss_fn))
             torch.set_rng_state(rng)
+        if calibrate and step >= warmup:
+            # the load of a shared host changes from second to second: the
+            # shares are sampled before every measured step, too
+            with _STATUS.wait(None, "calibration"):
+                shares.append(_shares(tdev, 0.05))
         _STATUS.set(f"step {step}")
         _maybe_inject_fault(rank, step)
         for p in params:
@@ -344,7 +349,7 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
             "comm": comm, "peak": peak, "cpu_time": cpu_time, "events": timeline}
     if calibrate:
         with _STATUS.wait(None, "the calibration gather"):
-            calibration = _combine_calibration(rounds, graph, devs, tdev)
+            calibration = _combine_calibration(rounds, graph, devs, tdev, shares)
     gathered = [None] * world if rank == 0 else None
     _STATUS.set("gather results")
     with _STATUS.wait(None, "the results gather"):
@@ -403,21 +408,16 @@ def _calibration_round(model, example_inputs, graph, tdev, loss_fn=None) -> dict
     between ranks, the share of a core each rank gets while all compute,
     and every op's time on this rank's device."""
     from ..cluster import Cluster, Device
-    from .profile import cpu_share, measure_links, profile
+    from .profile import measure_links, profile
     links = measure_links(dist.get_world_size(), dist.get_rank(), repeats=5)
     name = str(tdev)
     here = Cluster.from_rules("here", [Device(name, 1e11, 1e10)], default=(1e9, 1e-4))
-    # the share of a core a rank gets while every rank computes at once and
-    # while it computes alone (ranks on one host share its cores and its
-    # other work; see placer.runtime.contention)
-    dist.barrier()
-    share_all = cpu_share(tdev, 0.1)
+    share_one, share_all = _shares(tdev, 0.1)
     # op times one rank at a time (the fastest repeat: an op's speed while
     # it runs, at a whole core; the time slices it loses are the shares')
     for turn in range(dist.get_world_size()):
         dist.barrier()
         if turn == dist.get_rank():
-            share_one = cpu_share(tdev, 0.1)
             timed, cal = profile(model, example_inputs, graph=graph, cluster=here,
                                  devices=[name], repeats=3, warmup=1, loss_fn=loss_fn,
                                  share=1.0)
@@ -432,16 +432,35 @@ def _calibration_round(model, example_inputs, graph, tdev, loss_fn=None) -> dict
             "allreduce": links["allreduce"]}
 
 
-def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev) -> dict | None:
+def _shares(tdev, seconds: float) -> tuple[float, float]:
+    """Collective: the share of a core this rank gets while it computes
+    alone (the others wait) and while every rank computes at once (ranks on
+    one host share its cores and its other work; see
+    :mod:`placer.runtime.contention`)."""
+    from .profile import cpu_share
+    dist.barrier()
+    share_all = cpu_share(tdev, seconds)
+    for turn in range(dist.get_world_size()):
+        dist.barrier()
+        if turn == dist.get_rank():
+            share_one = cpu_share(tdev, seconds)
+    dist.barrier()
+    return share_one, share_all
+
+
+def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev,
+                         shares: list = ()) -> dict | None:
     """Collective: rank 0 gets the calibrated graph and cluster (medians over
     every round of every rank: the ranks' devices are alike); None elsewhere."""
     from ..cluster import Device
     from .profile import calibrated_graph, fit_link, ranks_cluster
     gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(rounds, gathered, dst=0)
+    dist.gather_object((rounds, list(shares)), gathered, dst=0)
     if gathered is None:
         return None
-    every = [r for part in gathered for r in part]
+    every = [r for part, _ in gathered for r in part]
+    samples = [(r["cpu_share"], r["cpu_share_all"]) for r in every] + \
+        [s for _, part in gathered for s in part]
     med = statistics.median
     name = str(tdev)
     timed = type(graph).from_dict(graph.to_dict())
@@ -451,8 +470,8 @@ def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev) -> di
             op.extra.setdefault("measured", {})[name] = {k: med(row[k] for row in rows)
                                                          for k in rows[0]}
     ovh = med(r["op_overhead"] for r in every)
-    share = med(r["cpu_share"] for r in every)
-    share_all = med(r["cpu_share_all"] for r in every)
+    share = med(s[0] for s in samples)
+    share_all = med(s[1] for s in samples)
     # op times at a whole core; the shares stay in the ranks' devices
     dev = Device(name, 1e11, 1e10, efficiency=med(r["efficiency"] for r in every),
                  extra={"op_overhead": ovh, "cpu_share": 1.0})
