@@ -92,3 +92,6 @@ def test_profile_charges_the_loss_to_the_output_op():
     assert last.extra["measured"]["cpu"]["fwd"] >= 0.02
     assert all(op.extra["measured"]["cpu"]["fwd"] < 0.02 for op in graph
                if op is not last and "measured" in op.extra)
+    untimed, _ = profile(model, inputs, cluster=cluster, repeats=1, warmup=0, loss_fn=False,
+                         share=1.0)
+    assert untimed.op(last.id).extra["measured"]["cpu"]["fwd"] < 0.02

@@ -294,8 +294,10 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
             _STATUS.set("calibrating")
             rng = torch.get_rng_state()   # the steps draw the same numbers as without it
             with _STATUS.wait(None, "calibration"):
+                # a loss of (outputs, targets) is not timed: the profile runs
+                # rows without their targets
                 rounds.append(_calibration_round(model, example_inputs, graph, tdev,
-                                                 loss_fn=loss_fn))
+                                                 loss_fn=loss_fn if targets is None else False))
             torch.set_rng_state(rng)
         if calibrate and step >= warmup:
             # the load of a shared host changes from second to second: the

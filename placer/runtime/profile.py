@@ -269,9 +269,10 @@ def profile(model: torch.nn.Module, example_inputs: Any, graph: Graph | None = N
     Training graphs: the loss (``loss_fn``, default the runtime's
     :func:`~placer.runtime.run.default_loss`) is timed too and its time added
     to the ops whose values are the model's outputs (the runtime computes it
-    beside them; the graph has no op for it). ``share``: the share of a
-    core the steps will get (default: measured here, :func:`cpu_share`);
-    ranks that share a host's cores measure it while all of them are busy."""
+    beside them; the graph has no op for it); ``loss_fn=False`` times none.
+    ``share``: the share of a core the steps will get (default: measured
+    here, :func:`cpu_share`); ranks that share a host's cores measure it
+    while all of them are busy."""
     from ..trace import trace
     from .run import _as_device
     if graph is None:
@@ -288,6 +289,8 @@ def profile(model: torch.nn.Module, example_inputs: Any, graph: Graph | None = N
     half = max(1, batch // 2)
     if loss_fn is None:
         from .run import default_loss as loss_fn
+    elif loss_fn is False:    # not timed (e.g. a loss that needs targets)
+        loss_fn = None
     outputs = [n for n in _output_nodes(gm) if n in fx_names] if graph.training else []
     # rows the plans run at: the batch, a half (two microbatches or
     # replicas), a quarter (both); the fit is over all of them
