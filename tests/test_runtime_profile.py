@@ -67,3 +67,31 @@ def test_calibrated_launch_predicts_from_its_own_measurements():
     assert link["bandwidth"] > 0 and link["latency"] >= 0 and len(link["points"]) >= 2
     assert cal["op_overhead"] >= 0 and cal["allreduce"]
     assert placer.Cluster.from_dict(cal["cluster"]).names == ["a", "b"]
+    # the shares of a core alone and with both ranks busy, and those used
+    assert 0 < cal["cpu_share"] <= 1 and 0 < cal["cpu_share_all"] <= 1
+    assert set(cal["cpu_shares"]) == {"a", "b"}
+    # each rank's measured timeline: a bar per task of its pieces
+    lanes = {e[0] for e in result["events"]}
+    assert lanes == {"a", "b"}
+
+
+def test_profile_charges_the_loss_to_the_output_op():
+    import time as _time
+    from placer.runtime.run import default_loss
+
+    def slow_loss(out):
+        _time.sleep(0.02)   # a loss far slower than any op of the tiny model
+        return default_loss(out)
+
+    model, inputs = zoo.build("gpt-125m", tiny=True, batch=2)
+    cluster = placer.Cluster.from_rules("one", [placer.Device("cpu", 1e11, 1e10)],
+                                        default=(1e9, 1e-4))
+    graph, _ = profile(model, inputs, cluster=cluster, repeats=1, warmup=0, loss_fn=slow_loss,
+                       share=1.0)
+    last = graph.op(graph.topological_order()[-1])
+    assert last.extra["measured"]["cpu"]["fwd"] >= 0.02
+    assert all(op.extra["measured"]["cpu"]["fwd"] < 0.02 for op in graph
+               if op is not last and "measured" in op.extra)
+    untimed, _ = profile(model, inputs, cluster=cluster, repeats=1, warmup=0, loss_fn=False,
+                         share=1.0)
+    assert untimed.op(last.id).extra["measured"]["cpu"]["fwd"] < 0.02

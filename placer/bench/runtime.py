@@ -166,7 +166,7 @@ def _calibrate(build, names, bandwidth, latency):
 
 
 def accuracy(plans: int = 4, nproc: int = 2, model: str = MODEL, batch: int = 8,
-             seq: int = 32, steps: int = 5, microbatches: int = 2, seed: int = 0) -> dict:
+             seq: int = 32, steps: int = 8, microbatches: int = 2, seed: int = 0) -> dict:
     """Predicted vs measured step time of random plans on ``nproc`` CPU ranks
     (one torch thread each). Each run calibrates first, in its own ranks and
     before its steps (op times and the links between the ranks, see
@@ -192,14 +192,23 @@ def accuracy(plans: int = 4, nproc: int = 2, model: str = MODEL, batch: int = 8,
 
 
 def _row(k, plan, result, load) -> dict:
+    from placer.runtime.contention import predict_shared
     rep, cal = result["report"], result["calibration"]
     measured, predicted = rep["step_time"], rep["predicted"]
+    # the same calibration without contention: every rank at its share alone
+    cc = placer.Cluster.from_dict(cal["cluster"])
+    for dev in cc.devices:
+        dev.extra["cpu_share_all"] = dev.extra.get("cpu_share", 1.0)
+    alone = predict_shared(placer.Graph.from_dict(cal["graph"]), cc, plan,
+                           op_overhead=cal["op_overhead"]).step_time
     link = next(iter(cal["links"].values()), {"bandwidth": None, "latency": None})
     return {"plan": k, "devices": sorted(plan.devices_used()),
             "microbatches": plan.microbatches, "predicted": predicted, "measured": measured,
             "error": (predicted - measured) / measured, "load": load,
             "op_overhead": cal["op_overhead"], "link_bandwidth": link["bandwidth"],
-            "link_latency": link["latency"]}
+            "link_latency": link["latency"], "cpu_share": cal.get("cpu_share"),
+            "cpu_share_all": cal.get("cpu_share_all"), "cpu_shares": cal.get("cpu_shares"),
+            "predicted_alone": alone, "error_alone": (alone - measured) / measured}
 
 
 # --------------------------------------------------------------------------
@@ -304,8 +313,15 @@ def _launch_in(nets, plan, tmp: str, tag: str, *, model: str, batch: int, seq: i
             procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                           text=True))
             log.close()
+        deadline = time.monotonic() + timeout
         for p in procs:
-            p.wait(timeout=timeout)
+            try:
+                p.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"the {tag} plan's ranks did not finish within "
+                                   f"{timeout:.0f} s; last lines: " + " | ".join(
+                                       _tail(os.path.join(tmp, f"{tag}.rank{i}.log"))
+                                       for i in range(world))) from None
     finally:
         for p in procs:
             if p.poll() is None:
@@ -317,6 +333,15 @@ def _launch_in(nets, plan, tmp: str, tag: str, *, model: str, batch: int, seq: i
         raise RuntimeError(f"rank 0 of the {tag} plan failed: {err[-1] if err else '?'}")
     with open(out) as f:
         return json.load(f)
+
+
+def _tail(path: str, lines: int = 3) -> str:
+    """The last lines of a rank's log (for an error message)."""
+    try:
+        with open(path) as f:
+            return " / ".join(f.read().strip().splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
 
 
 def _naive_plan(graph, names: list[str], microbatches: int):
@@ -338,45 +363,58 @@ def _naive_plan(graph, names: list[str], microbatches: int):
 
 def netns(nproc: int = 2, rate: str = "100mbit", model: str = MODEL, batch: int = 8,
           seq: int = 32, steps: int = 5, microbatches: int = 2, seed: int = 0,
-          search_seconds: float = 20.0, timeout: float = 300.0) -> dict:
+          search_seconds: float = 20.0, timeout: float = 300.0, rounds: int = 1) -> dict:
     """An emulated decentralized cluster: ranks in namespaces behind ``tc
     tbf`` links at ``rate``. Runs a naive plan (equal-FLOP pipeline stages),
     whose ranks calibrate first (op times, links); searches an optimized
     plan on that calibrated graph and cluster; runs it (calibrating again).
-    Reports measured and predicted step times and the optimized plan's
-    measured vs predicted speedup over the naive one."""
-    from placer.cost import simulate
+    Then both run again, alternately, ``rounds`` times in all (the load of a
+    shared host drifts between runs: a pair run back to back sees about the
+    same). Reports every run's measured and predicted step times, each
+    pair's measured vs predicted speedup of the optimized plan over the
+    naive one, and their medians."""
+    from placer.runtime.contention import predict_shared
     module, inputs = _build(model, batch, seq)
     graph = placer.trace(module, inputs)
     names = [f"r{i}" for i in range(nproc)]
     naive = _naive_plan(graph, names, microbatches)
+    pairs = []
     with Namespaces(nproc, rate) as nets, tempfile.TemporaryDirectory() as tmp:
-        load_naive = _load()
-        first = _launch_in(nets, naive, tmp, "naive", model=model, batch=batch, seq=seq,
-                           steps=steps, timeout=timeout)
-        cal = first["calibration"]
-        cg, cc = placer.Graph.from_dict(cal["graph"]), placer.Cluster.from_dict(cal["cluster"])
-        options = {"op_overhead": cal["op_overhead"]}
-        best = placer.optimize(cg, cc, "evolution", seed=seed, time_budget=search_seconds,
-                               problem_options=options,
-                               microbatches=[m for m in (1, 2, 4) if m <= batch])
-        load_opt = _load()
-        second = _launch_in(nets, best, tmp, "optimized", model=model, batch=batch, seq=seq,
-                            steps=steps, timeout=timeout)
-    # the optimized plan predicted on the naive run's calibration, too
-    best_on_first = simulate(cg, cc, best, **options).step_time
-    rows = [_netns_row("naive", naive, first, load_naive),
-            _netns_row("optimized", best, second, load_opt)]
-    measured = rows[0]["measured"] / rows[1]["measured"]
-    predicted = rows[0]["predicted"] / rows[1]["predicted"]
+        best = None
+        for k in range(max(1, rounds)):
+            load_naive = _load()
+            first = _launch_in(nets, naive, tmp, f"naive{k}", model=model, batch=batch,
+                               seq=seq, steps=steps, timeout=timeout)
+            if best is None:
+                cal = first["calibration"]
+                cg = placer.Graph.from_dict(cal["graph"])
+                cc = placer.Cluster.from_dict(cal["cluster"])
+                options = {"op_overhead": cal["op_overhead"]}
+                best = placer.optimize(cg, cc, "evolution", seed=seed,
+                                       time_budget=search_seconds, problem_options=options,
+                                       microbatches=[m for m in (1, 2, 4) if m <= batch])
+                # the optimized plan predicted on the naive run's calibration, too
+                best_on_first = predict_shared(cg, cc, best, **options).step_time
+                first_pred = first["predicted"]
+            load_opt = _load()
+            second = _launch_in(nets, best, tmp, f"optimized{k}", model=model, batch=batch,
+                                seq=seq, steps=steps, timeout=timeout)
+            pairs.append([_netns_row("naive", naive, first, load_naive),
+                          _netns_row("optimized", best, second, load_opt)])
+    rows = [r for pair in pairs for r in pair]
+    measured = [a["measured"] / b["measured"] for a, b in pairs]
+    predicted = [a["predicted"] / b["predicted"] for a, b in pairs]
+    errors = [(p - m) / m for p, m in zip(predicted, measured)]
+    med = statistics.median
     return {"rate": rate, "rate_bytes_per_s": _rate_bytes(rate), "plans": rows,
-            "speedup_measured": measured,
-            "speedup_predicted": predicted,
-            "speedup_predicted_one_calibration": rows[0]["predicted"] / best_on_first,
-            "speedup_error": (predicted - measured) / measured,
+            "speedups": [{"measured": m, "predicted": p, "error": e}
+                         for m, p, e in zip(measured, predicted, errors)],
+            "speedup_measured": med(measured), "speedup_predicted": med(predicted),
+            "speedup_predicted_one_calibration": first_pred / best_on_first,
+            "speedup_error": med(errors),
             "link": {k: {"bandwidth": v["bandwidth"], "latency": v["latency"]}
                      for k, v in cal["links"].items()},
-            "median_abs_error": statistics.median(abs(r["error"]) for r in rows)}
+            "median_abs_error": med(abs(r["error"]) for r in rows)}
 
 
 def _netns_row(name, plan, rep, load) -> dict:
@@ -392,13 +430,14 @@ def main(argv=None) -> int:
     ap.add_argument("--plans", type=int, default=4)
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--rate", default="100mbit")
+    ap.add_argument("--rounds", type=int, default=2, help="netns: runs of each plan, alternately")
     ns = ap.parse_args(argv)
     if ns.what == "overhead":
         out = overhead()
     elif ns.what == "accuracy":
         out = accuracy(plans=ns.plans, nproc=ns.nproc)
     else:
-        out = netns(nproc=ns.nproc, rate=ns.rate)
+        out = netns(nproc=ns.nproc, rate=ns.rate, rounds=ns.rounds)
     print(json.dumps(out, indent=1))
     return 0
 

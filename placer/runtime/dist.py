@@ -37,6 +37,7 @@ the longest single op's compute time.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import functools
 import json
@@ -181,6 +182,12 @@ class DistTransport:
                               device="cpu" if self.stage else self.device)
             self.posted[tag] = (dist.irecv(buf, src=self.rank_of[src], tag=tag), buf)
 
+    def ready(self, tag: int) -> bool:
+        """Whether message ``tag`` of this step has arrived (a tag no longer
+        posted was received already)."""
+        posted = self.posted.get(tag)
+        return posted is None or posted[0].is_completed()
+
     def recv(self, shape, dtype, src: str, dst: str, tag: int):
         if src == self.me:
             return self.box.pop(tag)
@@ -274,12 +281,12 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     opt = build_optimizer(optimizer, engine.parameters()) if training else None
     params = engine.parameters()
     calibration = None
-    rounds = []
+    rounds, shares = [], []
     # calibration rounds interleaved with the measured steps, so both sample
     # the same load of a shared machine
     chunk = -(-steps // min(CALIBRATION_ROUNDS, steps))
     cal_before = {warmup + k for k in range(0, steps, chunk)} if calibrate else set()
-    times, losses, last, grads = [], [], None, {}
+    times, losses, last, grads, timeline = [], [], None, {}, []
     compute = comm = cpu_time = 0.0
     peak_act = 0.0
     for step in range(steps + warmup):
@@ -287,8 +294,16 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
             _STATUS.set("calibrating")
             rng = torch.get_rng_state()   # the steps draw the same numbers as without it
             with _STATUS.wait(None, "calibration"):
-                rounds.append(_calibration_round(model, example_inputs, graph, tdev))
+                # a loss of (outputs, targets) is not timed: the profile runs
+                # rows without their targets
+                rounds.append(_calibration_round(model, example_inputs, graph, tdev,
+                                                 loss_fn=loss_fn if targets is None else False))
             torch.set_rng_state(rng)
+        if calibrate and step >= warmup:
+            # the load of a shared host changes from second to second: the
+            # shares are sampled before every measured step, too
+            with _STATUS.wait(None, "calibration"):
+                shares.append(_shares(tdev, 0.05))
         _STATUS.set(f"step {step}")
         _maybe_inject_fault(rank, step)
         for p in params:
@@ -311,6 +326,8 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
         with _STATUS.wait(None, "the step's end"):
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         if step >= warmup:
+            if not times or float(elapsed) <= statistics.median(times):
+                timeline = [dataclasses.astuple(e) for e in engine.events]   # a typical step
             times.append(float(elapsed))
             losses.append(last["loss"])
             compute += last["stats"].compute.get(me, 0.0) / steps
@@ -331,10 +348,10 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     mine = {"device": me, "loss": last["loss"], "losses": losses,
             "outputs": (join_outputs(sp, last["outputs"]) if last["outputs"] else None),
             "gradients": grads, "parameters": engine.state(), "compute": compute,
-            "comm": comm, "peak": peak, "cpu_time": cpu_time}
+            "comm": comm, "peak": peak, "cpu_time": cpu_time, "events": timeline}
     if calibrate:
         with _STATUS.wait(None, "the calibration gather"):
-            calibration = _combine_calibration(rounds, graph, devs, tdev)
+            calibration = _combine_calibration(rounds, graph, devs, tdev, shares)
     gathered = [None] * world if rank == 0 else None
     _STATUS.set("gather results")
     with _STATUS.wait(None, "the results gather"):
@@ -353,10 +370,11 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     step_time = statistics.median(times)
     busy = {p["device"]: p["compute"] + p["comm"] for p in gathered}
     if calibration is not None:
-        from ..cost import simulate
+        from .contention import predict_shared
         cg, cc = calibration["graph"], calibration["cluster"]
-        prediction = simulate(cg, cc, plan, **{"op_overhead": calibration["op_overhead"],
-                                                **(problem_options or {})})
+        prediction = predict_shared(cg, cc, plan, **{"op_overhead": calibration["op_overhead"],
+                                                     **(problem_options or {})})
+        calibration["cpu_shares"] = prediction.extra["cpu_shares"]
         merged["calibration"] = {**calibration, "graph": cg.to_dict(), "cluster": cc.to_dict()}
     elif cluster is not None:
         prediction = predict(graph, cluster, plan, problem_options)
@@ -375,6 +393,9 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     # CPU time of each rank's process per step (all its threads): against
     # ``busy``, how much of a step a rank spent preempted on a shared host
     merged["cpu_time"] = {p["device"]: p["cpu_time"] for p in gathered}
+    # each rank's timeline of a typical measured step (Event fields as tuples;
+    # rank clocks differ, so starts are relative to each rank's step start)
+    merged["events"] = [e for p in gathered for e in p["events"]]
     merged["schedule"] = used
     merged["notes"] = list(sp.notes)
     return merged
@@ -384,42 +405,64 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
 CALIBRATION_ROUNDS = 3
 
 
-def _calibration_round(model, example_inputs, graph, tdev) -> dict:
+def _calibration_round(model, example_inputs, graph, tdev, loss_fn=None) -> dict:
     """Collective: one round of microbenchmarks on every rank: the links
-    between ranks and every op's time on this rank's device."""
+    between ranks, the share of a core each rank gets while all compute,
+    and every op's time on this rank's device."""
     from ..cluster import Cluster, Device
     from .profile import measure_links, profile
     links = measure_links(dist.get_world_size(), dist.get_rank(), repeats=5)
     name = str(tdev)
     here = Cluster.from_rules("here", [Device(name, 1e11, 1e10)], default=(1e9, 1e-4))
-    # one rank at a time: ranks sharing a host's cores would otherwise slow
-    # each other down more than in most steps, where ranks take turns
+    share_one, share_all = _shares(tdev, 0.1)
+    # op times one rank at a time (the fastest repeat: an op's speed while
+    # it runs, at a whole core; the time slices it loses are the shares')
     for turn in range(dist.get_world_size()):
         dist.barrier()
         if turn == dist.get_rank():
             timed, cal = profile(model, example_inputs, graph=graph, cluster=here,
-                                 devices=[name], repeats=3, warmup=1)
+                                 devices=[name], repeats=3, warmup=1, loss_fn=loss_fn,
+                                 share=1.0)
     dist.barrier()
     dev = cal.device(name)
     return {"ops": {op.id: op.extra["measured"][name] for op in timed
                     if name in op.extra.get("measured", {})},
             "op_overhead": dev.extra["op_overhead"], "efficiency": dev.efficiency,
-            "cpu_share": dev.extra.get("cpu_share", 1.0),
+            "cpu_share": share_one, "cpu_share_all": share_all,
             "points": {pair: link["points"] for pair, link in links["pairs"].items()},
             "message_cpu": {pair: link["message_cpu"] for pair, link in links["pairs"].items()},
             "allreduce": links["allreduce"]}
 
 
-def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev) -> dict | None:
+def _shares(tdev, seconds: float) -> tuple[float, float]:
+    """Collective: the share of a core this rank gets while it computes
+    alone (the others wait) and while every rank computes at once (ranks on
+    one host share its cores and its other work; see
+    :mod:`placer.runtime.contention`)."""
+    from .profile import cpu_share
+    dist.barrier()
+    share_all = cpu_share(tdev, seconds)
+    for turn in range(dist.get_world_size()):
+        dist.barrier()
+        if turn == dist.get_rank():
+            share_one = cpu_share(tdev, seconds)
+    dist.barrier()
+    return share_one, share_all
+
+
+def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev,
+                         shares: list = ()) -> dict | None:
     """Collective: rank 0 gets the calibrated graph and cluster (medians over
     every round of every rank: the ranks' devices are alike); None elsewhere."""
     from ..cluster import Device
     from .profile import calibrated_graph, fit_link, ranks_cluster
     gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(rounds, gathered, dst=0)
+    dist.gather_object((rounds, list(shares)), gathered, dst=0)
     if gathered is None:
         return None
-    every = [r for part in gathered for r in part]
+    every = [r for part, _ in gathered for r in part]
+    samples = [(r["cpu_share"], r["cpu_share_all"]) for r in every] + \
+        [s for _, part in gathered for s in part]
     med = statistics.median
     name = str(tdev)
     timed = type(graph).from_dict(graph.to_dict())
@@ -429,9 +472,13 @@ def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev) -> di
             op.extra.setdefault("measured", {})[name] = {k: med(row[k] for row in rows)
                                                          for k in rows[0]}
     ovh = med(r["op_overhead"] for r in every)
-    share = med(r["cpu_share"] for r in every)
-    dev = Device(name, 1e11, 1e10, efficiency=every[0]["efficiency"],
-                 extra={"op_overhead": ovh, "cpu_share": share})
+    share = med(s[0] for s in samples)
+    share_all = med(s[1] for s in samples)
+    # op times at a whole core; the shares stay in the ranks' devices
+    dev = Device(name, 1e11, 1e10, efficiency=med(r["efficiency"] for r in every),
+                 extra={"op_overhead": ovh, "cpu_share": 1.0})
+    shared = Device(name, 1e11, 1e10, efficiency=dev.efficiency,
+                    extra={"op_overhead": ovh, "cpu_share": share, "cpu_share_all": share_all})
     pairs = {}
     for pair in every[0]["points"]:
         sizes = set.intersection(*(set(r["points"][pair]) for r in rounds))
@@ -443,8 +490,9 @@ def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev) -> di
     from ..cluster import Cluster
     one = Cluster("here", [dev], [[float("inf")]], [[0.0]])
     return {"graph": calibrated_graph(timed, one, name, overhead=ovh),
-            "cluster": ranks_cluster(devs, dev, {"pairs": pairs}), "op_overhead": ovh,
-            "efficiency": dev.efficiency, "cpu_share": share, "rounds": len(every),
+            "cluster": ranks_cluster(devs, shared, {"pairs": pairs}), "op_overhead": ovh,
+            "efficiency": dev.efficiency, "cpu_share": share, "cpu_share_all": share_all,
+            "rounds": len(every),
             "links": {f"{devs[i]}-{devs[j]}": v for (i, j), v in pairs.items()},
             "allreduce": allreduce}
 

@@ -481,7 +481,7 @@ class Engine:
         count = self.count_saved and self._peak_act is None
         self._t0 = t0 = time.perf_counter()
         events = self.events = []
-        for dev, task in self.order:
+        for dev, task in self._tasks():
             kind, m, inst = task
             start = time.perf_counter()
             comm_before = sum(self.transport.comm_time.values())
@@ -511,6 +511,64 @@ class Engine:
         elif self._peak_act is not None:
             stats.peak_act.update(self._peak_act)
         return {"outputs": st.outputs, "loss": st.loss, "stats": stats}
+
+    def _tasks(self):
+        """This process's tasks in the order they run. One process hosting
+        every device runs the precomputed interleaved order. A rank
+        (a transport with ``ready``) runs the first task of the order whose
+        inputs are all here, as the cost model's simulator dispatches: a
+        forward that waits for another rank does not hold up a later
+        microbatch's forward that can start. A task only overtakes tasks of
+        the same kind in the same run of the order (so 1F1B keeps its
+        microbatches in flight); when none is ready it waits for the first."""
+        ready = getattr(self.transport, "ready", None)
+        if ready is None:
+            yield from self.order
+            return
+        needs = self._needs()
+        pending = list(self.order)
+        done: set = set()
+        while pending:
+            pick = 0
+            for i, (dev, task) in enumerate(pending):
+                if needs[task][2] != needs[pending[0][1]][2]:
+                    break
+                local, tags, _ = needs[task]
+                if all(t in done for t in local) and all(ready(tag) for tag in tags):
+                    pick = i
+                    break
+            dev, task = pending.pop(pick)
+            yield dev, task
+            done.add(task)
+
+    def _needs(self) -> dict:
+        """Per local task: (tasks of this process it waits for, tags of the
+        messages from other processes it waits for, its run of the order:
+        consecutive tasks of one kind)."""
+        if hasattr(self, "_needs_cache"):
+            return self._needs_cache
+        routes, out, run, kind = self.routes, {}, 0, None
+        for dev, task in self.order:
+            k, m, inst = task
+            if k != kind:
+                run, kind = run + 1, k
+            deps = [t for t in _deps(routes, task) if routes.device_of[t[2]] in self.local]
+            tags = []
+            if k == "F":
+                for (ci, _j), skey in routes.input_slot[m].items():
+                    if ci == inst:
+                        for mkey in routes.slots[m][skey].parts:
+                            msg = routes.msgs[m][mkey]
+                            if routes.device_of[msg.src] not in self.local:
+                                tags.append(msg.tag)
+            else:
+                for mkey in routes.outgoing[m].get(inst, []):
+                    msg = routes.msgs[m][mkey]
+                    if msg.grad and msg.dst not in self.local:
+                        tags.append(msg.tag + 1)
+            out[task] = (deps, tags, run)
+        self._needs_cache = out
+        return out
 
     def _input_value(self, m: int, j: int, dev: str, rows: tuple | None, shape_only: bool):
         split = self.split

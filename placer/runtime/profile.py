@@ -155,7 +155,7 @@ class _Timer(torch.fx.Interpreter):
                 for k, (f, b) in self.samples.items()}
 
 
-def _time_nodes(model, inputs, gm, device, repeats, training, rows=None):
+def _time_nodes(model, inputs, gm, device, repeats, training, rows=None, loss_fn=None):
     mask = [isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] == inputs_batch(inputs)
             for t in inputs]
     args = [(t[:rows] if (rows is not None and m) else t).to(device)
@@ -164,8 +164,44 @@ def _time_nodes(model, inputs, gm, device, repeats, training, rows=None):
     timer = _Timer(work, device, repeats, training)
     # each op repeated in a row (a whole pass per sample was tried: the
     # timer's own backward calls between ops then evict more than a step does)
-    timer.run(*args)
-    return timer.times
+    out = timer.run(*args)
+    times = timer.times
+    if training and loss_fn is not None:
+        times[LOSS] = _time_loss(out, loss_fn, device, repeats)
+    return times
+
+
+#: key of the loss's (forward, backward) seconds among the timed nodes
+LOSS = "<loss>"
+
+
+def _time_loss(outputs, loss_fn, device, repeats: int) -> tuple[float, float]:
+    """The loss's forward and backward seconds on ``outputs`` (the runtime
+    computes it once per microbatch on the device of the last output; the
+    graph has no op for it). Fastest repeat, like the ops."""
+    fwd, bwd = [], []
+    for _ in range(max(1, repeats)):
+        leaves = pytree.tree_map_only(
+            torch.Tensor, lambda t: t.detach().requires_grad_(t.is_floating_point()), outputs)
+        wrt = [t for t in pytree.tree_leaves(leaves)
+               if isinstance(t, torch.Tensor) and t.requires_grad]
+        _sync(device)
+        start = time.perf_counter()
+        loss = loss_fn(leaves)
+        _sync(device)
+        fwd.append(time.perf_counter() - start)
+        if loss.requires_grad and wrt:
+            start = time.perf_counter()
+            torch.autograd.grad([loss], wrt, allow_unused=True)
+            _sync(device)
+            bwd.append(time.perf_counter() - start)
+    return min(fwd), (min(bwd) if bwd else 0.0)
+
+
+def _output_nodes(gm) -> list[str]:
+    """Names of the fx nodes whose values are the model's outputs."""
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    return [n.name for n in pytree.tree_leaves(out.args) if isinstance(n, torch.fx.Node)]
 
 
 def inputs_batch(inputs) -> int:
@@ -220,14 +256,23 @@ def _fit_launch(phases: list[dict], batch: int) -> float:
 
 def profile(model: torch.nn.Module, example_inputs: Any, graph: Graph | None = None,
             cluster: Cluster | None = None, *, devices: list[str] | None = None,
-            repeats: int = 5, warmup: int = 1) -> tuple[Graph, Cluster]:
+            repeats: int = 5, warmup: int = 1, loss_fn=None,
+            share: float | None = None) -> tuple[Graph, Cluster]:
     """Measure every op of ``graph`` (default: traced here) on each local
     device and return ``(graph, cluster)`` with the measurements and the
     fitted efficiencies (copies; the inputs are not modified).
 
     ``cluster`` defaults to :meth:`Cluster.local`; ``devices`` to the
     cluster's devices that are torch devices of this machine. Ops are timed
-    ``repeats`` times after ``warmup`` runs (median)."""
+    ``repeats`` times after ``warmup`` runs (median).
+
+    Training graphs: the loss (``loss_fn``, default the runtime's
+    :func:`~placer.runtime.run.default_loss`) is timed too and its time added
+    to the ops whose values are the model's outputs (the runtime computes it
+    beside them; the graph has no op for it); ``loss_fn=False`` times none.
+    ``share``: the share of a core the steps will get (default: measured
+    here, :func:`cpu_share`); ranks that share a host's cores measure it
+    while all of them are busy."""
     from ..trace import trace
     from .run import _as_device
     if graph is None:
@@ -242,6 +287,11 @@ def profile(model: torch.nn.Module, example_inputs: Any, graph: Graph | None = N
                          None, fx_names)
     batch = inputs_batch(inputs)
     half = max(1, batch // 2)
+    if loss_fn is None:
+        from .run import default_loss as loss_fn
+    elif loss_fn is False:    # not timed (e.g. a loss that needs targets)
+        loss_fn = None
+    outputs = [n for n in _output_nodes(gm) if n in fx_names] if graph.training else []
     # rows the plans run at: the batch, a half (two microbatches or
     # replicas), a quarter (both); the fit is over all of them
     sizes = sorted({batch, half, max(1, batch // 4)}, reverse=True)
@@ -254,7 +304,13 @@ def profile(model: torch.nn.Module, example_inputs: Any, graph: Graph | None = N
             for _ in range(warmup):
                 _time_nodes(model, inputs, gm, tdev, 1, graph.training)
             timed = {r: _time_nodes(model, inputs, gm, tdev, repeats, graph.training,
-                                    rows=None if r == batch else r) for r in sizes}
+                                    rows=None if r == batch else r, loss_fn=loss_fn)
+                     for r in sizes}
+            for times in timed.values():
+                loss = times.pop(LOSS, None)
+                for name in outputs if loss is not None else ():
+                    f, b = times.get(name, (0.0, 0.0))
+                    times[name] = (f + loss[0] / len(outputs), b + loss[1] / len(outputs))
             full, part = timed[batch], timed[half]
             totals = {r: 0.0 for r in sizes}
             phases = []
@@ -274,7 +330,7 @@ def profile(model: torch.nn.Module, example_inputs: Any, graph: Graph | None = N
                 for k in range(2 if graph.training else 1):
                     phases.append({r: timed[r].get(name, (f, b))[k] for r in sizes})
                 flops += op.flops + (op.bwd_flops if graph.training else 0.0)
-            share = cpu_share(tdev)
+            share = cpu_share(tdev) if share is None else share
             # an op's time is measured in a burst shorter than a time slice,
             # so it is the speed while running; a step runs for many slices
             # and gets only this process's share of a core

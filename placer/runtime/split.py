@@ -318,7 +318,18 @@ def split(model: torch.nn.Module, gm: torch.fx.GraphModule, inputs: list,
     graph.lint()
     gm.recompile()
 
-    # 4. split
+    # 4. nodes grouped by piece, pieces in topological order: split_module
+    # (keep_original_order) builds the pieces in the order their first nodes
+    # come, and a merged piece's first node may precede a piece it needs
+    body = [n for n in graph.nodes if n.op not in ("placeholder", "output")]
+    ordered = sorted(body, key=lambda n: piece_of.get(n, -1))
+    if ordered != body:
+        out = next(n for n in graph.nodes if n.op == "output")
+        for node in ordered:
+            out.prepend(node)
+        graph.lint()
+        gm.recompile()
+    # 5. split
     name_piece = {n.name: p for n, p in piece_of.items()}
     top = split_module(gm, model, lambda n: name_piece[n.name], keep_original_order=True)
     return _assemble(model, gm, top, inputs, node_groups, name_piece, piece_of, merged,
@@ -327,7 +338,7 @@ def split(model: torch.nn.Module, gm: torch.fx.GraphModule, inputs: list,
 
 def _merge_runs(dag: nx.DiGraph, runs: list) -> dict[int, int]:
     """Merge runs of one group into one piece while the piece DAG stays
-    acyclic. Returns run -> piece (piece ids in order of first run)."""
+    acyclic. Returns run -> piece (piece ids in a topological order)."""
     rep = {r: r for r in range(len(runs))}
     g = dag.copy()
     for j in range(len(runs)):
@@ -342,9 +353,10 @@ def _merge_runs(dag: nx.DiGraph, runs: list) -> dict[int, int]:
                     if v == j:
                         rep[r] = i
                 break
-    order = {}
-    for r in range(len(runs)):
-        order.setdefault(rep[r], len(order))
+    # pieces numbered in a topological order of the merged DAG (ties: by
+    # first run): a merged piece may need a piece whose first run is later
+    # (split_module builds them in this order; the schedules rely on it)
+    order = {r: k for k, r in enumerate(nx.lexicographical_topological_sort(g, key=int))}
     return {r: order[rep[r]] for r in range(len(runs))}
 
 

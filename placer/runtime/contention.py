@@ -1,0 +1,84 @@
+"""Ranks that share a host's cores: predictions that charge them for it.
+
+Calibrated ranks on one host measure two shares of a core
+(:func:`placer.runtime.profile.cpu_share`, written into each device's
+``extra``): ``cpu_share`` while the rank computes alone (the others wait)
+and ``cpu_share_all`` while every rank computes at once. A rank runs at the
+first share while it computes alone and at the second while another rank of
+its host computes too; how much of its work overlaps another's depends on
+the plan (data-parallel replicas compute at once, pipeline stages partly
+take turns). :func:`predict_shared` simulates the plan, measures each
+device's overlap in the predicted timeline, gives every device the share
+that overlap implies, and simulates again, until the shares settle.
+"""
+
+from __future__ import annotations
+
+import copy
+
+__all__ = ["overlap", "predict_shared"]
+
+
+def overlap(events, devices: list[str]) -> dict[str, float]:
+    """Per device, the fraction of its compute time (forward and backward
+    bars of ``events``) during which another of ``devices`` computes too."""
+    bars = {d: sorted((e.start, e.start + e.duration) for e in events
+                      if e.lane == d and e.category in ("forward", "backward") and e.duration > 0)
+            for d in devices}
+    out = {}
+    for d, mine in bars.items():
+        others = sorted(iv for o, ivs in bars.items() if o != d for iv in ivs)
+        merged: list[list[float]] = []
+        for a, b in others:
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        total = sum(b - a for a, b in mine)
+        both = sum(max(0.0, min(b, y) - max(a, x)) for a, b in mine for x, y in merged)
+        out[d] = both / total if total > 0 else 0.0
+    return out
+
+
+def _share(dev, frac: float) -> float:
+    """A device's effective share when ``frac`` of its work overlaps another
+    rank's: its work runs at ``cpu_share_all`` for that part, at
+    ``cpu_share`` for the rest (times add, so the rates combine harmonically)."""
+    alone = dev.extra.get("cpu_share", 1.0)
+    both = dev.extra.get("cpu_share_all", alone)
+    return 1.0 / ((1.0 - frac) / alone + frac / both)
+
+
+def predict_shared(graph, cluster, plan, *, op_overhead: float, rounds: int = 3,
+                   **options):
+    """The simulator's report for ``plan`` on ranks that share a host's
+    cores. ``graph`` holds op times at a whole core (calibrated with a
+    share of 1) and ``cluster``'s devices their measured shares in
+    ``extra`` (see the module doc); ``op_overhead`` is the launch cost at a
+    whole core. Devices without ``cpu_share_all`` keep ``cpu_share``.
+    The report's ``extra["cpu_shares"]`` gives the shares used."""
+    from ..cluster import Cluster
+    from ..cost import simulate
+    used = sorted(plan.devices_used())
+    fracs = {d: 1.0 for d in used}   # first guess: every rank computes at once
+    report = None
+    for _ in range(max(1, rounds)):
+        shares = {d: _share(cluster.device(d), fracs[d]) for d in used}
+        devices = []
+        for dev in cluster.devices:
+            dev = copy.deepcopy(dev)
+            if dev.name in shares:
+                dev.efficiency = min(1.0, (dev.efficiency or 1.0) * shares[dev.name])
+            devices.append(dev)
+        scaled = Cluster(cluster.name, devices, cluster.bandwidth, cluster.latency,
+                         meta=getattr(cluster, "meta", None))
+        # one launch cost for all devices (the cost model has one): at the
+        # mean share
+        mean = sum(shares.values()) / len(shares)
+        report = simulate(graph, scaled, plan, op_overhead=op_overhead / mean, **options)
+        new = overlap(report.events(), used)
+        if all(abs(new[d] - fracs[d]) < 0.02 for d in used):
+            break
+        fracs = new
+    report.extra["cpu_shares"] = shares
+    return report

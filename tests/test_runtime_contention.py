@@ -1,0 +1,121 @@
+"""Ranks that share cores: ready-first dispatch and contention-aware prediction."""
+
+from __future__ import annotations
+
+import torch
+
+import placer
+from placer import zoo
+from placer.cost.report import Event
+from placer.runtime.contention import overlap, predict_shared
+from placer.runtime.engine import Engine, Routes, device_orders
+from placer.runtime.run import default_loss, prepare, sink_device
+
+from runtime_helpers import one_thread  # noqa: F401
+
+
+class _Transport:
+    """A rank's transport whose messages ``ok`` have arrived."""
+
+    def __init__(self, me, ok):
+        self.me, self.ok = me, ok
+
+    def hosts(self, device):
+        return device == self.me
+
+    def ready(self, tag):
+        return tag in self.ok
+
+
+def _rank_engine(me="a", ok=()):
+    model, inputs = zoo.build("gpt-125m", tiny=True, batch=4)
+    graph = placer.trace(model, inputs)
+    order = graph.topological_order()
+    third = len(order) // 3
+    # a, b, a: device a waits for b in the middle of every microbatch
+    where = ["a" if i < third or i >= 2 * third else "b" for i in range(len(order))]
+    plan = placer.Plan({op: [d] for op, d in zip(order, where)}, microbatches=2)
+    for members in graph.colocation_groups().values():
+        for op in members[1:]:
+            plan.placement[op] = list(plan.placement[members[0]])
+    graph, plan, sp, inputs, rows = prepare(model, plan, inputs, graph=graph)
+    routes = Routes(sp, rows, sink_device(sp))
+    orders, _ = device_orders(routes, plan.schedule, True)
+    transport = _Transport(me, set(ok))
+    engine = Engine(sp, routes, {d: torch.device("cpu") for d in routes.devices()}, [me],
+                    transport, training=True, loss_fn=default_loss, loss_weights=[0.5, 0.5],
+                    order=[(me, t) for t in orders[me]])
+    return engine, transport
+
+
+def _check_dispatch(engine, arrived):
+    """Run the rank's dispatch with messages ``arrived``; return the tasks
+    that overtook an earlier task of the order."""
+    order = [t for _, t in engine.order]
+    needs = engine._needs()
+    engine.transport.ok = arrived
+    ran = [t for _, t in engine._tasks()]
+    assert sorted(ran, key=order.index) == order          # every task once
+    for i, t in enumerate(ran):
+        assert needs[t][2] == needs[order[i]][2]          # never leaves its run of the order
+        assert all(d in ran[:i] for d in needs[t][0])     # after this rank's tasks it needs
+    overtook = [t for i, t in enumerate(ran)
+                if any(order.index(u) < order.index(t) for u in order if u not in ran[:i])]
+    # only a task whose messages are all here overtakes another
+    assert all(tag in arrived for t in overtook for tag in needs[t][1])
+    return overtook
+
+
+def test_a_rank_runs_the_first_ready_task_of_its_run():
+    engine, _ = _rank_engine()
+    order = [t for _, t in engine.order]
+    needs = engine._needs()
+    every = {tag for t in order for tag in needs[t][1]}
+    overtook = _check_dispatch(engine, every)
+    assert not overtook                                   # all here: the planned order
+    # nothing here: tasks that need no message (microbatch 1's first
+    # forward, its inputs are local) overtake microbatch 0's that wait for b
+    overtook = _check_dispatch(engine, set())
+    assert any(t[:2] == ("F", 1) for t in overtook)
+    assert all(not needs[t][1] for t in overtook)
+    # microbatch 1's messages only: its tasks that wait for them overtake too
+    overtook = _check_dispatch(engine, {tag for t in order if t[1] == 1
+                                           for tag in needs[t][1]})
+    assert any(needs[t][1] for t in overtook)
+
+
+def test_overlap_of_timelines():
+    ev = [Event("a", "F0", "forward", 0.0, 2.0), Event("b", "F0", "forward", 1.0, 2.0),
+          Event("a->b", "x", "transfer", 0.0, 5.0), Event("c", "B0", "backward", 10.0, 1.0)]
+    got = overlap(ev, ["a", "b", "c"])
+    assert got == {"a": 0.5, "b": 0.5, "c": 0.0}
+
+
+def _problem():
+    g = placer.Graph("chain", [placer.Op("x", flops=1e9), placer.Op("y", flops=1e9)],
+                     [placer.Edge("x", "y", 1e3)])
+    devices = [placer.Device(n, 1e10, 1e10, efficiency=1.0,
+                             extra={"cpu_share": 1.0, "cpu_share_all": 0.5}) for n in "ab"]
+    return g, placer.Cluster.from_rules("two", devices, default=(1e9, 0.0))
+
+
+def test_replicas_computing_at_once_get_the_shared_rate():
+    g, c = _problem()
+    alone = placer.Plan({"x": ["a"], "y": ["a"]})
+    dp = placer.Plan({"x": ["a", "b"], "y": ["a", "b"]})
+    # one device: nobody to share with, the plain simulation
+    assert predict_shared(g, c, alone, op_overhead=0.0).step_time == \
+        placer.simulate(g, c, alone, op_overhead=0.0).step_time
+    # replicas compute at the same time: half a core each
+    shared = predict_shared(g, c, dp, op_overhead=0.0)
+    assert shared.extra["cpu_shares"] == {"a": 0.5, "b": 0.5}
+    plain = placer.simulate(g, c, dp, op_overhead=0.0).step_time
+    assert shared.step_time > 1.9 * plain - 1e-12
+
+
+def test_pipeline_stages_that_take_turns_keep_their_core():
+    g, c = _problem()
+    g = placer.Graph("chain", list(g), list(g.edges), training=False)
+    plan = placer.Plan({"x": ["a"], "y": ["b"]})   # one microbatch: b waits for a
+    report = predict_shared(g, c, plan, op_overhead=0.0)
+    assert report.extra["cpu_shares"] == {"a": 1.0, "b": 1.0}
