@@ -247,14 +247,20 @@ def test_rl_strategy_returns_valid_plan(tmp_path):
 
 def test_rl_never_worse_than_baselines_and_hybrid_reports_policy_first(tmp_path):
     from placer.search import Budget, get_strategy, strategies
-    from gnn.strategies import _baseline_rows
+    from gnn.strategies import _baseline_rows, _space
     save_policy(tmp_path / "p", tiny_policy(2))
     problem = Problem(datasets.graph("unet.module"), datasets.cluster("edge-wireless"))
     cost = get_cost_model("analytical")
     plan = get_strategy("rl", checkpoint=str(tmp_path / "p"), samples=4, final=None,
                         max_units=48).search(problem, cost, Budget(evaluations=2000))
-    t, _, _ = best_times(cost, problem, _baseline_rows(problem), [1, 2, 4, 8])
+    space = _space(problem, [1, 2, 4, 8], ["1f1b", "gpipe"])
+    pipes, layouts = _baseline_rows(problem, space)
+    t, _, _ = best_times(cost, problem, pipes, [1, 2, 4, 8], ["1f1b", "gpipe"])
     assert plan.predicted["objective"] <= t.min() * (1 + 1e-9)
+    if space is not None:   # the stage/replica layouts (data-parallel ones) compete too
+        assert len(layouts) and (layouts >= problem.n_devices).any()
+        t, _, _ = best_times(cost, problem, layouts, [1, 8], groups=space.table.extra())
+        assert plan.predicted["objective"] <= t.min() * (1 + 1e-9)
     if "evolution" not in strategies():
         return
     events = []
