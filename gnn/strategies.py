@@ -128,7 +128,7 @@ def _space(problem, choices, schedules):
 
 
 def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: int = 0,
-                 samples: int = 16, batch: int = 8, refine: int = 1, max_units: int = 96,
+                 samples: int = 8, batch: int = 4, refine: int = 1, max_units: int = 96,
                  temperature: float = 1.0, microbatches=None, schedules=("1f1b",),
                  keep: int = 1, baselines: bool = True, polish: int = 0,
                  settle: int = 4, layout_devices: int = 16) -> list[Candidate]:
@@ -184,11 +184,16 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
         A = pg.expand(decoder.decode(1 + samples, greedy=1, rng=rng, temperature=temperature))
         sources = ["policy"] * len(A)
         if baselines:   # scored in the same calls: one pass per microbatch count
-            pipes, layouts = _baseline_rows(problem, space, layout_devices)
+            pipes, layouts, stages = _baseline_rows(problem, space, layout_devices)
             A, sources = np.concatenate([A, pipes]), sources + ["baseline"] * len(pipes)
         score(A, sources)
-        if baselines and len(layouts):
-            score(layouts, ["baseline"] * len(layouts), ms=sorted({choices[0], choices[-1]}))
+        if baselines:
+            # a layout is screened at one microbatch count: the fewest for
+            # data parallelism alone, the most for a pipeline (its bubble)
+            for pipelined, m in ((False, choices[0]), (True, choices[-1])):
+                pick = layouts[(stages > 1) == pipelined]
+                if len(pick):
+                    score(pick, ["baseline"] * len(pick), ms=[m])
         for _ in range(max(refine, 0)):
             single = [v for v in found.values() if v[1].max() < D]
             if budget.exhausted() or not single:
@@ -235,11 +240,12 @@ def _unit_row(pg, op_row: np.ndarray) -> np.ndarray:
     return first
 
 
-def _baseline_rows(problem, space=None, max_devices: int = 16) -> tuple[np.ndarray, np.ndarray]:
-    """``(pipelines, layouts)``: the simple reference plans (device per op)
-    of :mod:`gnn.problems`, colocation kept, and with evolution's ``space``
-    its balanced stage/replica layouts over at most ``max_devices`` devices
-    (group per op, numbered in ``space.table``; none without it). Wider
+def _baseline_rows(problem, space=None, max_devices: int = 16):
+    """``(pipelines, layouts, stages)``: the simple reference plans (device
+    per op) of :mod:`gnn.problems`, colocation kept, and with evolution's
+    ``space`` its balanced stage/replica layouts over at most ``max_devices``
+    devices (group per op, numbered in ``space.table``; none without it)
+    with their number of pipeline stages. Wider
     layouts cost the cost model up to 100x more per plan (an all-reduce per
     op over wide groups, many stages) and wide clusters are the policy's
     own ground."""
@@ -251,16 +257,19 @@ def _baseline_rows(problem, space=None, max_devices: int = 16) -> tuple[np.ndarr
     from evolution.dtfm import shapes_for
     layouts = {}
     for g in layout_seeds(space, limit=len(shapes_for(space.n_devices, space.n_ops))):
-        shape = g.origin.rsplit("-", 1)[-1].split("x")
-        if int(shape[0]) * int(shape[1]) <= max_devices:
-            layouts.setdefault(g.assign.tobytes(), g.assign)
-    return rows, (np.stack(list(layouts.values())) if layouts else rows[:0])
+        stages, replicas = (int(x) for x in g.origin.rsplit("-", 1)[-1].split("x"))
+        if stages * replicas <= max_devices:
+            layouts.setdefault(g.assign.tobytes(), (g.assign, stages))
+    if not layouts:
+        return rows, rows[:0], np.zeros(0, dtype=np.int64)
+    assign, stages = zip(*layouts.values())
+    return rows, np.stack(assign), np.array(stages)
 
 
 class _Learned(Strategy):
     """Options shared by the learned strategies."""
 
-    def __init__(self, *, checkpoint=None, samples: int = 16, batch: int = 8,
+    def __init__(self, *, checkpoint=None, samples: int = 8, batch: int = 4,
                  refine: int = 1, max_units: int = 96, temperature: float = 1.0,
                  finetune: float = 0.0, finetune_steps: int | None = None,
                  baselines: bool = True, polish: int = 0, **base):
