@@ -160,6 +160,15 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
     def groups() -> tuple:
         return tuple(space.table.extra()) if space is not None else ()
 
+    def compacted(A: np.ndarray):
+        """``A`` with its data-parallel sets renumbered to those it uses (the
+        cost model's work grows with the group table it is given)."""
+        if space is None:
+            return A, ()
+        from evolution.evaluate import compact
+        A, used = compact(A, space)
+        return A, tuple(used)
+
     def score(A: np.ndarray, sources: list[str], ms=choices, scheds=schedules[:1]) -> None:
         """Score op-level rows ``A`` at each of ``ms`` x ``scheds`` (as many
         rows as the budget allows), keeping each row's best."""
@@ -169,7 +178,8 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
         A = A[:n]
         if not len(A):
             return
-        t, m, si = best_times(cost_model, problem, A, list(ms), scheds, groups=groups())
+        rows, used = compacted(A)
+        t, m, si = best_times(cost_model, problem, rows, list(ms), scheds, groups=used)
         for row, tt, mm, ss, source in zip(A, t, m, si, sources):
             key = row.tobytes()
             if key not in found or tt < found[key][0]:
