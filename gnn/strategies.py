@@ -1,9 +1,11 @@
 """The learned strategies ``rl`` and ``hybrid``, registered with placer.search.
 
 - ``rl``: one encoder pass, then the greedy placement and samples decoded
-  together (:class:`gnn.model.FastDecoder`), the simple reference plans beside
-  them, Placeto-style refinements of the best; all scored with the cost
-  model's array path at each microbatch count and schedule; the best few
+  together (:class:`gnn.model.FastDecoder`), the simple reference plans and
+  evolution's balanced stage/replica layouts (data-parallel ones included)
+  beside them, optionally Placeto-style refinements of the best; all
+  screened with the cost model's array path at each microbatch count (one
+  schedule), the best few settled at every count and schedule and
   re-ranked by the simulator. ``finetune`` seconds (or ``finetune_steps``
   updates) of REINFORCE on the target problem come first when asked.
 - ``hybrid``: the best distinct policy plans seed the population of the
@@ -128,7 +130,7 @@ def _space(problem, choices, schedules):
 
 
 def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: int = 0,
-                 samples: int = 8, batch: int = 4, refine: int = 1, max_units: int = 96,
+                 samples: int = 16, batch: int = 4, refine: int = 0, max_units: int = 96,
                  temperature: float = 1.0, microbatches=None, schedules=("1f1b",),
                  keep: int = 1, baselines: bool = True, polish: int = 0,
                  settle: int = 4, layout_devices: int = 16) -> list[Candidate]:
@@ -279,8 +281,8 @@ def _baseline_rows(problem, space=None, max_devices: int = 16):
 class _Learned(Strategy):
     """Options shared by the learned strategies."""
 
-    def __init__(self, *, checkpoint=None, samples: int = 8, batch: int = 4,
-                 refine: int = 1, max_units: int = 96, temperature: float = 1.0,
+    def __init__(self, *, checkpoint=None, samples: int = 16, batch: int = 4,
+                 refine: int = 0, max_units: int = 96, temperature: float = 1.0,
                  finetune: float = 0.0, finetune_steps: int | None = None,
                  baselines: bool = True, polish: int = 0, **base):
         super().__init__(**base)
@@ -331,11 +333,14 @@ class RL(_Learned):
     """Best of the policy's placements under the cost model (see the module doc).
 
     Options: ``checkpoint`` (stem; default the shipped policy), ``samples``
-    (placements drawn besides the greedy one; 0: greedy only), ``batch``
-    (samples per refinement round), ``refine`` (refinement rounds),
+    (placements drawn besides the greedy one, 16; 0: greedy only), ``batch``
+    (samples per refinement round), ``refine`` (refinement rounds, 0: on the
+    benchmark's cases one round costs a quarter of the planning time and
+    brings no case within 10% of evolution), ``polish`` (rounds of
+    evolution's local search from the best, 0: it found nothing there),
     ``max_units`` (decision units; larger graphs are cut into runs; the
     shipped policy was trained with 96), ``temperature``, ``baselines``
-    (also score the simple reference plans and refine from the best, default
+    (also score the simple reference plans and evolution's layouts, default
     True), ``finetune`` (seconds of REINFORCE on the target first) or
     ``finetune_steps``; ``final_k`` (4) best distinct plans re-ranked by
     ``final`` (cost model name, ``"simulator"``; None: keep the search
