@@ -149,8 +149,9 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
     ``samples``); then at most ``polish`` rounds of evolution's steepest
     descent (stage boundaries, boundary ops, microbatches, schedule) from the
     best. Everything is scored with ``cost_model``'s array path at each
-    microbatch count and schedule. Stops early when ``budget`` is spent (the
-    greedy plan is always scored).
+    microbatch count and schedule. Stops early when ``budget`` is spent,
+    keeping one evaluation for the caller's report of the result (the greedy
+    plan is always scored).
     """
     pg = encode_problem(problem, max_units)
     rng = np.random.default_rng(int(seed))
@@ -176,6 +177,8 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
         rows as the budget allows), keeping each row's best."""
         per_combo = max(len(ms) * len(scheds), 1)
         room = budget.allow(len(A) * per_combo)
+        if math.isfinite(budget.remaining_evaluations):   # one left for the caller's report
+            room = min(room, max(int(budget.remaining_evaluations) - 1, 0))
         n = max(room // per_combo, 1 if budget.used == 0 else 0)
         A = A[:n]
         if not len(A):
@@ -375,7 +378,7 @@ def _rank(final: str | None, cost_model, budget: Budget, problem, plans) -> int:
     if len(plans) < 2 or final is None or final == getattr(cost_model, "name", None):
         return 0
     room = budget.remaining_evaluations - 1   # keep one for finalize
-    plans = plans[:int(min(len(plans), room))] if math.isfinite(room) else plans
+    plans = plans[:max(int(min(len(plans), room)), 0)] if math.isfinite(room) else plans
     if len(plans) < 2:
         return 0
     from evolution.search import rank
