@@ -34,6 +34,7 @@ from .features import (CAND_FEATURES, DEV_FEATURES, FLOW_FEATURES, LINK_FEATURES
 __all__ = ["PolicyConfig", "Encoder", "PlacementPolicy", "Decoded", "FastDecoder"]
 
 N_DYNAMIC = 12
+_POSITION = 8   # the dynamic feature that is the unit's position in the order
 
 
 @dataclass
@@ -347,12 +348,23 @@ class FastDecoder:
             first, last = policy.dynamic[0], policy.dynamic[2]
             W, P = first.weight, p_op.shape[1]
             # one matmul gives the hidden pre-activations and the prior's term
-            self.w_dyn = torch.cat([W[:, :N_DYNAMIC].T, policy.prior.weight.T], dim=1).numpy()
-            self.pre_op = (p_op @ W[:, N_DYNAMIC:N_DYNAMIC + P].T).numpy()
-            self.pre_dev = (p_dev @ W[:, N_DYNAMIC + P:].T + first.bias).numpy()
+            w_dyn = torch.cat([W[:, :N_DYNAMIC].T, policy.prior.weight.T], dim=1)
+            pre_op = p_op @ W[:, N_DYNAMIC:N_DYNAMIC + P].T
+            pre_dev = p_dev @ W[:, N_DYNAMIC + P:].T + first.bias
             self.w_out = last.weight[0].numpy().copy()
-            self.b_out = float(last.bias[0])
-            self.s0 = s0.numpy()
+            U = pg.n_units
+            # Everything that depends on the unit alone, precomputed per unit:
+            # the static hidden pre-activations (U, D, Hd) and the static
+            # logits (U, D), with dynamic feature 8 (the unit's position, the
+            # same for every row and device) folded in.
+            position = torch.arange(U, dtype=torch.float32)[:, None] / max(U - 1, 1)
+            step = position * w_dyn[_POSITION]                     # (U, Hd + 1)
+            self.pre = (pre_op[:, None, :] + pre_dev[None, :, :]
+                        + step[:, None, :-1]).contiguous().numpy()
+            self.s0 = (s0 + float(last.bias[0]) + step[:, -1:]).numpy()
+            w_dyn = w_dyn.clone()
+            w_dyn[_POSITION] = 0.0
+            self.w_dyn = w_dyn.numpy()
         self.pg = pg
         self.U, self.D = pg.n_units, pg.n_devices
         f = np.float32
@@ -422,7 +434,7 @@ class FastDecoder:
         src, w_in, bytes_in = self.ins[u]
         if len(src):
             dev = assign[:, src]
-            _affinity(dyn, 0, st.rows, dev, w_in)
+            _affinity(dyn, 0, st.flat, dev, w_in, D)
             secs = (self.inv_bw[dev] * bytes_in[:, None] + self.latency[dev]).sum(1)
             dyn[..., 11] = np.log1p(secs * self.inv_t_unit) / 3
         else:
@@ -430,7 +442,7 @@ class FastDecoder:
             dyn[..., 11] = 0.0
         if st.refine:
             dst, w_out, _ = self.outs[u]
-            _affinity(dyn, 1, st.rows, assign[:, dst], w_out)
+            _affinity(dyn, 1, st.flat, assign[:, dst], w_out, D)
         dyn[..., 2] = np.minimum(load, 8.0) * 0.5
         dyn[..., 3] = np.minimum(load + self.add_time[u], 8.0) * 0.5
         dyn[..., 4] = np.minimum(mem * self.inv_memory, 4.0)
@@ -440,27 +452,31 @@ class FastDecoder:
         dyn[..., 7] = 0.0
         if u > 0:
             dyn[st.rows, assign[:, u - 1], 7] = 1.0
-        dyn[..., 8] = u / max(self.U - 1, 1)
         dyn[..., 9] = np.minimum(load.max(axis=1, keepdims=True), 8.0) * 0.5
         dyn[..., 10] = np.add.reduce(used, axis=1, keepdims=True, dtype=np.float32) / D
         z = _mm(dyn.reshape(k * D, N_DYNAMIC), self.w_dyn)
         hidden = z[:, :-1].reshape(k, D, -1)
-        hidden += self.pre_op[u] + self.pre_dev
+        hidden += self.pre[u]
         np.maximum(hidden, 0.0, out=hidden)
         logits = _mm(hidden.reshape(k * D, -1), self.w_out[:, None]).reshape(k, D)
         logits += z[:, -1].reshape(k, D)
-        logits += self.s0[u] + self.b_out
+        logits += self.s0[u]
         fits = (mem + self.need[u] + np.maximum(st.peak_ws, self.workspace[u])) <= self.memory
         fits |= ~fits.any(axis=1, keepdims=True)
         return logits, fits
 
 
-def _affinity(dyn, feature, rows, dev, share):
+def _affinity(dyn, feature, flat, dev, share, D):
     """dyn[..., feature] = share of the unit's bytes from/to neighbours on
-    each device (``dev`` (k, p) their devices, ``share`` (p,) their shares)."""
-    dyn[..., feature] = 0.0
-    for j in range(dev.shape[1]):   # one neighbour per pass: rows never repeat
-        dyn[rows, dev[:, j], feature] += share[j]
+    each device (``dev`` (k, p) their devices, ``share`` (p,) their shares;
+    ``flat`` (k, 1) each row's offset ``row * D``)."""
+    k, p = dev.shape
+    if p == 1:
+        dyn[..., feature] = 0.0
+        dyn[np.arange(k), dev[:, 0], feature] = share[0]
+        return
+    dyn[..., feature] = np.bincount((flat + dev).ravel(), np.broadcast_to(share, (k, p)).ravel(),
+                                    minlength=k * D).reshape(k, D)
 
 
 class _State:
@@ -469,6 +485,7 @@ class _State:
     def __init__(self, k, D, assign, load, mem, refine):
         self.k, self.assign, self.load, self.mem, self.refine = k, assign, load, mem, refine
         self.rows = np.arange(k)
+        self.flat = self.rows[:, None] * D
         self.peak_ws = np.zeros((k, D), np.float32)   # largest workspace placed so far
         self.dyn = np.zeros((k, D, N_DYNAMIC), np.float32)
 

@@ -60,16 +60,18 @@ def microbatch_choices(problem, limit: int = 8) -> list[int]:
 
 
 def best_times(cost_model, problem, assignments: np.ndarray, choices: list[int],
-               schedules=("1f1b",)) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Objective of each row of ``assignments`` (device per op) at its best
-    microbatch count and schedule: ``(objective, microbatches, schedule index)``."""
+               schedules=("1f1b",), groups=()) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Objective of each row of ``assignments`` (device per op; id ``D + j``
+    is the data-parallel set ``groups[j]``) at its best microbatch count and
+    schedule: ``(objective, microbatches, schedule index)``."""
     A = np.atleast_2d(assignments)
     best = np.full(len(A), np.inf)
     best_m = np.ones(len(A), dtype=np.int64)
     best_s = np.zeros(len(A), dtype=np.int64)
     for si, schedule in enumerate(schedules):
         for m in choices:
-            t = np.asarray(cost_model.step_times(problem, A, microbatches=m, schedule=schedule))
+            t = np.asarray(cost_model.step_times(problem, A, microbatches=m, schedule=schedule,
+                                                 **({"groups": groups} if groups else {})))
             better = t < best
             best[better], best_m[better], best_s[better] = t[better], m, si
     return best, best_m, best_s

@@ -1,9 +1,11 @@
 """The learned strategies ``rl`` and ``hybrid``, registered with placer.search.
 
 - ``rl``: one encoder pass, then the greedy placement and samples decoded
-  together (:class:`gnn.model.FastDecoder`), the simple reference plans beside
-  them, Placeto-style refinements of the best; all scored with the cost
-  model's array path at each microbatch count and schedule; the best few
+  together (:class:`gnn.model.FastDecoder`), the simple reference plans and
+  evolution's balanced stage/replica layouts (data-parallel ones included)
+  beside them, optionally Placeto-style refinements of the best; all
+  screened with the cost model's array path at each microbatch count (one
+  schedule), the best few settled at every count and schedule and
   re-ranked by the simulator. ``finetune`` seconds (or ``finetune_steps``
   updates) of REINFORCE on the target problem come first when asked.
 - ``hybrid``: the best distinct policy plans seed the population of the
@@ -18,6 +20,7 @@
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -32,7 +35,7 @@ from .features import encode_problem
 from .model import FastDecoder
 from .problems import best_times, reference, reward
 
-__all__ = ["RL", "Hybrid", "policy_plans"]
+__all__ = ["RL", "Hybrid", "Candidate", "policy_plans"]
 
 _CACHE: dict = {}
 
@@ -96,60 +99,153 @@ class _OneThread:
         torch.set_num_threads(self.before)
 
 
+class Candidate(NamedTuple):
+    """One scored plan of :func:`policy_plans`: ``assign[i]`` is the group of
+    ``problem.ids[i]`` (ids below the device count are single devices, id
+    ``D + j`` the data-parallel set ``groups[j]``)."""
+
+    objective: float
+    assign: np.ndarray
+    microbatches: int
+    schedule: str
+    source: str
+    groups: tuple = ()
+
+    def placement(self, problem: Problem) -> dict:
+        """``{op id: [device names]}`` of this candidate."""
+        names, D = problem.devices, problem.n_devices
+        sets = [[names[d]] for d in range(D)] + [[names[d] for d in g] for g in self.groups]
+        return {op: list(sets[g]) for op, g in zip(problem.ids, self.assign.tolist())}
+
+
+def _space(problem, choices, schedules):
+    """evolution's :class:`~evolution.genome.Space` of ``problem`` (its group
+    table numbers data-parallel sets, its operators polish plans), or None
+    when the evolution package is not installed."""
+    try:
+        from evolution.genome import Space
+    except ImportError:
+        return None
+    return Space(problem, choices, schedules)
+
+
 def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: int = 0,
-                 samples: int = 32, batch: int = 8, refine: int = 2, max_units: int = 96,
+                 samples: int = 16, batch: int = 4, refine: int = 0, max_units: int = 96,
                  temperature: float = 1.0, microbatches=None, schedules=("1f1b",),
-                 keep: int = 1, baselines: bool = True):
-    """Decode and score placements; returns ``[(objective, device per op,
-    microbatches, schedule, source)]`` of the ``keep`` best distinct ones,
-    best first. ``source`` says where the plan came from: ``"policy"`` (one-shot
-    decoding), ``"refined"`` (a refinement round) or ``"baseline"``.
+                 keep: int = 1, baselines: bool = True, polish: int = 0,
+                 settle: int = 4, layout_devices: int = 16) -> list[Candidate]:
+    """Decode and score placements; returns the ``keep`` best distinct
+    :class:`Candidate` s, best first. ``source`` says where the plan came from:
+    ``"policy"`` (one-shot decoding), ``"refined"`` (a refinement round),
+    ``"baseline"`` or ``"polished"`` (local search from the best).
 
     One encoder pass; one batched decoding of the greedy placement and
     ``samples`` sampled ones (:class:`gnn.model.FastDecoder`); with
-    ``baselines`` the simple reference plans (one device, even pipelines) join
-    them; then ``refine`` rounds re-decide every unit of the best plan so far
-    given the others (greedy plus ``batch`` samples, capped by ``samples``).
-    Everything is scored with ``cost_model``'s array path at each microbatch
-    count and schedule. Stops early when ``budget`` is spent (the greedy plan
-    is always scored).
+    ``baselines`` the simple reference plans (one device, even pipelines)
+    and evolution's balanced stage/replica layouts (data-parallel ones
+    included: the policy itself places each op on one device) join them;
+    then ``refine`` rounds re-decide every unit of the best single-device
+    plan so far given the others (greedy plus ``batch`` samples, capped by
+    ``samples``); then at most ``polish`` rounds of evolution's steepest
+    descent (stage boundaries, boundary ops, microbatches, schedule) from the
+    best. Everything is scored with ``cost_model``'s array path at each
+    microbatch count and schedule. Stops early when ``budget`` is spent,
+    keeping one evaluation for the caller's report of the result (the greedy
+    plan is always scored).
     """
     pg = encode_problem(problem, max_units)
     rng = np.random.default_rng(int(seed))
     choices = list(microbatches) if microbatches else _choices(problem)
+    space = _space(problem, choices, schedules)
+    D = problem.n_devices
     found: dict = {}
 
-    def score(A: np.ndarray, sources: list[str]) -> None:
-        """Score op-level rows ``A`` (as many as the budget allows)."""
-        per_combo = max(len(choices) * len(schedules), 1)
+    def groups() -> tuple:
+        return tuple(space.table.extra()) if space is not None else ()
+
+    def compacted(A: np.ndarray):
+        """``A`` with its data-parallel sets renumbered to those it uses (the
+        cost model's work grows with the group table it is given)."""
+        if space is None:
+            return A, ()
+        from evolution.evaluate import compact
+        A, used = compact(A, space)
+        return A, tuple(used)
+
+    def score(A: np.ndarray, sources: list[str], ms=choices, scheds=schedules[:1]) -> None:
+        """Score op-level rows ``A`` at each of ``ms`` x ``scheds`` (as many
+        rows as the budget allows), keeping each row's best."""
+        per_combo = max(len(ms) * len(scheds), 1)
         room = budget.allow(len(A) * per_combo)
+        if math.isfinite(budget.remaining_evaluations):   # one left for the caller's report
+            room = min(room, max(int(budget.remaining_evaluations) - 1, 0))
         n = max(room // per_combo, 1 if budget.used == 0 else 0)
         A = A[:n]
         if not len(A):
             return
-        t, m, s = best_times(cost_model, problem, A, choices, schedules)
-        for row, tt, mm, ss, source in zip(A, t, m, s, sources):
+        rows, used = compacted(A)
+        t, m, si = best_times(cost_model, problem, rows, list(ms), scheds, groups=used)
+        for row, tt, mm, ss, source in zip(A, t, m, si, sources):
             key = row.tobytes()
             if key not in found or tt < found[key][0]:
-                found[key] = (float(tt), row, int(mm), schedules[int(ss)], source)
+                found[key] = (float(tt), row, int(mm), scheds[int(ss)], source)
 
+    # Screening scores every row at the first schedule only (layouts at the
+    # fewest and most microbatches): the other schedule rarely wins and each
+    # combination is one more pass of the cost model; the best few rows are
+    # then scored at every combination (``settle``).
     with torch.no_grad(), _OneThread():
         decoder = FastDecoder(policy, pg)
         A = pg.expand(decoder.decode(1 + samples, greedy=1, rng=rng, temperature=temperature))
         sources = ["policy"] * len(A)
-        if baselines:   # scored in the same calls: one pass per microbatch count and schedule
-            extra = _baseline_rows(problem)
-            A, sources = np.concatenate([A, extra]), sources + ["baseline"] * len(extra)
+        if baselines:   # scored in the same calls: one pass per microbatch count
+            pipes, layouts, stages = _baseline_rows(problem, space, layout_devices)
+            A, sources = np.concatenate([A, pipes]), sources + ["baseline"] * len(pipes)
         score(A, sources)
+        if baselines:
+            # a layout is screened at one microbatch count: the fewest for
+            # data parallelism alone, the most for a pipeline (its bubble)
+            for pipelined, m in ((False, choices[0]), (True, choices[-1])):
+                pick = layouts[(stages > 1) == pipelined]
+                if len(pick):
+                    score(pick, ["baseline"] * len(pick), ms=[m])
         for _ in range(max(refine, 0)):
-            if budget.exhausted() or not found:
+            single = [v for v in found.values() if v[1].max() < D]
+            if budget.exhausted() or not single:
                 break
-            best = min(found.values(), key=lambda v: v[0])
+            best = min(single, key=lambda v: v[0])
             k = 1 + min(batch, samples)
             rows = decoder.decode(k, greedy=1, rng=rng, temperature=temperature,
                                   context=_unit_row(pg, best[1]))
-            score(pg.expand(rows), ["refined"] * k)
-    return sorted(found.values(), key=lambda v: v[0])[:keep]
+            # near the plan they refine: scored at its microbatch count (settled below)
+            score(pg.expand(rows), ["refined"] * k, ms=[best[2]])
+    top = sorted(found.values(), key=lambda v: v[0])[:max(settle, keep)]
+    if top and not budget.exhausted():
+        score(np.stack([v[1] for v in top]), [v[4] for v in top], choices, schedules)
+    if polish > 0 and space is not None and found and not budget.exhausted():
+        _polish(space, cost_model, budget, found, rng, polish)
+    table = groups()
+    out = sorted(found.values(), key=lambda v: v[0])[:keep]
+    return [Candidate(t, row, m, s, source, table) for t, row, m, s, source in out]
+
+
+def _polish(space, cost_model, budget: Budget, found: dict, rng, rounds: int,
+            limit: int = 48) -> None:
+    """Steepest descent from the best of ``found`` (evolution's memetic
+    step, scored by ``cost_model`` within ``budget``); adds what it finds."""
+    from evolution.evaluate import Evaluator
+    from evolution.genome import OpGenome
+    from evolution.memetic import local_search
+    t, row, m, s, _ = min(found.values(), key=lambda v: v[0])
+    if not t < INFEASIBLE:
+        return
+    with Evaluator(space, cost_model, budget) as evaluate:
+        g, value = local_search(space, evaluate, OpGenome(row.copy(), m, s), t, rng,
+                                rounds=rounds, limit=limit)
+    if value < t:
+        key = g.assign.tobytes()
+        if key not in found or value < found[key][0]:
+            found[key] = (float(value), g.assign, int(g.microbatches), g.schedule, "polished")
 
 
 def _unit_row(pg, op_row: np.ndarray) -> np.ndarray:
@@ -159,23 +255,42 @@ def _unit_row(pg, op_row: np.ndarray) -> np.ndarray:
     return first
 
 
-def _baseline_rows(problem) -> np.ndarray:
-    """The simple reference plans (device per op) of :mod:`gnn.problems`,
-    colocation kept."""
+def _baseline_rows(problem, space=None, max_devices: int = 16):
+    """``(pipelines, layouts, stages)``: the simple reference plans (device
+    per op) of :mod:`gnn.problems`, colocation kept, and with evolution's
+    ``space`` its balanced stage/replica layouts over at most ``max_devices``
+    devices (group per op, numbered in ``space.table``; none without it)
+    with their number of pipeline stages. Wider
+    layouts cost the cost model up to 100x more per plan (an all-reduce per
+    op over wide groups, many stages) and wide clusters are the policy's
+    own ground."""
     from .problems import _colocated, pipeline_assignments
-    return _colocated(problem, pipeline_assignments(problem))
+    rows = _colocated(problem, pipeline_assignments(problem))
+    if space is None:
+        return rows, rows[:0]
+    from evolution.search import layout_seeds
+    from evolution.dtfm import shapes_for
+    layouts = {}
+    for g in layout_seeds(space, limit=len(shapes_for(space.n_devices, space.n_ops))):
+        stages, replicas = (int(x) for x in g.origin.rsplit("-", 1)[-1].split("x"))
+        if stages * replicas <= max_devices:
+            layouts.setdefault(g.assign.tobytes(), (g.assign, stages))
+    if not layouts:
+        return rows, rows[:0], np.zeros(0, dtype=np.int64)
+    assign, stages = zip(*layouts.values())
+    return rows, np.stack(assign), np.array(stages)
 
 
 class _Learned(Strategy):
     """Options shared by the learned strategies."""
 
-    def __init__(self, *, checkpoint=None, samples: int = 32, batch: int = 8,
-                 refine: int = 2, max_units: int = 96, temperature: float = 1.0,
+    def __init__(self, *, checkpoint=None, samples: int = 16, batch: int = 4,
+                 refine: int = 0, max_units: int = 96, temperature: float = 1.0,
                  finetune: float = 0.0, finetune_steps: int | None = None,
-                 baselines: bool = True, **base):
+                 baselines: bool = True, polish: int = 0, **base):
         super().__init__(**base)
         for label, value, low in (("samples", samples, 0), ("batch", batch, 1),
-                                  ("max_units", max_units, 1)):
+                                  ("max_units", max_units, 1), ("polish", polish, 0)):
             if int(value) != value or value < low:
                 raise StrategyError(f"{label} must be a whole number >= {low}, got {value!r}",
                                     field=label)
@@ -190,6 +305,7 @@ class _Learned(Strategy):
         self.max_units, self.temperature = int(max_units), float(temperature)
         self.finetune, self.finetune_steps = float(finetune), finetune_steps
         self.baselines = bool(baselines)
+        self.polish = int(polish)
 
     def _plans(self, problem, cost_model, budget, seed, keep):
         """``[(search objective, Plan)]``, the ``keep`` best distinct, best first."""
@@ -209,13 +325,10 @@ class _Learned(Strategy):
                              max_units=self.max_units, temperature=self.temperature,
                              microbatches=self.microbatch_choices(problem)
                              if self.microbatches is not None else None,
-                             schedules=schedules, keep=keep, baselines=self.baselines)
-        names = problem.devices
-        out = []
-        for objective, row, m, s, source in found:
-            placement = {op: [names[d]] for op, d in zip(problem.ids, row.tolist())}
-            out.append((objective, Plan(placement, m, s, self.name, extra={"source": source})))
-        return out
+                             schedules=schedules, keep=keep, baselines=self.baselines,
+                             polish=self.polish)
+        return [(c.objective, Plan(c.placement(problem), c.microbatches, c.schedule, self.name,
+                                   extra={"source": c.source})) for c in found]
 
 
 @register_strategy
@@ -223,11 +336,14 @@ class RL(_Learned):
     """Best of the policy's placements under the cost model (see the module doc).
 
     Options: ``checkpoint`` (stem; default the shipped policy), ``samples``
-    (placements drawn besides the greedy one; 0: greedy only), ``batch``
-    (samples per refinement round), ``refine`` (refinement rounds),
+    (placements drawn besides the greedy one, 16; 0: greedy only), ``batch``
+    (samples per refinement round), ``refine`` (refinement rounds, 0: on the
+    benchmark's cases one round costs a quarter of the planning time and
+    brings no case within 10% of evolution), ``polish`` (rounds of
+    evolution's local search from the best, 0: it found nothing there),
     ``max_units`` (decision units; larger graphs are cut into runs; the
     shipped policy was trained with 96), ``temperature``, ``baselines``
-    (also score the simple reference plans and refine from the best, default
+    (also score the simple reference plans and evolution's layouts, default
     True), ``finetune`` (seconds of REINFORCE on the target first) or
     ``finetune_steps``; ``final_k`` (4) best distinct plans re-ranked by
     ``final`` (cost model name, ``"simulator"``; None: keep the search
@@ -262,7 +378,7 @@ def _rank(final: str | None, cost_model, budget: Budget, problem, plans) -> int:
     if len(plans) < 2 or final is None or final == getattr(cost_model, "name", None):
         return 0
     room = budget.remaining_evaluations - 1   # keep one for finalize
-    plans = plans[:int(min(len(plans), room))] if math.isfinite(room) else plans
+    plans = plans[:max(int(min(len(plans), room)), 0)] if math.isfinite(room) else plans
     if len(plans) < 2:
         return 0
     from evolution.search import rank

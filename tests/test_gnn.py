@@ -247,14 +247,21 @@ def test_rl_strategy_returns_valid_plan(tmp_path):
 
 def test_rl_never_worse_than_baselines_and_hybrid_reports_policy_first(tmp_path):
     from placer.search import Budget, get_strategy, strategies
-    from gnn.strategies import _baseline_rows
+    from gnn.strategies import _baseline_rows, _space
     save_policy(tmp_path / "p", tiny_policy(2))
     problem = Problem(datasets.graph("unet.module"), datasets.cluster("edge-wireless"))
     cost = get_cost_model("analytical")
     plan = get_strategy("rl", checkpoint=str(tmp_path / "p"), samples=4, final=None,
                         max_units=48).search(problem, cost, Budget(evaluations=2000))
-    t, _, _ = best_times(cost, problem, _baseline_rows(problem), [1, 2, 4, 8])
+    space = _space(problem, [1, 2, 4, 8], ["1f1b", "gpipe"])
+    pipes, layouts, stages = _baseline_rows(problem, space)
+    t, _, _ = best_times(cost, problem, pipes, [1, 2, 4, 8], ["1f1b", "gpipe"])
     assert plan.predicted["objective"] <= t.min() * (1 + 1e-9)
+    if space is not None:   # the stage/replica layouts (data-parallel ones) compete too
+        assert len(layouts) and (layouts >= problem.n_devices).any()
+        t1, _, _ = best_times(cost, problem, layouts[stages == 1], [1], groups=space.table.extra())
+        t8, _, _ = best_times(cost, problem, layouts[stages > 1], [8], groups=space.table.extra())
+        assert plan.predicted["objective"] <= min(t1.min(), t8.min()) * (1 + 1e-9)
     if "evolution" not in strategies():
         return
     events = []
@@ -275,3 +282,37 @@ def test_shipped_checkpoint_loads():
     with torch.no_grad():
         out = policy.sample(encode_problem(problem), 1, greedy=True)
     assert out.actions.shape[1] == problem.n_ops
+
+
+def test_policy_plans_settle_the_best_at_every_microbatch_count_and_schedule():
+    """Screening scores rows at the first schedule only (here gpipe, which
+    rarely wins); the best few are then scored at every microbatch count
+    and schedule, so none of those beats a returned candidate's own."""
+    from placer.search import Budget
+    from gnn.strategies import policy_plans
+    # slow wireless links: a pipeline with many microbatches wins, and 1f1b
+    # beats gpipe there
+    problem = Problem(datasets.graph("layered-n30-w4-s0"), datasets.cluster("edge-wireless"))
+    cost = get_cost_model("analytical")
+    found = policy_plans(tiny_policy(5), problem, cost, Budget(evaluations=5000), samples=4,
+                         max_units=48, microbatches=[1, 2, 4, 8],
+                         schedules=("gpipe", "1f1b"), keep=2, settle=2)
+    for c in found:
+        t, _, _ = best_times(cost, problem, c.assign[None], [1, 2, 4, 8], ["gpipe", "1f1b"],
+                             groups=c.groups)
+        assert c.objective <= t[0] * (1 + 1e-9)
+    assert found[0].schedule == "1f1b"   # what screening alone could not find
+
+
+def test_candidate_placement_names_data_parallel_groups():
+    from gnn.strategies import Candidate
+    problem = Problem(datasets.graph("layered-n20-w2-s0"), datasets.cluster("two-sites"))
+    D = problem.n_devices
+    assign = np.zeros(problem.n_ops, dtype=np.int64)
+    assign[problem.n_ops // 2:] = D + 1          # the second data-parallel set
+    c = Candidate(1.0, assign, 2, "1f1b", "baseline", groups=((0, 1), (2, 3)))
+    placement = c.placement(problem)
+    names = problem.devices
+    assert placement[problem.ids[0]] == [names[0]]
+    assert placement[problem.ids[-1]] == [names[2], names[3]]
+    assert set(placement) == set(problem.ids)

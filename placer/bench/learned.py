@@ -90,10 +90,11 @@ def _time_to_reach(trace, target: float) -> float | None:
 
 def bench_learned(graphs: Sequence[str] | None = None, clusters: Sequence[str] | None = None,
                   *, time_budget: float = 20.0, finetune: float = 5.0, seed: int = 0,
-                  checkpoint=None, samples: int = 32, quick: bool = False,
+                  checkpoint=None, samples: int | None = None, quick: bool = False,
                   out: PathLike | None = "bench-learned.json", quiet: bool = False) -> dict:
     """Run the benchmark (see the module doc); prints a table unless
-    ``quiet`` and writes the JSON results to ``out`` atomically."""
+    ``quiet`` and writes the JSON results to ``out`` atomically. ``samples``
+    (None: the strategies' defaults) is passed to ``rl`` and ``hybrid``."""
     import placer
     from ..search import strategies
     if quick:
@@ -103,8 +104,9 @@ def bench_learned(graphs: Sequence[str] | None = None, clusters: Sequence[str] |
     graphs = list(graphs or TEST_GRAPHS)
     clusters = list(clusters or TEST_CLUSTERS)
     have_evolution = "evolution" in strategies()
-    learned = {"checkpoint": None if checkpoint is None else str(checkpoint),
-               "samples": samples}
+    learned = {"checkpoint": None if checkpoint is None else str(checkpoint)}
+    if samples is not None:   # else each learned strategy's own default
+        learned["samples"] = samples
     rows = []
     start = time.perf_counter()
     _warm_up(graphs[0], clusters[0], learned["checkpoint"], have_evolution)
@@ -147,6 +149,7 @@ def bench_learned(graphs: Sequence[str] | None = None, clusters: Sequence[str] |
                 print(_line(row), flush=True)
     summary = _summary(rows) if have_evolution else {"note": "evolution strategy unavailable"}
     result = {"benchmark": "learned", "time_budget": time_budget, "finetune": finetune,
+              "samples": samples,
               "seed": seed, "graphs": graphs, "clusters": clusters,
               "machine": {"python": platform.python_version(), "cpu": platform.processor()
                           or platform.machine()},
