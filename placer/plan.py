@@ -22,6 +22,60 @@ if TYPE_CHECKING:
     from .graph import Graph
 
 FORMAT = "placer.plan/v1"
+
+
+class Placement(dict):
+    """A plan's ``op -> [devices]`` mapping: a dict that counts its own
+    edits (``version``), so cost models can reuse what they derived from it
+    until it changes. Replacing or removing an op's entry is an edit;
+    changing a device list in place is not (give the op a new list).
+
+    >>> p = Placement({"a": ["gpu0"]}); v = p.version
+    >>> p["a"] = ["gpu1"]; p.version > v
+    True
+    """
+
+    version = 0     # a class default: unpickling sets items before attributes
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.version = 0
+
+    def _edited(self) -> None:
+        self.version = self.version + 1
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        self._edited()
+
+    def __delitem__(self, key):
+        super().__delitem__(key)
+        self._edited()
+
+    def __ior__(self, other):
+        super().__ior__(other)
+        self._edited()
+        return self
+
+    def update(self, *args, **kwargs):
+        super().update(*args, **kwargs)
+        self._edited()
+
+    def pop(self, *args):
+        self._edited()
+        return super().pop(*args)
+
+    def popitem(self):
+        self._edited()
+        return super().popitem()
+
+    def clear(self):
+        super().clear()
+        self._edited()
+
+    def setdefault(self, key, default=None):
+        self._edited()
+        return super().setdefault(key, default)
 SCHEDULES = ("gpipe", "1f1b")
 
 
@@ -45,6 +99,13 @@ class Plan:
     cluster: str | None = None
     predicted: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
+
+    def __setattr__(self, name, value):
+        # every placement, given or assigned later, counts its edits
+        if name == "placement" and not isinstance(value, Placement) \
+                and isinstance(value, dict):
+            value = Placement(value)
+        super().__setattr__(name, value)
 
     def devices_of(self, op_id: str) -> list[str]:
         """The devices that run ``op_id`` (several: data-parallel); see :class:`Plan`."""

@@ -139,3 +139,31 @@ def test_overlapping_groups_batch_equals_one_by_one():
         alone = ana.estimate(p, plan)
         assert r.step_time == pytest.approx(alone.step_time, rel=1e-12)
         assert r.objective == pytest.approx(alone.objective, rel=1e-12)
+
+
+def test_cache_check_on_placement_versions_and_plain_dicts():
+    import copy
+    import pickle
+    from placer.plan import Placement
+    g, c, p = _problem()
+    plan = random_plans(g, c, 1, seed=6)[0]
+    assert isinstance(plan.placement, Placement)
+    ana = Analytical()
+    before = ana.estimate(p, plan).step_time
+    op = p.ids[len(p.ids) // 3]
+    other = next(d for d in c.names if d not in plan.placement[op])
+    view = plan.placement                             # edited through another name
+    view.update({op: [other]})
+    after = ana.estimate(p, plan).step_time
+    assert after != before
+    assert after == ana.estimate(p, Plan(dict(plan.placement), plan.microbatches,
+                                         plan.schedule)).step_time
+    # a plain dict put there behind the dataclass's back: the two-scan check
+    object.__setattr__(plan, "placement", dict(plan.placement))
+    assert ana.estimate(p, plan).step_time == after
+    plan.placement[op] = [next(d for d in c.names if d != other)]
+    assert ana.estimate(p, plan).step_time == ana.estimate(
+        p, Plan(dict(plan.placement), plan.microbatches, plan.schedule)).step_time
+    # copies and pickles keep the type and the items
+    for clone in (pickle.loads(pickle.dumps(Placement(a=["x"]))), copy.deepcopy(Placement(a=["x"]))):
+        assert isinstance(clone, Placement) and clone == {"a": ["x"]}

@@ -244,9 +244,10 @@ class Problem:
         int16 while the table has fewer than 2**15 groups (int32 beyond).
 
         A plan's device indices are kept (per problem, while the plan lives)
-        together with the device lists they came from, and reused while
-        ``plan.placement`` holds those same list objects: replacing an op's
-        list is seen, editing a list in place after an estimate is not."""
+        and reused while ``plan.placement`` is the same, unedited
+        :class:`~placer.plan.Placement` (or, for a plain dict, holds the same
+        list objects): replacing an op's list is seen, editing a list in
+        place after an estimate is not."""
         for plan in plans:
             _check_pipeline(plan)
         groups: dict = {}
@@ -283,13 +284,18 @@ class Problem:
         device-index tuples and which tuple each one has. Cached per plan
         (see :meth:`compile_many`) unless ``cache`` is false."""
         placement = plan.placement
-        keys, values = list(placement), list(placement.values())
+        version = getattr(placement, "version", None)
         if cache:
-            # valid while the placement holds the same keys and list objects
             entry = self._plan_arrays.entries.get(id(plan))
-            if entry is not None and entry[0]() is plan and values == entry[2] \
-                    and keys == entry[1]:
-                return entry[3]
+            if entry is not None and entry[0]() is plan:
+                # the same placement object, not edited since (O(1)); a
+                # plain dict: the same keys and list objects (two scans)
+                if version is not None:
+                    if entry[4] is placement and entry[5] == version:
+                        return entry[3]
+                elif list(placement.values()) == entry[2] and list(placement) == entry[1]:
+                    return entry[3]
+        keys, values = list(placement), list(placement.values())
         if keys != self.ids:        # not already in topological order
             try:
                 values = self._getter(placement) if self._getter is not None else \
@@ -301,7 +307,8 @@ class Problem:
             values = list(placement.values())
         else:
             arrays = self._device_arrays(values)
-        return self._plan_arrays.put(plan, keys, values, arrays) if cache else arrays
+        return self._plan_arrays.put(plan, keys, values, arrays, placement, version) \
+            if cache else arrays
 
     def _device_arrays(self, values):
         n = self.n_ops
@@ -413,8 +420,9 @@ class _PlanArrays:
         self.ops = 0
         self.limit = limit
 
-    def put(self, plan, keys: list, values: list, arrays):
-        """Remember ``arrays`` for ``plan`` (until it dies); returns them."""
+    def put(self, plan, keys: list, values: list, arrays, placement=None, version=None):
+        """Remember ``arrays`` for ``plan`` (until it dies) and which
+        placement object at which ``version`` they came from; returns them."""
         key = id(plan)
         size = len(keys)
         if self.ops + size > self.limit:
@@ -425,7 +433,7 @@ class _PlanArrays:
         except TypeError:           # not weak-referenceable: don't cache
             return arrays
         self.drop(key)
-        self.entries[key] = (ref, keys, values, arrays)
+        self.entries[key] = (ref, keys, values, arrays, placement, version)
         self.ops += size
         return arrays
 
