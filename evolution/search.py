@@ -255,6 +255,14 @@ class Evolution(Strategy):
             plans[1:1] = [plan for _, plan in fine]
             origins[1:1] = [name for name, _ in fine]
             finalists[1:1] = [None] * len(fine)
+            # the ranking scores while time lasts (a full-graph simulation
+            # can take seconds): the screening model's best full-graph plans
+            # first, not the coarse search's expanded winner by position
+            unmetered = getattr(screen, "inner", screen)
+            values = [o.objective for o in unmetered.estimate_many(problem, plans)]
+            order = sorted(range(len(plans)), key=values.__getitem__)
+            plans, origins, finalists = ([xs[k] for k in order]
+                                         for xs in (plans, origins, finalists))
         if getattr(screen, "name", None) == getattr(ranker, "name", None) \
                 and coarse.members is None:
             i = int(np.argmin([g.fitness.values[0] for g in finalists]))
