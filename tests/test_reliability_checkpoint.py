@@ -27,7 +27,7 @@ def problem():
 def reference(problem):
     graph, cluster = problem
     plan = placer.optimize(graph, cluster, **KW)
-    assert plan.extra["search"]["generations"] > 28   # long enough to interrupt
+    assert plan.extra["search"]["generations"] >= 10   # long enough to interrupt
     return plan
 
 
@@ -39,10 +39,13 @@ def interrupt_at(*gens):
     return callback
 
 
-@pytest.mark.parametrize("gens", [(0,), (5,), (25,), (5, 21)])
-def test_interrupt_saves_plan_and_resume_matches(tmp_path, problem, reference, gens):
+@pytest.mark.parametrize("share", [(0,), (0.25,), (0.9,), (0.25, 0.7)])
+def test_interrupt_saves_plan_and_resume_matches(tmp_path, problem, reference, share):
     graph, cluster = problem
     state = tmp_path / "state.json"
+    # generations as shares of the reference run, which changes with the search
+    last = reference.extra["search"]["generations"]
+    gens = [int(f * last) for f in share]
     for g in gens:     # interrupted (perhaps again after a resume) at each of gens
         with pytest.raises(SearchInterrupted) as info:
             placer.optimize(graph, cluster, checkpoint=state, resume=True,
