@@ -510,10 +510,61 @@ def measure_links(world: int, rank: int, *, sizes=LINK_SIZES, repeats: int = 9,
     return {"pairs": pairs, "allreduce": allreduce}
 
 
+def _chunk(a, n: int):
+    """A fixed slice of compute (``n`` small matrix products)."""
+    for _ in range(n):
+        a = torch.tanh(a @ a)
+    return a
+
+
+def sync_delay(peer: int, latency: float, *, work: int = 48, repeats: int = 20,
+               rounds: int = 2) -> float:
+    """Collective between this rank and ``peer`` (both call it): the time a
+    synchronisation costs beyond what a prediction from average speeds
+    charges. Both ranks compute equal chunks of work at once, first freely
+    and then in lockstep (a message each way after every chunk, receives
+    posted before the chunk, as the runtime's are); the per-chunk time in
+    lockstep less the slower rank's free chunk and one message's
+    ``latency`` is what each synchronisation loses to the peer that was
+    late (preempted on a shared host, woken late from its receive). Free
+    and lockstep phases alternate ``rounds`` times so both see the same
+    load. Returns seconds (>= 0), the same figure on both ranks."""
+    import torch.distributed as dist
+    a = torch.randn(64, 64) * 0.1
+    buf, got = torch.zeros(1), torch.zeros(1)
+    _chunk(a, work)   # warm-up
+    free = lock = 0.0
+    for _ in range(rounds):
+        _pingpong(peer, dist.get_rank() < peer, 4, 1)   # start together
+        start = time.perf_counter()
+        for _ in range(repeats):
+            _chunk(a, work)
+        free += time.perf_counter() - start
+        _pingpong(peer, dist.get_rank() < peer, 4, 1)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            req = dist.irecv(got, peer)
+            _chunk(a, work)
+            dist.send(buf, peer)
+            req.wait()
+        lock += time.perf_counter() - start
+    n = rounds * repeats
+    # both ends agree: the slower rank's free chunk (a prediction waits
+    # for the slower) and the longer lockstep
+    mine, other = torch.tensor([free / n, lock / n], dtype=torch.float64), torch.zeros(
+        2, dtype=torch.float64)
+    req = dist.isend(mine, peer)
+    dist.recv(other, peer)
+    req.wait()
+    both = torch.maximum(mine, other)
+    return max(0.0, float(both[1]) - float(both[0]) - latency)
+
+
 def ranks_cluster(names: list[str], device, links: dict, memory: float = 1e10) -> Cluster:
     """A cluster of the ranks' devices ``names`` (in rank order), each a copy
     of the calibrated ``device`` (its efficiency and ``op_overhead``), joined
-    by the measured ``links`` (:func:`measure_links`)."""
+    by the measured ``links`` (:func:`measure_links`; a pair's
+    ``sync_delay``, where measured, adds to its latency)."""
     import numpy as np
     from ..cluster import Device
     n = len(names)
@@ -521,7 +572,9 @@ def ranks_cluster(names: list[str], device, links: dict, memory: float = 1e10) -
     lat = np.zeros((n, n))
     for (i, j), link in links["pairs"].items():
         bw[i, j] = bw[j, i] = link["bandwidth"]
-        lat[i, j] = lat[j, i] = link["latency"]
+        # a synchronisation's loss to a late peer (sync_delay) is paid by
+        # every message, like the link's latency
+        lat[i, j] = lat[j, i] = link["latency"] + link.get("sync_delay", 0.0)
     devices = [Device(name, device.flops, memory, efficiency=device.efficiency,
                       kind=device.kind, extra=dict(device.extra)) for name in names]
     return Cluster("ranks", devices, bw, lat)
