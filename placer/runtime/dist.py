@@ -421,8 +421,8 @@ def _calibration_round(model, example_inputs, graph, tdev, loss_fn=None) -> dict
     name = str(tdev)
     here = Cluster.from_rules("here", [Device(name, 1e11, 1e10)], default=(1e9, 1e-4))
     share_one, share_all = _shares(tdev, 0.1)
-    # op times one rank at a time (the fastest repeat: an op's speed while
-    # it runs, at a whole core; the time slices it loses are the shares')
+    # op times one rank at a time (the median repeat: an op's typical speed
+    # at a whole core; the time slices it loses are the shares')
     for turn in range(dist.get_world_size()):
         dist.barrier()
         if turn == dist.get_rank():

@@ -2,7 +2,7 @@
 
 Every op of the graph is run alone on each local device (its inputs ready,
 like :func:`placer.trace` measures FLOPs), forward and backward, repeated in
-a row (the fastest repeat: its time while it runs), at the traced batch, at
+a row (the median repeat: its typical time), at the traced batch, at
 half and at a quarter of it. The times go into the graph as
 ``op.extra["measured"][device] = {"fwd": s, "bwd": s, "fwd_half": s,
 "bwd_half": s}``. Per device, a fixed cost per op launch is fitted over
@@ -181,7 +181,7 @@ LOSS = "<loss>"
 def _time_loss(outputs, loss_fn, device, repeats: int) -> tuple[float, float]:
     """The loss's forward and backward seconds on ``outputs`` (the runtime
     computes it once per microbatch on the device of the last output; the
-    graph has no op for it). Fastest repeat, like the ops."""
+    graph has no op for it). Median repeat, like the ops."""
     fwd, bwd = [], []
     for _ in range(max(1, repeats)):
         leaves = pytree.tree_map_only(
