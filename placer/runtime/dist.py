@@ -15,6 +15,10 @@ One host::
 
     placer launch plan.json --model gpt-125m --tiny --batch 8 --nproc 4
 
+Ranks of one host run on cores of their own when there are enough
+(``--pin auto``, :func:`pin_cores`): ranks sharing cores preempt each
+other at every message they exchange.
+
 Several hosts (the same command on every host; torchrun's c10d rendezvous
 assigns ranks, host 0's address as the endpoint)::
 
