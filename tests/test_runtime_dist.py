@@ -57,3 +57,38 @@ def test_rank_order_and_nproc_check():
     assert rank_devices(plan, cluster) == ["a", "b", "c"]
     with pytest.raises(PlanError):
         launch(plan, functools.partial(zoo.build, "gpt-125m", tiny=True), nproc=2)
+
+
+def test_pinned_ranks_run_on_their_own_cores_and_match_unplaced():
+    import os
+    usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(usable) < 2:
+        pytest.skip("pinning two ranks needs two usable cores")
+    build = functools.partial(zoo.build, "gpt-125m", tiny=True, batch=4)
+    model, inputs = build()
+    graph = placer.trace(model, inputs)
+    out, loss, grads = reference(model, inputs)
+    plan = random_plan(graph, ["a", "b"], seed=3, microbatches=2)
+    result = launch(plan, build, steps=1, warmup=0, timeout=120, pin=True)
+    _check(result, out, loss, grads)
+    cores = result["cores"]
+    assert set(cores) == {"a", "b"} and all(cores.values())
+    assert not set(cores["a"]) & set(cores["b"])   # no core shared
+    assert set(cores["a"]) | set(cores["b"]) <= set(usable)
+
+
+def test_pin_cores_splits_the_usable_cores():
+    import os
+    from placer.runtime.dist import pin_cores
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("no CPU affinity on this OS")
+    usable = sorted(os.sched_getaffinity(0))
+    try:
+        assert pin_cores(0, len(usable) + 1) is None      # fewer cores than ranks
+        assert sorted(os.sched_getaffinity(0)) == usable  # left alone
+        last = pin_cores(len(usable) - 1, len(usable))
+        assert last == [usable[-1]] and sorted(os.sched_getaffinity(0)) == last
+        os.sched_setaffinity(0, usable)
+        assert pin_cores(0, 1) == usable
+    finally:
+        os.sched_setaffinity(0, usable)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import placer
@@ -66,7 +67,12 @@ def test_calibrated_launch_predicts_from_its_own_measurements():
     link = cal["links"]["a-b"]
     assert link["bandwidth"] > 0 and link["latency"] >= 0 and len(link["points"]) >= 2
     assert cal["op_overhead"] >= 0 and cal["allreduce"]
-    assert placer.Cluster.from_dict(cal["cluster"]).names == ["a", "b"]
+    cluster = placer.Cluster.from_dict(cal["cluster"])
+    assert cluster.names == ["a", "b"]
+    # every message pays the measured synchronisation delay on top of the
+    # link's latency
+    assert link["sync_delay"] >= 0
+    assert cluster.link("a", "b")[1] == pytest.approx(link["latency"] + link["sync_delay"])
     # the shares of a core alone and with both ranks busy, and those used
     assert 0 < cal["cpu_share"] <= 1 and 0 < cal["cpu_share_all"] <= 1
     assert set(cal["cpu_shares"]) == {"a", "b"}

@@ -166,12 +166,16 @@ def _calibrate(build, names, bandwidth, latency):
 
 
 def accuracy(plans: int = 4, nproc: int = 2, model: str = MODEL, batch: int = 8,
-             seq: int = 32, steps: int = 8, microbatches: int = 2, seed: int = 0) -> dict:
+             seq: int = 32, steps: int = 8, microbatches: int = 2, seed: int = 0,
+             pin: str = "on") -> dict:
     """Predicted vs measured step time of random plans on ``nproc`` CPU ranks
     (one torch thread each). Each run calibrates first, in its own ranks and
     before its steps (op times and the links between the ranks, see
     :func:`placer.runtime.dist.run_rank`), so the prediction comes from
-    microbenchmarks, never from the steps it predicts."""
+    microbenchmarks, never from the steps it predicts. ``pin``: "on" (each
+    rank on its own core, :func:`placer.runtime.dist.pin_cores`), "off", or
+    "both" (every plan unpinned, then pinned, back to back: the two see
+    about the same load); the result has a median per setting."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
     from runtime_helpers import random_plan
     from placer.runtime.dist import launch
@@ -179,16 +183,24 @@ def accuracy(plans: int = 4, nproc: int = 2, model: str = MODEL, batch: int = 8,
     module, inputs = build()
     graph = placer.trace(module, inputs)
     names = [f"r{i}" for i in range(nproc)]
+    settings = {"on": [True], "off": [False], "both": [False, True]}[pin]
     rows = []
     for k in range(plans):
         plan = random_plan(graph, names, seed=seed + k, microbatches=microbatches,
                            segments=3, max_group=nproc)
-        load = _load()
-        result = launch(plan, build, steps=steps, warmup=2, timeout=300, calibrate=True,
-                        threads=1)
-        rows.append(_row(k, plan, result, load))
-    return {"nproc": nproc, "plans": rows,
-            "median_abs_error": statistics.median(abs(r["error"]) for r in rows)}
+        for pinned in settings:
+            load = _load()
+            result = launch(plan, build, steps=steps, warmup=2, timeout=300, calibrate=True,
+                            threads=1, pin=pinned)
+            rows.append(_row(k, plan, result, load) | {"pinned": pinned})
+    med = statistics.median
+    out = {"nproc": nproc, "pin": pin, "plans": rows,
+           "median_abs_error": med(abs(r["error"]) for r in rows)}
+    if len(settings) > 1:
+        for pinned in settings:
+            out[f"median_abs_error_{'pinned' if pinned else 'unpinned'}"] = med(
+                abs(r["error"]) for r in rows if r["pinned"] == pinned)
+    return out
 
 
 def _row(k, plan, result, load) -> dict:
@@ -199,8 +211,18 @@ def _row(k, plan, result, load) -> dict:
     cc = placer.Cluster.from_dict(cal["cluster"])
     for dev in cc.devices:
         dev.extra["cpu_share_all"] = dev.extra.get("cpu_share", 1.0)
-    alone = predict_shared(placer.Graph.from_dict(cal["graph"]), cc, plan,
-                           op_overhead=cal["op_overhead"]).step_time
+    cg = placer.Graph.from_dict(cal["graph"])
+    alone = predict_shared(cg, cc, plan, op_overhead=cal["op_overhead"]).step_time
+    # the same calibration without the synchronisation delay
+    lat = cc.latency.copy()
+    names = [d.name for d in cc.devices]
+    for pair, link in cal["links"].items():
+        i, j = (names.index(n) for n in pair.split("-"))
+        lat[i, j] = lat[j, i] = link["latency"]
+    nosync = placer.Cluster.from_dict(cal["cluster"])
+    nosync = placer.Cluster(nosync.name, nosync.devices, nosync.bandwidth, lat,
+                            meta=nosync.meta)
+    no_sync = predict_shared(cg, nosync, plan, op_overhead=cal["op_overhead"]).step_time
     link = next(iter(cal["links"].values()), {"bandwidth": None, "latency": None})
     return {"plan": k, "devices": sorted(plan.devices_used()),
             "microbatches": plan.microbatches, "predicted": predicted, "measured": measured,
@@ -208,7 +230,9 @@ def _row(k, plan, result, load) -> dict:
             "op_overhead": cal["op_overhead"], "link_bandwidth": link["bandwidth"],
             "link_latency": link["latency"], "cpu_share": cal.get("cpu_share"),
             "cpu_share_all": cal.get("cpu_share_all"), "cpu_shares": cal.get("cpu_shares"),
-            "predicted_alone": alone, "error_alone": (alone - measured) / measured}
+            "predicted_alone": alone, "error_alone": (alone - measured) / measured,
+            "sync_delay": link.get("sync_delay"), "predicted_no_sync": no_sync,
+            "error_no_sync": (no_sync - measured) / measured}
 
 
 # --------------------------------------------------------------------------
@@ -288,7 +312,7 @@ def _rate_bytes(rate: str) -> float:
 
 
 def _launch_in(nets, plan, tmp: str, tag: str, *, model: str, batch: int, seq: int,
-               steps: int, timeout: float) -> dict:
+               steps: int, timeout: float, pin: bool = True) -> dict:
     """Run ``plan`` with one rank per namespace (rank i in namespace i) and
     ``--calibrate``; returns rank 0's written report."""
     from placer.runtime.dist import rank_devices
@@ -302,11 +326,13 @@ def _launch_in(nets, plan, tmp: str, tag: str, *, model: str, batch: int, seq: i
         for i in range(world):
             env = dict(os.environ, MASTER_ADDR=nets.address(0), MASTER_PORT=port,
                        RANK=str(i), WORLD_SIZE=str(world), OMP_NUM_THREADS="1",
+                       LOCAL_RANK=str(i), LOCAL_WORLD_SIZE=str(world),
                        GLOO_SOCKET_IFNAME=f"{nets.prefix}v{i}")
             cmd = ["ip", "netns", "exec", nets.names[i], sys.executable, "-m",
                    "placer.runtime.dist", plan_path, "--model", model, "--batch", str(batch),
                    "--seq", str(seq), "--steps", str(steps), "--warmup", "2", "--calibrate",
-                   "--timeout", str(timeout), "--config", json.dumps(CONFIG)]
+                   "--timeout", str(timeout), "--config", json.dumps(CONFIG),
+                   "--threads", "1", "--pin", "on" if pin else "off"]
             if i == 0:
                 cmd += ["-o", out]
             log = open(os.path.join(tmp, f"{tag}.rank{i}.log"), "w")
@@ -363,7 +389,8 @@ def _naive_plan(graph, names: list[str], microbatches: int):
 
 def netns(nproc: int = 2, rate: str = "100mbit", model: str = MODEL, batch: int = 8,
           seq: int = 32, steps: int = 5, microbatches: int = 2, seed: int = 0,
-          search_seconds: float = 20.0, timeout: float = 300.0, rounds: int = 1) -> dict:
+          search_seconds: float = 20.0, timeout: float = 300.0, rounds: int = 1,
+          pin: bool = True) -> dict:
     """An emulated decentralized cluster: ranks in namespaces behind ``tc
     tbf`` links at ``rate``. Runs a naive plan (equal-FLOP pipeline stages),
     whose ranks calibrate first (op times, links); searches an optimized
@@ -372,7 +399,7 @@ def netns(nproc: int = 2, rate: str = "100mbit", model: str = MODEL, batch: int 
     shared host drifts between runs: a pair run back to back sees about the
     same). Reports every run's measured and predicted step times, each
     pair's measured vs predicted speedup of the optimized plan over the
-    naive one, and their medians."""
+    naive one, and their medians. ``pin``: each rank on a core of its own."""
     from placer.runtime.contention import predict_shared
     module, inputs = _build(model, batch, seq)
     graph = placer.trace(module, inputs)
@@ -384,7 +411,7 @@ def netns(nproc: int = 2, rate: str = "100mbit", model: str = MODEL, batch: int 
         for k in range(max(1, rounds)):
             load_naive = _load()
             first = _launch_in(nets, naive, tmp, f"naive{k}", model=model, batch=batch,
-                               seq=seq, steps=steps, timeout=timeout)
+                               seq=seq, steps=steps, timeout=timeout, pin=pin)
             if best is None:
                 cal = first["calibration"]
                 cg = placer.Graph.from_dict(cal["graph"])
@@ -398,7 +425,7 @@ def netns(nproc: int = 2, rate: str = "100mbit", model: str = MODEL, batch: int 
                 first_pred = first["predicted"]
             load_opt = _load()
             second = _launch_in(nets, best, tmp, f"optimized{k}", model=model, batch=batch,
-                                seq=seq, steps=steps, timeout=timeout)
+                                seq=seq, steps=steps, timeout=timeout, pin=pin)
             pairs.append([_netns_row("naive", naive, first, load_naive),
                           _netns_row("optimized", best, second, load_opt)])
     rows = [r for pair in pairs for r in pair]
@@ -431,13 +458,16 @@ def main(argv=None) -> int:
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--rate", default="100mbit")
     ap.add_argument("--rounds", type=int, default=2, help="netns: runs of each plan, alternately")
+    ap.add_argument("--pin", default="on", choices=["on", "off", "both"],
+                    help="ranks on cores of their own (both: accuracy runs every plan "
+                         "unpinned, then pinned)")
     ns = ap.parse_args(argv)
     if ns.what == "overhead":
         out = overhead()
     elif ns.what == "accuracy":
-        out = accuracy(plans=ns.plans, nproc=ns.nproc)
+        out = accuracy(plans=ns.plans, nproc=ns.nproc, pin=ns.pin)
     else:
-        out = netns(nproc=ns.nproc, rate=ns.rate, rounds=ns.rounds)
+        out = netns(nproc=ns.nproc, rate=ns.rate, rounds=ns.rounds, pin=ns.pin != "off")
     print(json.dumps(out, indent=1))
     return 0
 

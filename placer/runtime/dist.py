@@ -15,6 +15,10 @@ One host::
 
     placer launch plan.json --model gpt-125m --tiny --batch 8 --nproc 4
 
+Ranks of one host run on cores of their own when there are enough
+(``--pin auto``, :func:`pin_cores`): ranks sharing cores preempt each
+other at every message they exchange.
+
 Several hosts (the same command on every host; torchrun's c10d rendezvous
 assigns ranks, host 0's address as the endpoint)::
 
@@ -61,7 +65,8 @@ from .run import (MeasuredReport, _as_device, build_optimizer, default_loss, joi
 
 _DEBUG = bool(os.environ.get("PLACER_DEBUG_COMM"))
 
-__all__ = ["RankError", "launch", "run_rank", "rank_devices", "launch_main", "rank_main"]
+__all__ = ["RankError", "launch", "run_rank", "rank_devices", "launch_main", "rank_main",
+           "pin_cores"]
 
 
 def rank_devices(plan, cluster=None) -> list[str]:
@@ -348,7 +353,9 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     mine = {"device": me, "loss": last["loss"], "losses": losses,
             "outputs": (join_outputs(sp, last["outputs"]) if last["outputs"] else None),
             "gradients": grads, "parameters": engine.state(), "compute": compute,
-            "comm": comm, "peak": peak, "cpu_time": cpu_time, "events": timeline}
+            "comm": comm, "peak": peak, "cpu_time": cpu_time, "events": timeline,
+            "cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else None}
     if calibrate:
         with _STATUS.wait(None, "the calibration gather"):
             calibration = _combine_calibration(rounds, graph, devs, tdev, shares)
@@ -393,6 +400,8 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     # CPU time of each rank's process per step (all its threads): against
     # ``busy``, how much of a step a rank spent preempted on a shared host
     merged["cpu_time"] = {p["device"]: p["cpu_time"] for p in gathered}
+    # the cores each rank's process could run on (see pin_cores)
+    merged["cores"] = {p["device"]: p["cores"] for p in gathered}
     # each rank's timeline of a typical measured step (Event fields as tuples;
     # rank clocks differ, so starts are relative to each rank's step start)
     merged["events"] = [e for p in gathered for e in p["events"]]
@@ -412,11 +421,12 @@ def _calibration_round(model, example_inputs, graph, tdev, loss_fn=None) -> dict
     from ..cluster import Cluster, Device
     from .profile import measure_links, profile
     links = measure_links(dist.get_world_size(), dist.get_rank(), repeats=5)
+    sync = _sync_delays(links["pairs"])
     name = str(tdev)
     here = Cluster.from_rules("here", [Device(name, 1e11, 1e10)], default=(1e9, 1e-4))
     share_one, share_all = _shares(tdev, 0.1)
-    # op times one rank at a time (the fastest repeat: an op's speed while
-    # it runs, at a whole core; the time slices it loses are the shares')
+    # op times one rank at a time (the median repeat: an op's typical speed
+    # at a whole core; the time slices it loses are the shares')
     for turn in range(dist.get_world_size()):
         dist.barrier()
         if turn == dist.get_rank():
@@ -431,7 +441,21 @@ def _calibration_round(model, example_inputs, graph, tdev, loss_fn=None) -> dict
             "cpu_share": share_one, "cpu_share_all": share_all,
             "points": {pair: link["points"] for pair, link in links["pairs"].items()},
             "message_cpu": {pair: link["message_cpu"] for pair, link in links["pairs"].items()},
-            "allreduce": links["allreduce"]}
+            "sync_delay": sync, "allreduce": links["allreduce"]}
+
+
+def _sync_delays(pairs: dict) -> dict:
+    """Collective: :func:`placer.runtime.profile.sync_delay` of every pair of
+    ranks, one pair at a time (the others wait)."""
+    from .profile import sync_delay
+    rank, out = dist.get_rank(), {}
+    for (i, j), link in pairs.items():
+        dist.barrier()
+        delay = sync_delay(j if rank == i else i, link["latency"]) if rank in (i, j) else 0.0
+        shared = torch.tensor([delay], dtype=torch.float64)
+        dist.all_reduce(shared, op=dist.ReduceOp.MAX)
+        out[(i, j)] = float(shared)
+    return out
 
 
 def _shares(tdev, seconds: float) -> tuple[float, float]:
@@ -485,7 +509,8 @@ def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev,
         points = {n: med(r["points"][pair][n] for r in rounds) for n in sizes}
         bw, lat = fit_link(points)
         pairs[pair] = {"bandwidth": bw, "latency": lat, "points": points,
-                       "message_cpu": med(r["message_cpu"][pair] for r in rounds)}
+                       "message_cpu": med(r["message_cpu"][pair] for r in rounds),
+                       "sync_delay": med(r["sync_delay"][pair] for r in rounds)}
     allreduce = {n: med(r["allreduce"][n] for r in rounds) for n in rounds[0]["allreduce"]}
     from ..cluster import Cluster
     one = Cluster("here", [dev], [[float("inf")]], [[0.0]])
@@ -510,16 +535,43 @@ def _init(backend: str, timeout: float) -> None:
     dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout))
 
 
+def pin_cores(local_rank: int, local_world: int) -> list[int] | None:
+    """Give this process its own share of the cores it may use: the usable
+    cores cut into ``local_world`` equal runs, run ``local_rank`` for this
+    rank (``os.sched_setaffinity``; threads started later inherit it).
+    Ranks on one host then stop preempting each other at their every
+    synchronisation. Returns the cores, or None (nothing changed) when
+    there are fewer usable cores than ranks or the OS cannot pin."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    usable = sorted(os.sched_getaffinity(0))
+    per = len(usable) // max(1, local_world)
+    if per < 1 or not 0 <= local_rank < local_world:
+        return None
+    cores = usable[local_rank * per:(local_rank + 1) * per]
+    os.sched_setaffinity(0, cores)
+    return cores
+
+
+def _auto_pin(pin: bool | None, world: int) -> bool:
+    """``pin=None``: pin when every rank can have a core of its own."""
+    if pin is not None:
+        return pin
+    return hasattr(os, "sched_getaffinity") and world <= len(os.sched_getaffinity(0))
+
+
 def _child(index: int, world: int, port: int, backend: str, timeout: float, build,
            plan_dict: dict, kwargs: dict, out_path: str, cluster_dict,
-           threads: int | None = None) -> None:
+           threads: int | None = None, pin: bool = False) -> None:
     global _STATUS
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                        "RANK": str(index), "WORLD_SIZE": str(world),
                        "LOCAL_RANK": str(index)})
     _STATUS = _Status(_status_path(out_path, index), index)
     _STATUS.set("start-up")
-    torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // world))
+    cores = pin_cores(index, world) if pin else None
+    torch.set_num_threads(threads or (len(cores) if cores else
+                                      max(1, (os.cpu_count() or 1) // world)))
     from ..cluster import Cluster
     from ..plan import Plan
     _STATUS.set("joining the process group")
@@ -594,7 +646,7 @@ def _stop(processes) -> None:
 
 def launch(plan, build: Callable[[], tuple], *, nproc: int | None = None, backend: str = "gloo",
            timeout: float = 300.0, cluster=None, fault_timeout: float = 60.0,
-           threads: int | None = None, **kwargs) -> dict:
+           threads: int | None = None, pin: bool | None = None, **kwargs) -> dict:
     """Start one local process per plan device (torch.multiprocessing, spawn),
     run :func:`run_rank` in each and return rank 0's result.
 
@@ -606,7 +658,10 @@ def launch(plan, build: Callable[[], tuple], *, nproc: int | None = None, backen
     fails, or a run in which no rank progresses for ``fault_timeout``
     seconds, stops every process and raises :class:`RankError` naming the
     rank, its device and its stage (see the module doc). ``threads``: torch
-    threads per rank (default: this machine's cores shared out evenly)."""
+    threads per rank (default: this machine's cores shared out evenly).
+    ``pin``: each rank runs on its own cores (:func:`pin_cores`; calibration
+    included, so op times are measured as the steps run); None pins when
+    there are at least as many usable cores as ranks."""
     import torch.multiprocessing as mp
     devs = rank_devices(plan, cluster)
     nproc = nproc or len(devs)
@@ -617,7 +672,8 @@ def launch(plan, build: Callable[[], tuple], *, nproc: int | None = None, backen
         out = os.path.join(tmp, "result.pt")
         ctx = mp.start_processes(
             _child, args=(nproc, _free_port(), backend, timeout, build, plan.to_dict(), kwargs,
-                          out, cluster.to_dict() if cluster is not None else None, threads),
+                          out, cluster.to_dict() if cluster is not None else None, threads,
+                          _auto_pin(pin, nproc)),
             nprocs=nproc, join=False, start_method="spawn")
         try:
             _watch(ctx.processes, [_status_path(out, r) for r in range(nproc)], devs,
@@ -715,6 +771,11 @@ def _parser(prog: str, with_nproc: bool, pictures: bool = False) -> argparse.Arg
     ap.add_argument("--threads", type=int, default=None,
                     help="torch CPU threads (per rank; default: torch's, or the cores shared "
                          "out over the ranks); 1 is steadiest on a busy host")
+    if prog != "placer run":
+        ap.add_argument("--pin", default="auto", choices=["auto", "on", "off"],
+                        help="give each rank of this host its own cores (auto: when there "
+                             "are at least as many usable cores as ranks); ranks sharing "
+                             "cores preempt each other at every message")
     ap.set_defaults(_prog=prog)
     if with_nproc:
         ap.add_argument("--fault-timeout", type=float, default=60.0,
@@ -807,12 +868,17 @@ def _print(result: dict, ns) -> None:
         atomic_write_text(path, dump_json({**rep, "calibration": result.get("calibration")}))
 
 
+def _pin_arg(value: str) -> bool | None:
+    return {"auto": None, "on": True, "off": False}[value]
+
+
 def launch_main(argv: list[str] | None = None) -> int:
     """``placer launch PLAN --model NAME [--nproc N] ...``: local ranks."""
     ns = _parser("placer launch", True).parse_args(argv)
     plan, build, kwargs, cluster = _common(ns)
     result = launch(plan, build, nproc=ns.nproc, backend=ns.backend, timeout=ns.timeout,
-                    cluster=cluster, fault_timeout=ns.fault_timeout, **kwargs)
+                    cluster=cluster, fault_timeout=ns.fault_timeout, pin=_pin_arg(ns.pin),
+                    **kwargs)
     _print(result, ns)
     return 0
 
@@ -830,6 +896,13 @@ def rank_main(argv: list[str] | None = None) -> int:
                     help="seconds without progress, once the steps have begun, before this "
                          "rank stops as hung (start-up is bounded by --timeout)")
     ns = ap.parse_args(argv)
+    # torchrun's LOCAL_RANK / LOCAL_WORLD_SIZE: this host's ranks
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if _auto_pin(_pin_arg(ns.pin), local_world):
+        cores = pin_cores(local, local_world)
+        if cores and not ns.threads:
+            torch.set_num_threads(len(cores))
     plan, build, kwargs, cluster = _common(ns)
     _init(ns.backend, ns.timeout)
     rank = dist.get_rank()

@@ -2,7 +2,7 @@
 
 Every op of the graph is run alone on each local device (its inputs ready,
 like :func:`placer.trace` measures FLOPs), forward and backward, repeated in
-a row (the fastest repeat: its time while it runs), at the traced batch, at
+a row (the median repeat: its typical time), at the traced batch, at
 half and at a quarter of it. The times go into the graph as
 ``op.extra["measured"][device] = {"fwd": s, "bwd": s, "fwd_half": s,
 "bwd_half": s}``. Per device, a fixed cost per op launch is fitted over
@@ -141,11 +141,14 @@ class _Timer(torch.fx.Interpreter):
                     bwd.append(time.perf_counter() - start)
             base_f, base_b = self.baseline()
             f_all, b_all = self.samples.setdefault(node.name, ([], []))
-            # the fastest repeat: the op's time while it runs (a repeat
-            # preempted by another process says nothing about the op; the
-            # process's share of the core is measured apart, see cpu_share)
-            f_all.append(max(0.0, min(fwd) - base_f))
-            b_all.append(max(0.0, min(bwd) - base_b) if bwd else 0.0)
+            # the median repeat: the op's typical speed. An op is far shorter
+            # than a time slice, so few repeats are preempted (the share of
+            # the core is measured apart, see cpu_share); the fastest repeat
+            # is the one that ran at the host's best speed, which a virtual
+            # CPU gives only now and then (a fixed chunk's CPU time here:
+            # fastest 1.2 ms, median 1.9 ms)
+            f_all.append(max(0.0, _typical(fwd) - base_f))
+            b_all.append(max(0.0, _typical(bwd) - base_b) if bwd else 0.0)
             return pytree.tree_map_only(torch.Tensor, lambda t: t.detach(), value)
 
     @property
@@ -178,7 +181,7 @@ LOSS = "<loss>"
 def _time_loss(outputs, loss_fn, device, repeats: int) -> tuple[float, float]:
     """The loss's forward and backward seconds on ``outputs`` (the runtime
     computes it once per microbatch on the device of the last output; the
-    graph has no op for it). Fastest repeat, like the ops."""
+    graph has no op for it). Median repeat, like the ops."""
     fwd, bwd = [], []
     for _ in range(max(1, repeats)):
         leaves = pytree.tree_map_only(
@@ -195,7 +198,16 @@ def _time_loss(outputs, loss_fn, device, repeats: int) -> tuple[float, float]:
             torch.autograd.grad([loss], wrt, allow_unused=True)
             _sync(device)
             bwd.append(time.perf_counter() - start)
-    return min(fwd), (min(bwd) if bwd else 0.0)
+    return _typical(fwd), (_typical(bwd) if bwd else 0.0)
+
+
+#: how the repeats of one op's timing are summarised (see _Timer.run_node)
+OP_STATISTIC = "median"
+
+
+def _typical(times: list[float]) -> float:
+    """One op's time from its repeats (:data:`OP_STATISTIC`)."""
+    return min(times) if OP_STATISTIC == "min" else statistics.median(times)
 
 
 def _output_nodes(gm) -> list[str]:
@@ -510,10 +522,61 @@ def measure_links(world: int, rank: int, *, sizes=LINK_SIZES, repeats: int = 9,
     return {"pairs": pairs, "allreduce": allreduce}
 
 
+def _chunk(a, n: int):
+    """A fixed slice of compute (``n`` small matrix products)."""
+    for _ in range(n):
+        a = torch.tanh(a @ a)
+    return a
+
+
+def sync_delay(peer: int, latency: float, *, work: int = 48, repeats: int = 20,
+               rounds: int = 2) -> float:
+    """Collective between this rank and ``peer`` (both call it): the time a
+    synchronisation costs beyond what a prediction from average speeds
+    charges. Both ranks compute equal chunks of work at once, first freely
+    and then in lockstep (a message each way after every chunk, receives
+    posted before the chunk, as the runtime's are); the per-chunk time in
+    lockstep less the slower rank's free chunk and one message's
+    ``latency`` is what each synchronisation loses to the peer that was
+    late (preempted on a shared host, woken late from its receive). Free
+    and lockstep phases alternate ``rounds`` times so both see the same
+    load. Returns seconds (>= 0), the same figure on both ranks."""
+    import torch.distributed as dist
+    a = torch.randn(64, 64) * 0.1
+    buf, got = torch.zeros(1), torch.zeros(1)
+    _chunk(a, work)   # warm-up
+    free = lock = 0.0
+    for _ in range(rounds):
+        _pingpong(peer, dist.get_rank() < peer, 4, 1)   # start together
+        start = time.perf_counter()
+        for _ in range(repeats):
+            _chunk(a, work)
+        free += time.perf_counter() - start
+        _pingpong(peer, dist.get_rank() < peer, 4, 1)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            req = dist.irecv(got, peer)
+            _chunk(a, work)
+            dist.send(buf, peer)
+            req.wait()
+        lock += time.perf_counter() - start
+    n = rounds * repeats
+    # both ends agree: the slower rank's free chunk (a prediction waits
+    # for the slower) and the longer lockstep
+    mine, other = torch.tensor([free / n, lock / n], dtype=torch.float64), torch.zeros(
+        2, dtype=torch.float64)
+    req = dist.isend(mine, peer)
+    dist.recv(other, peer)
+    req.wait()
+    both = torch.maximum(mine, other)
+    return max(0.0, float(both[1]) - float(both[0]) - latency)
+
+
 def ranks_cluster(names: list[str], device, links: dict, memory: float = 1e10) -> Cluster:
     """A cluster of the ranks' devices ``names`` (in rank order), each a copy
     of the calibrated ``device`` (its efficiency and ``op_overhead``), joined
-    by the measured ``links`` (:func:`measure_links`)."""
+    by the measured ``links`` (:func:`measure_links`; a pair's
+    ``sync_delay``, where measured, adds to its latency)."""
     import numpy as np
     from ..cluster import Device
     n = len(names)
@@ -521,7 +584,9 @@ def ranks_cluster(names: list[str], device, links: dict, memory: float = 1e10) -
     lat = np.zeros((n, n))
     for (i, j), link in links["pairs"].items():
         bw[i, j] = bw[j, i] = link["bandwidth"]
-        lat[i, j] = lat[j, i] = link["latency"]
+        # a synchronisation's loss to a late peer (sync_delay) is paid by
+        # every message, like the link's latency
+        lat[i, j] = lat[j, i] = link["latency"] + link.get("sync_delay", 0.0)
     devices = [Device(name, device.flops, memory, efficiency=device.efficiency,
                       kind=device.kind, extra=dict(device.extra)) for name in names]
     return Cluster("ranks", devices, bw, lat)
