@@ -28,6 +28,7 @@ import torch
 from torch import nn
 from torch_geometric.nn import DirGNNConv, GATv2Conv, GINEConv, HeteroConv
 
+from . import dense
 from .features import (CAND_FEATURES, DEV_FEATURES, FLOW_FEATURES, LINK_FEATURES, OP_FEATURES,
                        ProblemGraph)
 
@@ -155,9 +156,11 @@ class PlacementPolicy(nn.Module):
             self.prior.weight[0, 3] = -4.0   # load after adding this unit
             self.prior.weight[0, 11] = -3.0  # time to fetch the inputs over the links
 
-    def static_scores(self, pg: ProblemGraph):
-        """Encode once: static (U, D) scores and the decoder's projections."""
-        h_op, h_dev = self.encoder(pg.data)
+    def static_scores(self, pg: ProblemGraph, embeddings=None):
+        """Encode once: static (U, D) scores and the decoder's projections.
+        ``embeddings`` ``(h_op, h_dev)`` replaces the encoder's pass (e.g.
+        :func:`gnn.dense.encode`'s, for inference)."""
+        h_op, h_dev = embeddings if embeddings is not None else self.encoder(pg.data)
         U, D = pg.n_units, pg.n_devices
         H = h_op.shape[1]
         cand = pg.data["op", "cand", "dev"].edge_attr.view(U, D, CAND_FEATURES)
@@ -326,9 +329,10 @@ class FastDecoder:
     from a NumPy generator, so sampled rows are distributed like ``sample``'s
     but are not the same draws.
 
-    Built once per problem (the encoder runs once, in :meth:`PlacementPolicy.static_scores`
-    unless ``encoded`` is given); :meth:`decode` then costs one small
-    vectorised step per decision unit whatever the batch size.
+    Built once per problem (the encoder runs once, without message passing
+    (:func:`gnn.dense.encode`), unless ``encoded`` gives
+    :meth:`PlacementPolicy.static_scores`' result); :meth:`decode` then costs
+    one small vectorised step per decision unit whatever the batch size.
 
     >>> from placer import Graph, Op, Edge, Cluster, Device
     >>> from placer.cost import Problem
@@ -344,7 +348,9 @@ class FastDecoder:
 
     def __init__(self, policy: "PlacementPolicy", pg: ProblemGraph, encoded=None):
         with torch.no_grad():
-            s0, p_op, p_dev = encoded if encoded is not None else policy.static_scores(pg)
+            if encoded is None:
+                encoded = policy.static_scores(pg, dense.encode(policy.encoder, pg))
+            s0, p_op, p_dev = encoded
             first, last = policy.dynamic[0], policy.dynamic[2]
             W, P = first.weight, p_op.shape[1]
             # one matmul gives the hidden pre-activations and the prior's term

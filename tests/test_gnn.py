@@ -16,6 +16,7 @@ from placer.cluster import Cluster, Device  # noqa: E402
 from placer.cost import Problem, get_cost_model  # noqa: E402
 from placer.errors import FormatError  # noqa: E402
 
+from gnn import dense  # noqa: E402
 from gnn.checkpoint import checkpoint_paths, load_policy, save_policy  # noqa: E402
 from gnn.features import (CAND_FEATURES, DEV_FEATURES, OP_FEATURES, chunk_units,  # noqa: E402
                           encode_problem)
@@ -123,6 +124,39 @@ def test_fast_decoder_matches_torch_decoding(problems):
             ref2 = policy.sample(pg, 1, greedy=True, context=context,
                                  encoded=enc).actions.numpy()[0]
             np.testing.assert_array_equal(dec.decode(1, greedy=1, context=context)[0], ref2)
+
+
+def test_dense_encoder_matches_message_passing(problems):
+    """gnn.dense.encode gives the torch-geometric encoder's embeddings (two
+    heads, several layers, refinement marks on the candidate edges, one
+    device without links, one op without flows) and the same greedy plan."""
+    torch.manual_seed(7)
+    policy = PlacementPolicy(PolicyConfig(hidden=24, layers=3, heads=2, proj=8, dyn_hidden=16))
+    with torch.no_grad():   # non-zero biases and eps: the layers' defaults start at zero
+        for name, p in policy.encoder.named_parameters():
+            if name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.3)
+        for m in policy.encoder.modules():
+            if hasattr(m, "eps") and isinstance(m.eps, torch.Tensor):
+                m.eps.fill_(0.25)
+    one = Cluster.from_rules("one", [Device("x", 1e12, 1e10)], default=(1e9, 0.0))
+    lone = datasets.graph("layered-n20-w2-s0")
+    single_op = type(lone)("single", [lone.ops[0]], [])
+    cases = [encode_problem(p, max_units=48) for p in problems]
+    U = cases[1].n_units
+    cases.append(encode_problem(problems[1], max_units=48,
+                                placement=np.arange(U) % problems[1].n_devices))
+    cases += [encode_problem(Problem(lone, one)), encode_problem(Problem(single_op, one))]
+    for pg in cases:
+        with torch.no_grad():
+            ref = policy.encoder(pg.data)
+            fast = dense.encode(policy.encoder, pg)
+        for a, b in zip(fast, ref):
+            assert a.shape == b.shape
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        with torch.no_grad():
+            greedy = policy.sample(pg, 1, greedy=True).actions.numpy()[0]
+        np.testing.assert_array_equal(FastDecoder(policy, pg).decode(1, greedy=1)[0], greedy)
 
 
 def test_fast_decoder_sampling_seeded_and_memory_aware(problems):
