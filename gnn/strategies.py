@@ -33,7 +33,7 @@ from placer.search.base import (Budget, Progress, Strategy, get_strategy,
 from .checkpoint import default_checkpoint, load_policy
 from .features import encode_problem
 from .model import FastDecoder
-from .problems import best_times, reference, reward
+from .problems import best_times, reference, reward, times_at
 
 __all__ = ["RL", "Hybrid", "Candidate", "policy_plans"]
 
@@ -172,9 +172,12 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
         A, used = compact(A, space)
         return A, tuple(used)
 
+    done: dict = {}   # row -> the (microbatches, schedule) it was scored at
+
     def score(A: np.ndarray, sources: list[str], ms=choices, scheds=schedules[:1]) -> None:
         """Score op-level rows ``A`` at each of ``ms`` x ``scheds`` (as many
-        rows as the budget allows), keeping each row's best."""
+        rows as the budget allows; a row is scored once per combination),
+        keeping each row's best."""
         per_combo = max(len(ms) * len(scheds), 1)
         room = budget.allow(len(A) * per_combo)
         if math.isfinite(budget.remaining_evaluations):   # one left for the caller's report
@@ -184,11 +187,24 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
         if not len(A):
             return
         rows, used = compacted(A)
-        t, m, si = best_times(cost_model, problem, rows, list(ms), scheds, groups=used)
-        for row, tt, mm, ss, source in zip(A, t, m, si, sources):
-            key = row.tobytes()
-            if key not in found or tt < found[key][0]:
-                found[key] = (float(tt), row, int(mm), scheds[int(ss)], source)
+        keys = [row.tobytes() for row in A]
+        for sched in scheds:
+            pick, counts = [], []
+            for i, key in enumerate(keys):
+                seen = done.setdefault(key, set())
+                for m in ms:
+                    if (m, sched) not in seen:
+                        seen.add((m, sched))
+                        pick.append(i)
+                        counts.append(m)
+            if not pick:
+                continue
+            # every row and count of a schedule in one call of the cost model
+            t = times_at(cost_model, problem, rows[pick], counts, sched, used)
+            for i, m, tt in zip(pick, counts, t.tolist()):
+                key = keys[i]
+                if key not in found or tt < found[key][0]:
+                    found[key] = (tt, A[i], int(m), sched, sources[i])
 
     # Screening scores every row at the first schedule only (layouts at the
     # fewest and most microbatches): the other schedule rarely wins and each

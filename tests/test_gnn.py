@@ -350,3 +350,40 @@ def test_candidate_placement_names_data_parallel_groups():
     assert placement[problem.ids[0]] == [names[0]]
     assert placement[problem.ids[-1]] == [names[2], names[3]]
     assert set(placement) == set(problem.ids)
+
+
+def test_times_at_one_call_matches_one_call_per_count():
+    """The analytical model prices each row at its own microbatch count in
+    one call (best_times stacks every count): the same figures, bit for
+    bit, as one call per count, with data-parallel groups too; models
+    without that path (the simulator) get one call per count."""
+    from placer.search import Budget
+    from gnn.problems import times_at
+    from gnn.strategies import _baseline_rows, _space
+    problem = Problem(datasets.graph("layered-n30-w4-s0"), datasets.cluster("two-sites"))
+    pg = encode_problem(problem, max_units=48)
+    rows = pg.expand(FastDecoder(tiny_policy(2), pg).decode(6, greedy=1,
+                                                             rng=np.random.default_rng(1)))
+    space = _space(problem, [1, 2, 4], ("1f1b",))
+    groups = ()
+    if space is not None:
+        _, layouts, _ = _baseline_rows(problem, space)
+        rows, groups = np.concatenate([rows, layouts]), tuple(space.table.extra())
+    counts = np.resize([1, 2, 4, 8], len(rows))
+    for name in ("analytical", "simulator"):
+        cost = get_cost_model(name)
+        sub = rows if name == "analytical" else rows[:3]
+        budget = Budget()
+        one = times_at(budget.meter(cost), problem, sub, counts[:len(sub)], "gpipe", groups)
+        assert budget.used == len(sub)
+        ref = [cost.step_times(problem, row[None], microbatches=int(m), schedule="gpipe",
+                               groups=groups)[0] for row, m in zip(sub, counts)]
+        np.testing.assert_array_equal(one, ref)
+    t, m, s = best_times(get_cost_model("analytical"), problem, rows, [1, 2, 4],
+                         ("1f1b", "gpipe"), groups)
+    for i, row in enumerate(rows):
+        each = [get_cost_model("analytical").step_times(problem, row[None], microbatches=c,
+                                                        schedule=sc, groups=groups)[0]
+                for sc in ("1f1b", "gpipe") for c in (1, 2, 4)]
+        j = int(np.argmin(each))
+        assert t[i] == each[j] and (m[i], s[i]) == ((1, 2, 4)[j % 3], j // 3)
