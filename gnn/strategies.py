@@ -111,6 +111,23 @@ class Candidate(NamedTuple):
     source: str
     groups: tuple = ()
 
+    def compact(self, D: int) -> tuple[np.ndarray, tuple]:
+        """``(assign, groups)`` with only the data-parallel sets this plan
+        uses, renumbered from ``D`` (``D`` the device count): what a cost
+        model's ``step_times`` should be given (its work grows with the table)."""
+        used = np.unique(self.assign[self.assign >= D])
+        if not len(used):
+            return self.assign, ()
+        lookup = np.arange(int(self.assign.max()) + 1, dtype=np.int64)
+        lookup[used] = D + np.arange(len(used))
+        return lookup[self.assign], tuple(self.groups[g - D] for g in used.tolist())
+
+    def to_plan(self, problem: Problem, method: str):
+        """This candidate as a :class:`placer.plan.Plan` by ``method``."""
+        from placer.plan import Plan
+        return Plan(self.placement(problem), self.microbatches, self.schedule, method,
+                    extra={"source": self.source})
+
     def placement(self, problem: Problem) -> dict:
         """``{op id: [device names]}`` of this candidate."""
         names, D = problem.devices, problem.n_devices
@@ -323,9 +340,8 @@ class _Learned(Strategy):
         self.baselines = bool(baselines)
         self.polish = int(polish)
 
-    def _plans(self, problem, cost_model, budget, seed, keep):
-        """``[(search objective, Plan)]``, the ``keep`` best distinct, best first."""
-        from placer.plan import Plan
+    def _candidates(self, problem, cost_model, budget, seed, keep) -> list[Candidate]:
+        """The ``keep`` best distinct :class:`Candidate` s, best first."""
         policy = _policy(self.checkpoint)
         if self.finetune > 0 or self.finetune_steps:
             seconds = self.finetune if self.finetune > 0 else None
@@ -336,15 +352,18 @@ class _Learned(Strategy):
                                    steps=self.finetune_steps, samples=min(max(self.samples, 2), 16),
                                    max_units=self.max_units, seed=seed, budget=budget)
         schedules = tuple(self.schedule_choices())
-        found = policy_plans(policy, problem, cost_model, budget, seed=seed,
+        return policy_plans(policy, problem, cost_model, budget, seed=seed,
                              samples=self.samples, batch=self.batch, refine=self.refine,
                              max_units=self.max_units, temperature=self.temperature,
                              microbatches=self.microbatch_choices(problem)
                              if self.microbatches is not None else None,
                              schedules=schedules, keep=keep, baselines=self.baselines,
                              polish=self.polish)
-        return [(c.objective, Plan(c.placement(problem), c.microbatches, c.schedule, self.name,
-                                   extra={"source": c.source})) for c in found]
+
+    def _plans(self, problem, cost_model, budget, seed, keep):
+        """``[(search objective, Plan)]``, the ``keep`` best distinct, best first."""
+        return [(c.objective, c.to_plan(problem, self.name))
+                for c in self._candidates(problem, cost_model, budget, seed, keep)]
 
 
 @register_strategy
@@ -380,25 +399,36 @@ class RL(_Learned):
     def search(self, problem, cost_model, budget, seed=0, progress=None):
         """Decode, score, keep the best (see the class doc)."""
         cost_model = budget.meter(cost_model)
-        found = [plan for _, plan in self._plans(problem, cost_model, budget, seed,
-                                                 keep=self.final_k)]
+        found = self._candidates(problem, cost_model, budget, seed, keep=self.final_k)
         best = found[_rank(self.final, cost_model, budget, problem, found)]
-        return self.finalize(problem, cost_model, budget, best, progress=progress)
+        return self.finalize(problem, cost_model, budget, best.to_plan(problem, self.name),
+                             progress=progress)
 
 
-def _rank(final: str | None, cost_model, budget: Budget, problem, plans) -> int:
-    """Index of the best of ``plans`` (ranked best first by the search model)
-    by the ``final`` cost model, as evolution ranks its finalists; 0 when
-    there is nothing to rank or no evaluations left for it."""
+def _rank(final: str | None, cost_model, budget: Budget, problem, found: list[Candidate]) -> int:
+    """Index of the best of ``found`` (ranked best first by the search model)
+    by the ``final`` cost model, as evolution ranks its finalists (scored
+    one by one through the model's array path, at least the first, until
+    the budget's time is spent); 0 when there is nothing to rank or no
+    evaluations left for it."""
     from placer.cost import get_cost_model
-    if len(plans) < 2 or final is None or final == getattr(cost_model, "name", None):
+    if len(found) < 2 or final is None or final == getattr(cost_model, "name", None):
         return 0
     room = budget.remaining_evaluations - 1   # keep one for finalize
-    plans = plans[:max(int(min(len(plans), room)), 0)] if math.isfinite(room) else plans
-    if len(plans) < 2:
+    found = found[:max(int(min(len(found), room)), 0)] if math.isfinite(room) else found
+    if len(found) < 2:
         return 0
-    from evolution.search import rank
-    return rank(budget.meter(get_cost_model(final)), problem, plans, budget)
+    model = budget.meter(get_cost_model(final))
+    D = problem.n_devices
+    values: list[float] = []
+    for c in found:
+        if values and budget.time is not None and budget.remaining_time <= 0:
+            break
+        row, groups = c.compact(D)
+        values.append(float(model.step_times(problem, row[None], groups=groups,
+                                             microbatches=c.microbatches,
+                                             schedule=c.schedule)[0]))
+    return int(np.argmin(values))
 
 
 @register_strategy
