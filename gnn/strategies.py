@@ -192,14 +192,15 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
     done: dict = {}   # row -> the (microbatches, schedule) it was scored at
 
     def score(A: np.ndarray, sources: list[str], ms=choices, scheds=schedules[:1]) -> None:
-        """Score op-level rows ``A`` at each of ``ms`` x ``scheds`` (as many
-        rows as the budget allows; a row is scored once per combination),
-        keeping each row's best."""
-        per_combo = max(len(ms) * len(scheds), 1)
-        room = budget.allow(len(A) * per_combo)
+        """Score op-level rows ``A`` at each of ``ms`` (microbatch counts, or
+        one list of them per row) x ``scheds`` (as many rows as the budget
+        allows; a row is scored once per combination), keeping each row's best."""
+        per_row = list(ms) if len(ms) and not np.isscalar(ms[0]) else [ms] * len(A)
+        combos = np.cumsum([max(len(m) * len(scheds), 1) for m in per_row])
+        room = budget.allow(int(combos[-1]) if len(combos) else 0)
         if math.isfinite(budget.remaining_evaluations):   # one left for the caller's report
             room = min(room, max(int(budget.remaining_evaluations) - 1, 0))
-        n = max(room // per_combo, 1 if budget.used == 0 else 0)
+        n = max(int(np.searchsorted(combos, room, side="right")), 1 if budget.used == 0 else 0)
         A = A[:n]
         if not len(A):
             return
@@ -209,7 +210,7 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
             pick, counts = [], []
             for i, key in enumerate(keys):
                 seen = done.setdefault(key, set())
-                for m in ms:
+                for m in per_row[i]:
                     if (m, sched) not in seen:
                         seen.add((m, sched))
                         pick.append(i)
@@ -223,25 +224,24 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
                 if key not in found or tt < found[key][0]:
                     found[key] = (tt, A[i], int(m), sched, sources[i])
 
-    # Screening scores every row at the first schedule only (layouts at the
-    # fewest and most microbatches): the other schedule rarely wins and each
-    # combination is one more pass of the cost model; the best few rows are
-    # then scored at every combination (``settle``).
+    # Screening scores every row at the first schedule only, in one call of
+    # the cost model: the policy's rows and the simple baselines at every
+    # microbatch count, a layout at one count (the fewest for data
+    # parallelism alone, the most for a pipeline: its bubble). The other
+    # schedule rarely wins and each call costs; the best few rows are then
+    # scored at every combination (``settle``).
     with torch.no_grad(), _OneThread():
         decoder = FastDecoder(policy, pg)
         A = pg.expand(decoder.decode(1 + samples, greedy=1, rng=rng, temperature=temperature))
         sources = ["policy"] * len(A)
-        if baselines:   # scored in the same calls: one pass per microbatch count
-            pipes, layouts, stages = _baseline_rows(problem, space, layout_devices)
-            A, sources = np.concatenate([A, pipes]), sources + ["baseline"] * len(pipes)
-        score(A, sources)
+        counts = [choices] * len(A)
         if baselines:
-            # a layout is screened at one microbatch count: the fewest for
-            # data parallelism alone, the most for a pipeline (its bubble)
-            for pipelined, m in ((False, choices[0]), (True, choices[-1])):
-                pick = layouts[(stages > 1) == pipelined]
-                if len(pick):
-                    score(pick, ["baseline"] * len(pick), ms=[m])
+            pipes, layouts, stages = _baseline_rows(problem, space, layout_devices)
+            A = np.concatenate([A, pipes, layouts]) if len(layouts) else np.concatenate([A, pipes])
+            sources += ["baseline"] * (len(pipes) + len(layouts))
+            counts += [choices] * len(pipes)
+            counts += [[choices[-1]] if s > 1 else [choices[0]] for s in stages.tolist()]
+        score(A, sources, counts)
         for _ in range(max(refine, 0)):
             single = [v for v in found.values() if v[1].max() < D]
             if budget.exhausted() or not single:
@@ -300,7 +300,7 @@ def _baseline_rows(problem, space=None, max_devices: int = 16):
     from .problems import _colocated, pipeline_assignments
     rows = _colocated(problem, pipeline_assignments(problem))
     if space is None:
-        return rows, rows[:0]
+        return rows, rows[:0], np.zeros(0, dtype=np.int64)
     from evolution.search import layout_seeds
     from evolution.dtfm import shapes_for
     layouts = {}
