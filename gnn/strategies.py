@@ -5,8 +5,9 @@
   evolution's balanced stage/replica layouts (data-parallel ones included)
   beside them, optionally Placeto-style refinements of the best; all
   screened with the cost model's array path at each microbatch count (one
-  schedule), the best few settled at every count and schedule and
-  re-ranked by the simulator. ``finetune`` seconds (or ``finetune_steps``
+  schedule, one call), the best few settled at every count and schedule
+  and re-ranked by the simulator's array path; only the winner becomes a
+  Plan. ``finetune`` seconds (or ``finetune_steps``
   updates) of REINFORCE on the target problem come first when asked.
 - ``hybrid``: the best distinct policy plans seed the population of the
   ``evolution`` strategy (through its ``initial`` plans), which then spends
