@@ -5,6 +5,8 @@
 - :mod:`gnn.model`: :class:`Encoder` (GATv2 / GINE / DirGNNConv) and
   :class:`PlacementPolicy` (per-op distributions over the cluster's devices,
   one-shot and refinement decoding);
+- :mod:`gnn.dense`: the encoder's inference without message passing (its
+  candidate and link layers are dense; same weights, same outputs);
 - :mod:`gnn.train`: REINFORCE training with a curriculum (``train_policy.py``);
 - :mod:`gnn.strategies`: the ``rl`` and ``hybrid`` strategies, registered with
   :mod:`placer.search` when this package is imported.

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 from torch_geometric.nn import DirGNNConv, GATv2Conv, GINEConv, HeteroConv
 
+from . import dense
 from .features import (CAND_FEATURES, DEV_FEATURES, FLOW_FEATURES, LINK_FEATURES, OP_FEATURES,
                        ProblemGraph)
 
@@ -35,6 +36,7 @@ __all__ = ["PolicyConfig", "Encoder", "PlacementPolicy", "Decoded", "FastDecoder
 
 N_DYNAMIC = 12
 _POSITION = 8   # the dynamic feature that is the unit's position in the order
+_HALVED = (2, 3, 9)   # dynamic features scaled by 0.5 (FastDecoder folds it into weights)
 
 
 @dataclass
@@ -155,9 +157,11 @@ class PlacementPolicy(nn.Module):
             self.prior.weight[0, 3] = -4.0   # load after adding this unit
             self.prior.weight[0, 11] = -3.0  # time to fetch the inputs over the links
 
-    def static_scores(self, pg: ProblemGraph):
-        """Encode once: static (U, D) scores and the decoder's projections."""
-        h_op, h_dev = self.encoder(pg.data)
+    def static_scores(self, pg: ProblemGraph, embeddings=None):
+        """Encode once: static (U, D) scores and the decoder's projections.
+        ``embeddings`` ``(h_op, h_dev)`` replaces the encoder's pass (e.g.
+        :func:`gnn.dense.encode`'s, for inference)."""
+        h_op, h_dev = embeddings if embeddings is not None else self.encoder(pg.data)
         U, D = pg.n_units, pg.n_devices
         H = h_op.shape[1]
         cand = pg.data["op", "cand", "dev"].edge_attr.view(U, D, CAND_FEATURES)
@@ -326,9 +330,10 @@ class FastDecoder:
     from a NumPy generator, so sampled rows are distributed like ``sample``'s
     but are not the same draws.
 
-    Built once per problem (the encoder runs once, in :meth:`PlacementPolicy.static_scores`
-    unless ``encoded`` is given); :meth:`decode` then costs one small
-    vectorised step per decision unit whatever the batch size.
+    Built once per problem (the encoder runs once, without message passing
+    (:func:`gnn.dense.encode`), unless ``encoded`` gives
+    :meth:`PlacementPolicy.static_scores`' result); :meth:`decode` then costs
+    one small vectorised step per decision unit whatever the batch size.
 
     >>> from placer import Graph, Op, Edge, Cluster, Device
     >>> from placer.cost import Problem
@@ -344,27 +349,34 @@ class FastDecoder:
 
     def __init__(self, policy: "PlacementPolicy", pg: ProblemGraph, encoded=None):
         with torch.no_grad():
-            s0, p_op, p_dev = encoded if encoded is not None else policy.static_scores(pg)
+            if encoded is None:
+                encoded = policy.static_scores(pg, dense.encode(policy.encoder, pg))
+            s0, p_op, p_dev = encoded
             first, last = policy.dynamic[0], policy.dynamic[2]
             W, P = first.weight, p_op.shape[1]
             # one matmul gives the hidden pre-activations and the prior's term
             w_dyn = torch.cat([W[:, :N_DYNAMIC].T, policy.prior.weight.T], dim=1)
             pre_op = p_op @ W[:, N_DYNAMIC:N_DYNAMIC + P].T
             pre_dev = p_dev @ W[:, N_DYNAMIC + P:].T + first.bias
-            self.w_out = last.weight[0].numpy().copy()
-            U = pg.n_units
-            # Everything that depends on the unit alone, precomputed per unit:
-            # the static hidden pre-activations (U, D, Hd) and the static
-            # logits (U, D), with dynamic feature 8 (the unit's position, the
-            # same for every row and device) folded in.
+            U, Hd = pg.n_units, W.shape[0]
+            # Everything that depends on the unit alone, precomputed per unit
+            # (U, D, Hd + 1): the static hidden pre-activations and, in the
+            # last column, the static logits; dynamic feature 8 (the unit's
+            # position, the same for every row and device) folded into both.
             position = torch.arange(U, dtype=torch.float32)[:, None] / max(U - 1, 1)
             step = position * w_dyn[_POSITION]                     # (U, Hd + 1)
-            self.pre = (pre_op[:, None, :] + pre_dev[None, :, :]
-                        + step[:, None, :-1]).contiguous().numpy()
-            self.s0 = (s0 + float(last.bias[0]) + step[:, -1:]).numpy()
+            pre = torch.empty(U, pg.n_devices, Hd + 1)
+            pre[..., :Hd] = pre_op[:, None, :] + pre_dev[None, :, :] + step[:, None, :-1]
+            pre[..., Hd] = s0 + float(last.bias[0]) + step[:, -1:]
+            self.pre = pre.numpy()
             w_dyn = w_dyn.clone()
             w_dyn[_POSITION] = 0.0
+            w_dyn[list(_HALVED)] *= 0.5   # those features are stored unhalved
             self.w_dyn = w_dyn.numpy()
+            # the output layer, with a weight 1 for the last column (prior
+            # and static logit): one product gives the logits
+            self.w_out = torch.cat([last.weight[0], torch.ones(1)])[:, None].numpy().copy()
+            self.Hd = Hd
         self.pg = pg
         self.U, self.D = pg.n_units, pg.n_devices
         f = np.float32
@@ -443,25 +455,32 @@ class FastDecoder:
         if st.refine:
             dst, w_out, _ = self.outs[u]
             _affinity(dyn, 1, st.flat, assign[:, dst], w_out, D)
-        dyn[..., 2] = np.minimum(load, 8.0) * 0.5
-        dyn[..., 3] = np.minimum(load + self.add_time[u], 8.0) * 0.5
-        dyn[..., 4] = np.minimum(mem * self.inv_memory, 4.0)
-        dyn[..., 5] = np.minimum((mem + self.need[u]) * self.inv_memory, 4.0)
-        used = load > 0
-        dyn[..., 6] = used
+        # features 2, 3 and 9 are halved in w_dyn; out= spares temporaries
+        np.minimum(load, 8.0, out=dyn[..., 2])
+        f = dyn[..., 3]
+        np.add(load, self.add_time[u], out=f)
+        np.minimum(f, 8.0, out=f)
+        f = dyn[..., 4]
+        np.multiply(mem, self.inv_memory, out=f)
+        np.minimum(f, 4.0, out=f)
+        with_u = mem + self.need[u]
+        f = dyn[..., 5]
+        np.multiply(with_u, self.inv_memory, out=f)
+        np.minimum(f, 4.0, out=f)
+        np.greater(load, 0.0, out=dyn[..., 6])
         dyn[..., 7] = 0.0
         if u > 0:
             dyn[st.rows, assign[:, u - 1], 7] = 1.0
-        dyn[..., 9] = np.minimum(load.max(axis=1, keepdims=True), 8.0) * 0.5
-        dyn[..., 10] = np.add.reduce(used, axis=1, keepdims=True, dtype=np.float32) / D
-        z = _mm(dyn.reshape(k * D, N_DYNAMIC), self.w_dyn)
-        hidden = z[:, :-1].reshape(k, D, -1)
-        hidden += self.pre[u]
+        dyn[..., 9] = np.minimum(load.max(axis=1, keepdims=True), 8.0)
+        dyn[..., 10] = np.count_nonzero(load > 0, axis=1)[:, None] / np.float32(D)
+        z = _mm(dyn.reshape(k * D, N_DYNAMIC), self.w_dyn).reshape(k, D, -1)
+        z += self.pre[u]
+        hidden = z[..., :self.Hd]
         np.maximum(hidden, 0.0, out=hidden)
-        logits = _mm(hidden.reshape(k * D, -1), self.w_out[:, None]).reshape(k, D)
-        logits += z[:, -1].reshape(k, D)
-        logits += self.s0[u]
-        fits = (mem + self.need[u] + np.maximum(st.peak_ws, self.workspace[u])) <= self.memory
+        logits = _mm(z.reshape(k * D, -1), self.w_out).reshape(k, D)
+        room = np.maximum(st.peak_ws, self.workspace[u])
+        room += with_u
+        fits = room <= self.memory
         fits |= ~fits.any(axis=1, keepdims=True)
         return logits, fits
 

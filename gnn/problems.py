@@ -16,7 +16,7 @@ from placer.cluster import Cluster, Device
 from placer.cost import INFEASIBLE
 
 __all__ = ["TRAIN_CLUSTERS", "TEST_CLUSTERS", "random_cluster", "microbatch_choices",
-           "best_times", "reference_time", "reference", "reward", "pipeline_assignments"]
+           "best_times", "times_at", "reference_time", "reference", "reward", "pipeline_assignments"]
 
 TRAIN_CLUSTERS = ("a100x8", "two-sites", "dtfm-datacenter-ondemand", "dtfm-regional",
                   "dtfm-multi-universities")
@@ -63,18 +63,54 @@ def best_times(cost_model, problem, assignments: np.ndarray, choices: list[int],
                schedules=("1f1b",), groups=()) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Objective of each row of ``assignments`` (device per op; id ``D + j``
     is the data-parallel set ``groups[j]``) at its best microbatch count and
-    schedule: ``(objective, microbatches, schedule index)``."""
+    schedule: ``(objective, microbatches, schedule index)`` (ties: the
+    earlier schedule, then the earlier count). Every count of a schedule is
+    scored in one cost-model call where the model allows (:func:`times_at`)."""
     A = np.atleast_2d(assignments)
-    best = np.full(len(A), np.inf)
-    best_m = np.ones(len(A), dtype=np.int64)
-    best_s = np.zeros(len(A), dtype=np.int64)
+    B = len(A)
+    best = np.full(B, np.inf)
+    best_m = np.ones(B, dtype=np.int64)
+    best_s = np.zeros(B, dtype=np.int64)
+    choices = [int(m) for m in choices]
     for si, schedule in enumerate(schedules):
-        for m in choices:
-            t = np.asarray(cost_model.step_times(problem, A, microbatches=m, schedule=schedule,
-                                                 **({"groups": groups} if groups else {})))
-            better = t < best
-            best[better], best_m[better], best_s[better] = t[better], m, si
+        t = times_at(cost_model, problem, np.tile(A, (len(choices), 1)),
+                     np.repeat(choices, B), schedule, groups).reshape(len(choices), B)
+        for j, m in enumerate(choices):
+            better = t[j] < best
+            best[better], best_m[better], best_s[better] = t[j][better], m, si
     return best, best_m, best_s
+
+
+def times_at(cost_model, problem, assignments: np.ndarray, microbatches, schedule="1f1b",
+             groups=()) -> np.ndarray:
+    """Objective of each row of ``assignments`` at its own microbatch count
+    (``microbatches``, one per row) under ``schedule``: one ``step_times``
+    call where the model takes a count per row (the analytical model, whose
+    array path prices each row at its own count), else one per distinct count."""
+    A = np.atleast_2d(assignments)
+    m = np.broadcast_to(np.asarray(microbatches, dtype=np.int64), (len(A),))
+    extra = {"groups": groups} if len(groups) else {}
+    counts = np.unique(m)
+    if len(counts) > 1 and _counts_per_row(cost_model):
+        return np.asarray(cost_model.step_times(problem, A, microbatches=m, schedule=schedule,
+                                                **extra), dtype=float)
+    out = np.empty(len(A))
+    for count in counts.tolist():
+        pick = m == count
+        out[pick] = cost_model.step_times(problem, A[pick], microbatches=count,
+                                          schedule=schedule, **extra)
+    return out
+
+
+def _counts_per_row(cost_model) -> bool:
+    """Whether ``cost_model`` (through metering wrappers) is the analytical
+    model, whose ``step_times`` accepts an array of microbatch counts."""
+    from placer.cost.analytical import Analytical
+    while not isinstance(cost_model, Analytical):
+        cost_model = getattr(cost_model, "inner", None)
+        if cost_model is None:
+            return False
+    return type(cost_model).step_times is Analytical.step_times
 
 
 def pipeline_assignments(problem) -> np.ndarray:

@@ -5,8 +5,9 @@
   evolution's balanced stage/replica layouts (data-parallel ones included)
   beside them, optionally Placeto-style refinements of the best; all
   screened with the cost model's array path at each microbatch count (one
-  schedule), the best few settled at every count and schedule and
-  re-ranked by the simulator. ``finetune`` seconds (or ``finetune_steps``
+  schedule, one call), the best few settled at every count and schedule
+  and re-ranked by the simulator's array path; only the winner becomes a
+  Plan. ``finetune`` seconds (or ``finetune_steps``
   updates) of REINFORCE on the target problem come first when asked.
 - ``hybrid``: the best distinct policy plans seed the population of the
   ``evolution`` strategy (through its ``initial`` plans), which then spends
@@ -33,7 +34,7 @@ from placer.search.base import (Budget, Progress, Strategy, get_strategy,
 from .checkpoint import default_checkpoint, load_policy
 from .features import encode_problem
 from .model import FastDecoder
-from .problems import best_times, reference, reward
+from .problems import best_times, reference, reward, times_at
 
 __all__ = ["RL", "Hybrid", "Candidate", "policy_plans"]
 
@@ -111,6 +112,23 @@ class Candidate(NamedTuple):
     source: str
     groups: tuple = ()
 
+    def compact(self, D: int) -> tuple[np.ndarray, tuple]:
+        """``(assign, groups)`` with only the data-parallel sets this plan
+        uses, renumbered from ``D`` (``D`` the device count): what a cost
+        model's ``step_times`` should be given (its work grows with the table)."""
+        used = np.unique(self.assign[self.assign >= D])
+        if not len(used):
+            return self.assign, ()
+        lookup = np.arange(int(self.assign.max()) + 1, dtype=np.int64)
+        lookup[used] = D + np.arange(len(used))
+        return lookup[self.assign], tuple(self.groups[g - D] for g in used.tolist())
+
+    def to_plan(self, problem: Problem, method: str):
+        """This candidate as a :class:`placer.plan.Plan` by ``method``."""
+        from placer.plan import Plan
+        return Plan(self.placement(problem), self.microbatches, self.schedule, method,
+                    extra={"source": self.source})
+
     def placement(self, problem: Problem) -> dict:
         """``{op id: [device names]}`` of this candidate."""
         names, D = problem.devices, problem.n_devices
@@ -172,43 +190,59 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
         A, used = compact(A, space)
         return A, tuple(used)
 
+    done: dict = {}   # row -> the (microbatches, schedule) it was scored at
+
     def score(A: np.ndarray, sources: list[str], ms=choices, scheds=schedules[:1]) -> None:
-        """Score op-level rows ``A`` at each of ``ms`` x ``scheds`` (as many
-        rows as the budget allows), keeping each row's best."""
-        per_combo = max(len(ms) * len(scheds), 1)
-        room = budget.allow(len(A) * per_combo)
+        """Score op-level rows ``A`` at each of ``ms`` (microbatch counts, or
+        one list of them per row) x ``scheds`` (as many rows as the budget
+        allows; a row is scored once per combination), keeping each row's best."""
+        per_row = list(ms) if len(ms) and not np.isscalar(ms[0]) else [ms] * len(A)
+        combos = np.cumsum([max(len(m) * len(scheds), 1) for m in per_row])
+        room = budget.allow(int(combos[-1]) if len(combos) else 0)
         if math.isfinite(budget.remaining_evaluations):   # one left for the caller's report
             room = min(room, max(int(budget.remaining_evaluations) - 1, 0))
-        n = max(room // per_combo, 1 if budget.used == 0 else 0)
+        n = max(int(np.searchsorted(combos, room, side="right")), 1 if budget.used == 0 else 0)
         A = A[:n]
         if not len(A):
             return
         rows, used = compacted(A)
-        t, m, si = best_times(cost_model, problem, rows, list(ms), scheds, groups=used)
-        for row, tt, mm, ss, source in zip(A, t, m, si, sources):
-            key = row.tobytes()
-            if key not in found or tt < found[key][0]:
-                found[key] = (float(tt), row, int(mm), scheds[int(ss)], source)
+        keys = [row.tobytes() for row in A]
+        for sched in scheds:
+            pick, counts = [], []
+            for i, key in enumerate(keys):
+                seen = done.setdefault(key, set())
+                for m in per_row[i]:
+                    if (m, sched) not in seen:
+                        seen.add((m, sched))
+                        pick.append(i)
+                        counts.append(m)
+            if not pick:
+                continue
+            # every row and count of a schedule in one call of the cost model
+            t = times_at(cost_model, problem, rows[pick], counts, sched, used)
+            for i, m, tt in zip(pick, counts, t.tolist()):
+                key = keys[i]
+                if key not in found or tt < found[key][0]:
+                    found[key] = (tt, A[i], int(m), sched, sources[i])
 
-    # Screening scores every row at the first schedule only (layouts at the
-    # fewest and most microbatches): the other schedule rarely wins and each
-    # combination is one more pass of the cost model; the best few rows are
-    # then scored at every combination (``settle``).
+    # Screening scores every row at the first schedule only, in one call of
+    # the cost model: the policy's rows and the simple baselines at every
+    # microbatch count, a layout at one count (the fewest for data
+    # parallelism alone, the most for a pipeline: its bubble). The other
+    # schedule rarely wins and each call costs; the best few rows are then
+    # scored at every combination (``settle``).
     with torch.no_grad(), _OneThread():
         decoder = FastDecoder(policy, pg)
         A = pg.expand(decoder.decode(1 + samples, greedy=1, rng=rng, temperature=temperature))
         sources = ["policy"] * len(A)
-        if baselines:   # scored in the same calls: one pass per microbatch count
-            pipes, layouts, stages = _baseline_rows(problem, space, layout_devices)
-            A, sources = np.concatenate([A, pipes]), sources + ["baseline"] * len(pipes)
-        score(A, sources)
+        counts = [choices] * len(A)
         if baselines:
-            # a layout is screened at one microbatch count: the fewest for
-            # data parallelism alone, the most for a pipeline (its bubble)
-            for pipelined, m in ((False, choices[0]), (True, choices[-1])):
-                pick = layouts[(stages > 1) == pipelined]
-                if len(pick):
-                    score(pick, ["baseline"] * len(pick), ms=[m])
+            pipes, layouts, stages = _baseline_rows(problem, space, layout_devices)
+            A = np.concatenate([A, pipes, layouts]) if len(layouts) else np.concatenate([A, pipes])
+            sources += ["baseline"] * (len(pipes) + len(layouts))
+            counts += [choices] * len(pipes)
+            counts += [[choices[-1]] if s > 1 else [choices[0]] for s in stages.tolist()]
+        score(A, sources, counts)
         for _ in range(max(refine, 0)):
             single = [v for v in found.values() if v[1].max() < D]
             if budget.exhausted() or not single:
@@ -267,7 +301,7 @@ def _baseline_rows(problem, space=None, max_devices: int = 16):
     from .problems import _colocated, pipeline_assignments
     rows = _colocated(problem, pipeline_assignments(problem))
     if space is None:
-        return rows, rows[:0]
+        return rows, rows[:0], np.zeros(0, dtype=np.int64)
     from evolution.search import layout_seeds
     from evolution.dtfm import shapes_for
     layouts = {}
@@ -307,9 +341,8 @@ class _Learned(Strategy):
         self.baselines = bool(baselines)
         self.polish = int(polish)
 
-    def _plans(self, problem, cost_model, budget, seed, keep):
-        """``[(search objective, Plan)]``, the ``keep`` best distinct, best first."""
-        from placer.plan import Plan
+    def _candidates(self, problem, cost_model, budget, seed, keep) -> list[Candidate]:
+        """The ``keep`` best distinct :class:`Candidate` s, best first."""
         policy = _policy(self.checkpoint)
         if self.finetune > 0 or self.finetune_steps:
             seconds = self.finetune if self.finetune > 0 else None
@@ -320,15 +353,18 @@ class _Learned(Strategy):
                                    steps=self.finetune_steps, samples=min(max(self.samples, 2), 16),
                                    max_units=self.max_units, seed=seed, budget=budget)
         schedules = tuple(self.schedule_choices())
-        found = policy_plans(policy, problem, cost_model, budget, seed=seed,
+        return policy_plans(policy, problem, cost_model, budget, seed=seed,
                              samples=self.samples, batch=self.batch, refine=self.refine,
                              max_units=self.max_units, temperature=self.temperature,
                              microbatches=self.microbatch_choices(problem)
                              if self.microbatches is not None else None,
                              schedules=schedules, keep=keep, baselines=self.baselines,
                              polish=self.polish)
-        return [(c.objective, Plan(c.placement(problem), c.microbatches, c.schedule, self.name,
-                                   extra={"source": c.source})) for c in found]
+
+    def _plans(self, problem, cost_model, budget, seed, keep):
+        """``[(search objective, Plan)]``, the ``keep`` best distinct, best first."""
+        return [(c.objective, c.to_plan(problem, self.name))
+                for c in self._candidates(problem, cost_model, budget, seed, keep)]
 
 
 @register_strategy
@@ -364,25 +400,36 @@ class RL(_Learned):
     def search(self, problem, cost_model, budget, seed=0, progress=None):
         """Decode, score, keep the best (see the class doc)."""
         cost_model = budget.meter(cost_model)
-        found = [plan for _, plan in self._plans(problem, cost_model, budget, seed,
-                                                 keep=self.final_k)]
+        found = self._candidates(problem, cost_model, budget, seed, keep=self.final_k)
         best = found[_rank(self.final, cost_model, budget, problem, found)]
-        return self.finalize(problem, cost_model, budget, best, progress=progress)
+        return self.finalize(problem, cost_model, budget, best.to_plan(problem, self.name),
+                             progress=progress)
 
 
-def _rank(final: str | None, cost_model, budget: Budget, problem, plans) -> int:
-    """Index of the best of ``plans`` (ranked best first by the search model)
-    by the ``final`` cost model, as evolution ranks its finalists; 0 when
-    there is nothing to rank or no evaluations left for it."""
+def _rank(final: str | None, cost_model, budget: Budget, problem, found: list[Candidate]) -> int:
+    """Index of the best of ``found`` (ranked best first by the search model)
+    by the ``final`` cost model, as evolution ranks its finalists (scored
+    one by one through the model's array path, at least the first, until
+    the budget's time is spent); 0 when there is nothing to rank or no
+    evaluations left for it."""
     from placer.cost import get_cost_model
-    if len(plans) < 2 or final is None or final == getattr(cost_model, "name", None):
+    if len(found) < 2 or final is None or final == getattr(cost_model, "name", None):
         return 0
     room = budget.remaining_evaluations - 1   # keep one for finalize
-    plans = plans[:max(int(min(len(plans), room)), 0)] if math.isfinite(room) else plans
-    if len(plans) < 2:
+    found = found[:max(int(min(len(found), room)), 0)] if math.isfinite(room) else found
+    if len(found) < 2:
         return 0
-    from evolution.search import rank
-    return rank(budget.meter(get_cost_model(final)), problem, plans, budget)
+    model = budget.meter(get_cost_model(final))
+    D = problem.n_devices
+    values: list[float] = []
+    for c in found:
+        if values and budget.time is not None and budget.remaining_time <= 0:
+            break
+        row, groups = c.compact(D)
+        values.append(float(model.step_times(problem, row[None], groups=groups,
+                                             microbatches=c.microbatches,
+                                             schedule=c.schedule)[0]))
+    return int(np.argmin(values))
 
 
 @register_strategy

@@ -16,6 +16,7 @@ from placer.cluster import Cluster, Device  # noqa: E402
 from placer.cost import Problem, get_cost_model  # noqa: E402
 from placer.errors import FormatError  # noqa: E402
 
+from gnn import dense  # noqa: E402
 from gnn.checkpoint import checkpoint_paths, load_policy, save_policy  # noqa: E402
 from gnn.features import (CAND_FEATURES, DEV_FEATURES, OP_FEATURES, chunk_units,  # noqa: E402
                           encode_problem)
@@ -123,6 +124,39 @@ def test_fast_decoder_matches_torch_decoding(problems):
             ref2 = policy.sample(pg, 1, greedy=True, context=context,
                                  encoded=enc).actions.numpy()[0]
             np.testing.assert_array_equal(dec.decode(1, greedy=1, context=context)[0], ref2)
+
+
+def test_dense_encoder_matches_message_passing(problems):
+    """gnn.dense.encode gives the torch-geometric encoder's embeddings (two
+    heads, several layers, refinement marks on the candidate edges, one
+    device without links, one op without flows) and the same greedy plan."""
+    torch.manual_seed(7)
+    policy = PlacementPolicy(PolicyConfig(hidden=24, layers=3, heads=2, proj=8, dyn_hidden=16))
+    with torch.no_grad():   # non-zero biases and eps: the layers' defaults start at zero
+        for name, p in policy.encoder.named_parameters():
+            if name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.3)
+        for m in policy.encoder.modules():
+            if hasattr(m, "eps") and isinstance(m.eps, torch.Tensor):
+                m.eps.fill_(0.25)
+    one = Cluster.from_rules("one", [Device("x", 1e12, 1e10)], default=(1e9, 0.0))
+    lone = datasets.graph("layered-n20-w2-s0")
+    single_op = type(lone)("single", [lone.ops[0]], [])
+    cases = [encode_problem(p, max_units=48) for p in problems]
+    U = cases[1].n_units
+    cases.append(encode_problem(problems[1], max_units=48,
+                                placement=np.arange(U) % problems[1].n_devices))
+    cases += [encode_problem(Problem(lone, one)), encode_problem(Problem(single_op, one))]
+    for pg in cases:
+        with torch.no_grad():
+            ref = policy.encoder(pg.data)
+            fast = dense.encode(policy.encoder, pg)
+        for a, b in zip(fast, ref):
+            assert a.shape == b.shape
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        with torch.no_grad():
+            greedy = policy.sample(pg, 1, greedy=True).actions.numpy()[0]
+        np.testing.assert_array_equal(FastDecoder(policy, pg).decode(1, greedy=1)[0], greedy)
 
 
 def test_fast_decoder_sampling_seeded_and_memory_aware(problems):
@@ -316,3 +350,40 @@ def test_candidate_placement_names_data_parallel_groups():
     assert placement[problem.ids[0]] == [names[0]]
     assert placement[problem.ids[-1]] == [names[2], names[3]]
     assert set(placement) == set(problem.ids)
+
+
+def test_times_at_one_call_matches_one_call_per_count():
+    """The analytical model prices each row at its own microbatch count in
+    one call (best_times stacks every count): the same figures, bit for
+    bit, as one call per count, with data-parallel groups too; models
+    without that path (the simulator) get one call per count."""
+    from placer.search import Budget
+    from gnn.problems import times_at
+    from gnn.strategies import _baseline_rows, _space
+    problem = Problem(datasets.graph("layered-n30-w4-s0"), datasets.cluster("two-sites"))
+    pg = encode_problem(problem, max_units=48)
+    rows = pg.expand(FastDecoder(tiny_policy(2), pg).decode(6, greedy=1,
+                                                             rng=np.random.default_rng(1)))
+    space = _space(problem, [1, 2, 4], ("1f1b",))
+    groups = ()
+    if space is not None:
+        _, layouts, _ = _baseline_rows(problem, space)
+        rows, groups = np.concatenate([rows, layouts]), tuple(space.table.extra())
+    counts = np.resize([1, 2, 4, 8], len(rows))
+    for name in ("analytical", "simulator"):
+        cost = get_cost_model(name)
+        sub = rows if name == "analytical" else rows[:3]
+        budget = Budget()
+        one = times_at(budget.meter(cost), problem, sub, counts[:len(sub)], "gpipe", groups)
+        assert budget.used == len(sub)
+        ref = [cost.step_times(problem, row[None], microbatches=int(m), schedule="gpipe",
+                               groups=groups)[0] for row, m in zip(sub, counts)]
+        np.testing.assert_array_equal(one, ref)
+    t, m, s = best_times(get_cost_model("analytical"), problem, rows, [1, 2, 4],
+                         ("1f1b", "gpipe"), groups)
+    for i, row in enumerate(rows):
+        each = [get_cost_model("analytical").step_times(problem, row[None], microbatches=c,
+                                                        schedule=sc, groups=groups)[0]
+                for sc in ("1f1b", "gpipe") for c in (1, 2, 4)]
+        j = int(np.argmin(each))
+        assert t[i] == each[j] and (m[i], s[i]) == ((1, 2, 4)[j % 3], j // 3)
