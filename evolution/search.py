@@ -226,8 +226,7 @@ class Evolution(Strategy):
         # final ranking of the best distinct plans and each origin's best seed,
         # in the order the ranking scores them while time lasts: the search's
         # best, the seeds' bests, then the other finalists
-        finalists: list[OpGenome] = list({g.key(): g for g in [g for g in hof][:1] + list(
-            self._run.get("champions", ()))}.values())
+        finalists: list[OpGenome] = _unique(list(hof)[:1] + self._run.get("champions", []))
         by_origin: dict[str, OpGenome] = {}
         for g in seeds:
             if not np.isfinite(g.fitness.values[0]):
@@ -400,17 +399,7 @@ class Evolution(Strategy):
             return values
 
         if state is None:
-            score(seeds)
-            pop = _unique(seeds)
-            # fill the population with mutants of the seeds
-            fill = []
-            while len(pop) + len(fill) < self.population and pop:
-                parent = pop[int(rng.integers(len(pop)))]
-                fill.append(toolbox.mutate(parent.copy()))
-            if fill:
-                score(fill)
-                pop = _unique(pop + fill)
-            pop = _best(pop, self.population)
+            pop = self._populate(seeds, score, rng, toolbox)
             hof.update(pop)
             best = pop[0].fitness.values[0]
             stale = 0
@@ -487,7 +476,7 @@ class Evolution(Strategy):
                 # model may prefer the next run's plans that the final
                 # model rates worse, and they could crowd it out of the hall
                 champions.append(hof[0])
-                pop = self._fresh(space, seeds, score, rng, toolbox)
+                pop = self._populate(seeds, score, rng, toolbox)
                 hof.update(pop)
                 restarts = stale = 0
                 best = pop[0].fitness.values[0]     # this run's best, for staleness
@@ -504,19 +493,19 @@ class Evolution(Strategy):
             return False
         return budget.remaining_time >= 0.1 * budget.time
 
-    def _fresh(self, space: Space, seeds: list, score, rng: np.random.Generator,
-               toolbox) -> list:
-        """A new population: the seeds and fresh mutants of them (scored;
-        the seeds come from the evaluation cache)."""
-        pop = _unique([g.copy() for g in seeds])
-        score(pop)
+    def _populate(self, seeds: list, score, rng: np.random.Generator, toolbox) -> list:
+        """A population: the seeds and mutants of them to fill it, all
+        scored (seeds scored before come from the evaluation cache)."""
+        score(seeds)
+        pop = _unique(seeds)
         fill = []
         while len(pop) + len(fill) < self.population and pop:
             parent = pop[int(rng.integers(len(pop)))]
             fill.append(toolbox.mutate(parent.copy()))
-        score(fill)
-        return _best(_unique(pop + [g for g in fill if np.isfinite(g.fitness.values[0])]),
-                     self.population)
+        if fill:
+            score(fill)
+            pop = _unique(pop + fill)
+        return _best(pop, self.population)
 
     def _restart(self, space: Space, evaluate: Evaluator, pop: list, score,
                  rng: np.random.Generator) -> list:
