@@ -76,6 +76,8 @@ class Placement(dict):
     def setdefault(self, key, default=None):
         self._edited()
         return super().setdefault(key, default)
+
+
 SCHEDULES = ("gpipe", "1f1b")
 
 

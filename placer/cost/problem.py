@@ -286,15 +286,9 @@ class Problem:
         placement = plan.placement
         version = getattr(placement, "version", None)
         if cache:
-            entry = self._plan_arrays.entries.get(id(plan))
-            if entry is not None and entry[0]() is plan:
-                # the same placement object, not edited since (O(1)); a
-                # plain dict: the same keys and list objects (two scans)
-                if version is not None:
-                    if entry[4] is placement and entry[5] == version:
-                        return entry[3]
-                elif list(placement.values()) == entry[2] and list(placement) == entry[1]:
-                    return entry[3]
+            hit = self._plan_arrays.get(plan, placement, version)
+            if hit is not None:
+                return hit
         keys, values = list(placement), list(placement.values())
         if keys != self.ids:        # not already in topological order
             try:
@@ -419,6 +413,19 @@ class _PlanArrays:
         self.entries: dict[int, tuple] = {}
         self.ops = 0
         self.limit = limit
+
+    def get(self, plan, placement, version):
+        """The cached arrays of ``plan`` if its placement is unchanged: the
+        same :class:`~placer.plan.Placement` at the same ``version`` (O(1)),
+        or for a plain dict (``version`` None) the same keys and list
+        objects (two scans)."""
+        entry = self.entries.get(id(plan))
+        if entry is None or entry[0]() is not plan:
+            return None
+        if version is not None:
+            return entry[3] if entry[4] is placement and entry[5] == version else None
+        same = list(placement.values()) == entry[2] and list(placement) == entry[1]
+        return entry[3] if same else None
 
     def put(self, plan, keys: list, values: list, arrays, placement=None, version=None):
         """Remember ``arrays`` for ``plan`` (until it dies) and which
