@@ -31,8 +31,6 @@ How a plan runs, as modelled here:
 
 from __future__ import annotations
 
-import heapq
-from collections import deque
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -46,8 +44,6 @@ from .report import Event, Report
 
 if TYPE_CHECKING:
     from ..plan import Plan
-
-_DONE, _XREADY, _XARRIVE, _LINKFREE = 0, 1, 2, 3
 
 
 def _segments(dev: np.ndarray, head: np.ndarray, blocker: np.ndarray, perm: np.ndarray,
@@ -65,23 +61,9 @@ def _segments(dev: np.ndarray, head: np.ndarray, blocker: np.ndarray, perm: np.n
     n = len(perm)
     d_sorted = dev[perm]
     dur_sorted = dur[perm]
-    limit = (np.bincount(dev, dur, minlength=D) * merge).tolist()
-    h = np.zeros(n, dtype=bool)
-    heads = head[perm].tolist()
-    blocks = blocker[perm].tolist()
-    durs = dur_sorted.tolist()
-    prev = -1
-    run = 0.0
-    blocked = False
-    for pos, d in enumerate(d_sorted.tolist()):
-        if d != prev or (heads[pos] and (blocked or run > limit[d])):
-            h[pos] = True
-            run = 0.0
-            blocked = False
-            prev = d
-        run += durs[pos]
-        if blocks[pos]:
-            blocked = True
+    from .event_loop import segment_heads     # numba loads on first use, not import
+    limit = np.bincount(dev, dur, minlength=D) * merge
+    h = segment_heads(d_sorted.astype(np.int64), head[perm], blocker[perm], dur_sorted, limit)
     seg_sorted = np.cumsum(h) - 1
     cs = np.cumsum(dur_sorted)
     base = (cs - dur_sorted)[h]
@@ -92,6 +74,24 @@ def _segments(dev: np.ndarray, head: np.ndarray, blocker: np.ndarray, perm: np.n
     seg_dev = d_sorted[h]
     seg_dur = np.diff(np.r_[base, cs[-1] if n else 0.0])
     return seg, offset, seg_dev, seg_dur
+
+
+def _ends(devs: np.ndarray, D: int, offset: int):
+    """First and last index (plus ``offset``) of each device in ``devs``
+    (-1 for devices absent)."""
+    first = np.full(D, -1, dtype=np.int64)
+    last = np.full(D, -1, dtype=np.int64)
+    idx = np.arange(len(devs), dtype=np.int64) + offset
+    last[devs] = idx                      # the last write wins
+    first[devs[::-1]] = idx[::-1]
+    return first, last
+
+
+def _pointers(keys: np.ndarray, n: int) -> np.ndarray:
+    """CSR row pointers of ``n`` rows for entries with row ``keys``."""
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(keys, minlength=n), out=ptr[1:])
+    return ptr
 
 
 def _allreduce(p: Problem, members, nbytes: float):
@@ -210,61 +210,58 @@ class _Build:
         NX = NT * 2 if training else NT
         self.NX = NX
         pend = np.zeros(NS, dtype=np.int64)
-        succ: list[list[int]] = [[] for _ in range(NS)]
-        out_x: list[list[tuple[int, float]]] = [[] for _ in range(NS)]
-        x_cons: list[list[int]] = [[] for _ in range(NX)]
+        task_dev = self.task_dev
+        # a task's successor on its device in the same phase (-1: none)
+        nxt = np.full(NS, -1, dtype=np.int64)
+        same = np.flatnonzero(task_dev[1:] == task_dev[:-1])
+        same = same[same != NF - 1]                 # no chain across the phases
+        nxt[same] = same + 1
+        pend[same + 1] += 1
+        self.first_f, self.last_f = _ends(fdev, D, 0)
+        # forward transfers: sent by the producing segment (in transfer
+        # order), received by every consuming segment
+        o_seg = [fseg[t_inst]]
+        o_x = [np.arange(NT, dtype=np.int64)]
+        o_off = [foff[t_inst]]
         x_npend = np.zeros(NX, dtype=np.int64)
-        fdev_l = fdev.tolist()
-        for s in range(1, NF):
-            if fdev_l[s] == fdev_l[s - 1]:
-                succ[s - 1].append(s)
-                pend[s] += 1
-        first_f = {}
-        last_f = {}
-        for s, d in enumerate(fdev_l):
-            first_f.setdefault(d, s)
-            last_f[d] = s
-        # forward transfers: from the producing segment, to consuming segments
-        t_srcseg = fseg[t_inst].tolist()
-        t_off = foff[t_inst].tolist()
-        for t in range(NT):
-            out_x[t_srcseg[t]].append((t, t_off[t]))
-            x_npend[t] = 1
-        pairs = np.stack(np.divmod(_unique(tinv * NF + fseg[iv]), NF)) if NT else \
-            np.zeros((2, 0), int)
-        for t, s in pairs.T.tolist():
-            x_cons[t].append(s)
-            pend[s] += 1
-        first_b = {}
-        last_b = {}
+        x_npend[:NT] = 1
+        pairs = _unique(tinv * NF + fseg[iv]) if NT else np.zeros(0, dtype=np.int64)
+        c_x = [pairs // NF]
+        c_s = [pairs % NF]
         if training:
-            bdev_l = bdev.tolist()
-            for s in range(1, NB):
-                if bdev_l[s] == bdev_l[s - 1]:
-                    succ[NF + s - 1].append(NF + s)
-                    pend[NF + s] += 1
-            for s, d in enumerate(bdev_l):
-                first_b.setdefault(d, NF + s)
-                last_b[d] = NF + s
-            # backward transfers: from every consuming segment, to the producer's
-            bpairs = np.stack([tinv, bseg[iv]])
-            boffs = boff[iv]
-            best: dict[tuple[int, int], float] = {}
-            for t, s, o in zip(bpairs[0].tolist(), bpairs[1].tolist(), boffs.tolist()):
-                k = (t, s)
-                if best.get(k, -1.0) < o:
-                    best[k] = o
-            for (t, s), o in best.items():
-                out_x[NF + s].append((NT + t, o))
-                x_npend[NT + t] += 1
-            for t, s in enumerate(bseg[t_inst].tolist()):
-                x_cons[NT + t].append(NF + s)
-                pend[NF + s] += 1
-            for d, s in first_b.items():
-                pend[s] += 1            # waits for this device's forward
-        self.pend, self.succ, self.out_x, self.x_cons, self.x_npend = \
-            pend, succ, out_x, x_cons, x_npend
-        self.first_f, self.last_f, self.first_b, self.last_b = first_f, last_f, first_b, last_b
+            self.first_b, self.last_b = _ends(bdev, D, NF)
+            # backward transfers: sent by every consuming segment (the last
+            # of its ops' offsets), in order of first appearance, to the
+            # producing segment
+            if len(iv):
+                key = tinv * NB + bseg[iv]
+                uk, first, inv = np.unique(key, return_index=True, return_inverse=True)
+                off = np.full(len(uk), -1.0)
+                np.maximum.at(off, inv, boff[iv])
+                order = np.argsort(first, kind="stable")
+                uk, off = uk[order], off[order]
+                o_seg.append(NF + uk % NB)
+                o_x.append(NT + uk // NB)
+                o_off.append(off)
+                x_npend[NT:] = np.bincount(uk // NB, minlength=NT)
+            c_x.append(NT + np.arange(NT, dtype=np.int64))
+            c_s.append(NF + bseg[t_inst])
+            used_b = self.first_b >= 0
+            pend[self.first_b[used_b]] += 1      # waits for this device's forward
+        else:
+            self.first_b = self.last_b = np.full(D, -1, dtype=np.int64)
+        seg_all = np.concatenate(o_seg)
+        order = np.argsort(seg_all, kind="stable")
+        self.ox_ptr = _pointers(seg_all, NS)
+        self.ox_x = np.concatenate(o_x)[order].astype(np.int64)
+        self.ox_off = np.concatenate(o_off)[order].astype(float)
+        cons_x = np.concatenate(c_x).astype(np.int64)
+        cons_s = np.concatenate(c_s).astype(np.int64)
+        order = np.argsort(cons_x, kind="stable")
+        self.xc_ptr = _pointers(cons_x, NX)
+        self.xc_s = cons_s[order]
+        pend += np.bincount(cons_s, minlength=NS)
+        self.pend, self.nxt, self.x_npend = pend, nxt, x_npend
 
         # 1F1B: in-flight cap per device by the order of first ops
         first_op = np.full(D, n, dtype=np.int64)
@@ -330,200 +327,57 @@ class _Build:
 
 
 def _run(problem: Problem, b: _Build, c: Compiled):
-    """The event loop. Returns task starts, transfer starts and all-reduce
-    (start, end) per bucket."""
+    """The event loop (:func:`placer.cost.event_loop.run_events`). Returns
+    the end time, task starts, transfer starts and all-reduce (start, end)
+    per bucket."""
+    from .event_loop import run_events
     m = c.microbatches
     NS, NX, NF = b.NS, b.NX, b.NF
     D = problem.n_devices
     gpipe = c.schedule == "gpipe"
     training = problem.training
-    n_tasks = NS * m
-    n_x = NX * m
-    n_ar = len(b.ar)
     pend = np.tile(b.pend, m)
     if training and m > 1 and not gpipe:
         # 1F1B: a device's first forward of microbatch j waits for its last
         # backward of microbatch j - cap
-        for d, s in b.first_f.items():
-            cap = int(b.cap[d])
-            pend[np.arange(cap, m) * NS + s] += 1
-    pend = pend.tolist()
-    x_pend = np.tile(b.x_npend, m).tolist()
-    x_ready = [0.0] * n_x
-    succ, out_x, x_cons = b.succ, b.out_x, b.x_cons
-    dur = b.task_dur.tolist()
-    tdev = b.task_dev.tolist()
-    xs, xd = b.x_src.tolist(), b.x_dst.tolist()
-    xdur, xlat = b.x_dur.tolist(), b.x_lat.tolist()
-    x_out, x_in = b.x_hold_out.tolist(), b.x_hold_in.tolist()
-    last_f, first_b, last_b, first_f = b.last_f, b.first_b, b.last_b, b.first_f
-    cap = b.cap.tolist()
-    # gpipe/1f1b extra successors by local task (None: none)
-    f_to_b: list = [None] * NS
-    b_to_f: list = [None] * NS
-    for d in first_b:
-        f_to_b[last_f[d]] = first_b[d]
+        for d in np.flatnonzero(b.first_f >= 0).tolist():
+            pend[np.arange(int(b.cap[d]), m) * NS + b.first_f[d]] += 1
+    f_to_b = np.full(NS, -1, dtype=np.int64)
+    b_to_f = np.full(NS, -1, dtype=np.int64)
+    b_to_f_cap = np.zeros(NS, dtype=np.int64)
+    if training:
+        used = b.first_b >= 0
+        f_to_b[b.last_f[used]] = b.first_b[used]
         if not gpipe:
-            b_to_f[last_b[d]] = (first_f[d], cap[d])
+            b_to_f[b.last_b[used]] = b.first_f[used]
+            b_to_f_cap[b.last_b[used]] = b.cap[used]
     later = m * NS              # priority offset of the phase that waits
-    prio = [later if ((local >= NF) == gpipe) else 0 for local in range(NS)]
-    start = [0.0] * n_tasks
-    x_start = [0.0] * n_x
-    link_free = [0.0] * (D * D)
-    link_queue: dict[int, deque] = {}
-    nic_out = [0.0] * D
-    nic_in = [0.0] * D
-    coll = [0.0] * D
-    ready_q: list[list] = [[] for _ in range(D)]
-    idle = [True] * D
-    events: list = []
-    push, pop = heapq.heappush, heapq.heappop
-    seq = 0
-    ar_src: dict[int, list[tuple[int, int, float]]] = {}
-    ar_pending = [len(a[0]) for a in b.ar]
-    ar_ready = [0.0] * n_ar
-    ar_times = [(0.0, 0.0)] * n_ar
-    for k, (sources, *_rest) in enumerate(b.ar):
-        for s, off in sources:
-            ar_src.setdefault((m - 1) * NS + s, []).append((k, off))
-
-    for task in range(n_tasks):
-        if pend[task] == 0:
-            local = task % NS
-            push(ready_q[tdev[local]], (task + prio[local], task))
-
-    def dispatch(d: int, now: float):
-        nonlocal seq
-        q = ready_q[d]
-        if not idle[d] or not q:
-            return
-        _, task = pop(q)
-        idle[d] = False
-        start[task] = now
-        mb, local = divmod(task, NS)
-        seq += 1
-        push(events, (now + dur[local], seq, _DONE, task))
-        base = mb * NX
-        for x, off in out_x[local]:
-            gx = base + x
-            t = now + off
-            if t > x_ready[gx]:
-                x_ready[gx] = t
-            x_pend[gx] -= 1
-            if x_pend[gx] == 0:
-                seq += 1
-                push(events, (x_ready[gx], seq, _XREADY, gx))
-        if task in ar_src:
-            for k, off in ar_src[task]:
-                t = now + off
-                if t > ar_ready[k]:
-                    ar_ready[k] = t
-                ar_pending[k] -= 1
-                if ar_pending[k] == 0:
-                    # all-reduces of a device run one at a time on its own
-                    # collective stream (as NCCL's), beside point-to-point traffic
-                    mem, seconds = b.ar[k][1], b.ar[k][2]
-                    s0 = max([ar_ready[k]] + [coll[x] for x in mem])
-                    e0 = s0 + seconds
-                    for x in mem:
-                        coll[x] = e0
-                    ar_times[k] = (s0, e0)
-
-    for d in range(D):
-        dispatch(d, 0.0)
-    end_time = 0.0
-    while events:
-        now, _, kind, ident = pop(events)
-        if kind == _DONE:
-            end_time = now
-            mb, local = divmod(ident, NS)
-            d = tdev[local]
-            idle[d] = True
-            base = mb * NS
-            other = -1
-            for s in succ[local]:
-                t = base + s
-                pend[t] -= 1
-                if pend[t] == 0:
-                    push(ready_q[tdev[s]], (t + prio[s], t))
-            if training:
-                s = f_to_b[local]
-                if s is not None:
-                    if gpipe:
-                        if mb == m - 1:
-                            for j in range(m):
-                                t = j * NS + s
-                                pend[t] -= 1
-                                if pend[t] == 0:
-                                    push(ready_q[tdev[s]], (t + prio[s], t))
-                    else:
-                        t = base + s
-                        pend[t] -= 1
-                        if pend[t] == 0:
-                            push(ready_q[tdev[s]], (t + prio[s], t))
-                hop = b_to_f[local]
-                if hop is not None:
-                    s, k = hop
-                    if mb + k < m:
-                        t = (mb + k) * NS + s
-                        pend[t] -= 1
-                        if pend[t] == 0:
-                            push(ready_q[tdev[s]], (t + prio[s], t))
-                            other = tdev[s]
-            if ready_q[d]:
-                dispatch(d, now)
-            if other >= 0 and idle[other] and ready_q[other]:
-                dispatch(other, now)
-        elif kind == _XREADY or kind == _LINKFREE:
-            if kind == _XREADY:
-                x = ident % NX
-                link = xs[x] * D + xd[x]
-                if link_free[link] > now:
-                    # a link sends one tensor at a time, first come first served;
-                    # the first one waiting asks to be woken when it frees up
-                    q = link_queue.get(link)
-                    if q is None:
-                        q = link_queue[link] = deque()
-                    if not q:
-                        seq += 1
-                        push(events, (link_free[link], seq, _LINKFREE, link))
-                    q.append(ident)
-                    continue
-            else:
-                link = ident
-                ident = link_queue[link].popleft()
-                x = ident % NX
-            # the interfaces are only held once the link is free, so a tensor
-            # queued behind a slow link does not block the device's other links
-            a, c2 = xs[x], xd[x]
-            t0 = max(now, nic_out[a], nic_in[c2])
-            t1 = t0 + xdur[x]
-            link_free[link] = t1
-            nic_out[a] = t0 + x_out[x]
-            nic_in[c2] = t0 + x_in[x]
-            x_start[ident] = t0
-            seq += 1
-            push(events, (t1 + xlat[x], seq, _XARRIVE, ident))
-            if kind == _LINKFREE and link_queue[link]:
-                seq += 1
-                push(events, (t1, seq, _LINKFREE, link))
-        else:
-            end_time = max(end_time, now)
-            mb, x = divmod(ident, NX)
-            base = mb * NS
-            for s in x_cons[x]:
-                t = base + s
-                pend[t] -= 1
-                if pend[t] == 0:
-                    e = tdev[s]
-                    push(ready_q[e], (t + prio[s], t))
-                    if idle[e]:
-                        dispatch(e, now)
-    if any(p_ > 0 for p_ in pend):
+    prio = np.where((np.arange(NS) >= NF) == gpipe, later, 0).astype(np.int64)
+    ar_task = [s for sources, *_ in b.ar for s, _off in sources]
+    ar_k = np.array([k for k, a in enumerate(b.ar) for _ in a[0]], dtype=np.int64)
+    ar_off = np.array([off for sources, *_ in b.ar for _s, off in sources], dtype=float)
+    order = np.argsort(np.array(ar_task, dtype=np.int64), kind="stable")
+    ar_ptr = _pointers(np.array(ar_task, dtype=np.int64), NS)
+    ar_mem_ptr = _pointers(np.repeat(np.arange(len(b.ar)), [len(a[1]) for a in b.ar]),
+                           len(b.ar))
+    ar_mem = np.array([x for a in b.ar for x in a[1]], dtype=np.int64)
+    n_ar = len(b.ar)
+    ar_pending = np.array([len(a[0]) for a in b.ar], dtype=np.int64)
+    ar_seconds = np.array([a[2] for a in b.ar], dtype=float)
+    start = np.zeros(NS * m)
+    x_start = np.zeros(NX * m)
+    ar_s = np.zeros(n_ar)
+    ar_e = np.zeros(n_ar)
+    end_time, stuck = run_events(
+        m, NS, NX, D, gpipe, training, pend, np.tile(b.x_npend, m),
+        b.task_dur, b.task_dev, prio, b.nxt, b.ox_ptr, b.ox_x, b.ox_off, b.xc_ptr, b.xc_s,
+        f_to_b, b_to_f, b_to_f_cap,
+        b.x_src.astype(np.int64), b.x_dst.astype(np.int64), b.x_dur, b.x_lat,
+        b.x_hold_out, b.x_hold_in, ar_ptr, ar_k[order], ar_off[order],
+        ar_pending, ar_mem_ptr, ar_mem, ar_seconds, start, x_start, ar_s, ar_e)
+    if stuck:
         raise RuntimeError("simulator deadlock: some tasks never became ready")
-    for s0, e0 in ar_times:
-        end_time = max(end_time, e0)
-    return end_time, np.array(start), np.array(x_start), ar_times
+    return end_time, start, x_start, list(zip(ar_s.tolist(), ar_e.tolist()))
 
 
 @register_cost_model
