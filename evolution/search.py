@@ -211,7 +211,7 @@ class Evolution(Strategy):
                 if state is None:
                     seeds = self._seed_genomes(space, screen, budget, seed, coarse)
                     screen = self._screen_exactly(space, evaluate, screen, seeds, budget)
-                    evaluate.workers = self._workers(screen, budget)
+                    evaluate.workers = self._workers(screen, budget, evaluate)
                 else:
                     seeds = self._restore(state, space, evaluate, rng, budget)
                 self._run["seeds"] = seeds
@@ -287,8 +287,10 @@ class Evolution(Strategy):
             return 0.0
         return self.final_share
 
-    def _workers(self, screen, budget: Budget) -> int:
-        return auto_workers(screen, budget) if self.workers == "auto" else int(self.workers)
+    def _workers(self, screen, budget: Budget, evaluate: Evaluator | None = None) -> int:
+        if self.workers != "auto":
+            return int(self.workers)
+        return auto_workers(screen, budget, getattr(evaluate, "seconds_per_estimate", None))
 
     @property
     def _screen_name(self) -> str | None:
@@ -729,6 +731,7 @@ def screen_exactly(problem: "Problem", evaluate: Evaluator, screen, plans: list[
             or getattr(screen, "name", None) == "simulator" or not plans):
         return screen
     exact = get_cost_model("simulator")
+    exact.estimate(problem, plans[0])    # the first loads its compiled loop: not timed
     slowest = 0.0
     for plan in plans:
         start = _time.perf_counter()
@@ -736,6 +739,7 @@ def screen_exactly(problem: "Problem", evaluate: Evaluator, screen, plans: list[
         slowest = max(slowest, _time.perf_counter() - start)
     if slowest * EXACT_SCREEN_EVALS > budget.remaining_time:
         return screen
+    evaluate.seconds_per_estimate = slowest
     evaluate.model = budget.meter(exact)
     evaluate.cache.clear()
     return exact

@@ -117,6 +117,10 @@ def test_auto_workers_only_for_the_simulator_under_a_time_budget(monkeypatch):
     assert evaluate.auto_workers(sim, Budget(time=10)) == evaluate.MAX_AUTO_WORKERS
     assert evaluate.auto_workers(analytical, Budget(time=10)) == 0
     assert evaluate.auto_workers(sim, Budget(evaluations=100)) == 0
+    # a cheap simulation is scored in this process: a worker would cost more
+    assert evaluate.auto_workers(sim, Budget(time=10), seconds=0.001) == 0
+    assert evaluate.auto_workers(sim, Budget(time=10), seconds=0.05) == \
+        evaluate.MAX_AUTO_WORKERS
     monkeypatch.setattr(evaluate.os, "sched_getaffinity", lambda pid: {0}, raising=False)
     assert evaluate.auto_workers(sim, Budget(time=10)) == 0
     with pytest.raises(placer.PlacerError, match="workers"):
