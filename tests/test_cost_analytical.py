@@ -140,3 +140,21 @@ def test_array_path_matches_plans_on_random_plans():
         assert fast.tolist() == [reports[i].objective for i in pick]
         single = [ana.estimate(p, plans[i]).objective for i in pick]
         assert fast == pytest.approx(single, rel=1e-12)
+
+
+def test_compiled_passes_match_plain_python(monkeypatch):
+    """The numba-compiled crossing-edge and longest-path passes give the
+    same estimates as the same functions run as plain Python."""
+    from placer.bench.cost import bench_cluster, bench_graph, random_plans
+    from placer.cost import analytical_loops
+    g = bench_graph(150, seed=3)
+    c = bench_cluster(6)
+    p = Problem(g, c)
+    plans = random_plans(g, c, 40, seed=3, microbatches=4)
+    compiled = Analytical().estimate_many(p, plans)
+    for name in ("crossing_edges", "run_paths"):
+        monkeypatch.setattr(analytical_loops, name, getattr(analytical_loops, name).py_func)
+    plain = Analytical().estimate_many(Problem(g, c), plans)
+    assert [r.step_time for r in compiled] == [r.step_time for r in plain]
+    assert [r.peak_memory for r in compiled] == [r.peak_memory for r in plain]
+    assert len({round(r.step_time, 12) for r in compiled}) > 5

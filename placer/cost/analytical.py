@@ -243,7 +243,7 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     if len(hr):
         inflow = phases * np.bincount(r_dst, x_w, minlength=R) * per_mb[run_row, 0]
         lat_e = phases * x_lat
-        end, start, by_paths = _run_paths(run_row, run_group, row_first, runs, run_w, r_src,
+        end, start, by_paths = _run_paths(run_group, row_first, runs, run_w, r_src,
                                           r_dst, lat_e, G, inflow)
         longest = np.zeros(B)
         np.maximum.at(longest, run_row, end)
@@ -404,64 +404,21 @@ def _chained_entry(p: Problem, groups, A, hr, hc, R: int, r_src, r_dst, inflow) 
     return entry
 
 
-def _run_paths(run_row, run_group, row_first, runs, run_w, r_src, r_dst, cost_e, G: int,
+def _run_paths(run_group, row_first, runs, run_w, r_src, r_dst, cost_e, G: int,
                inflow, limit: int = 256):
     """Longest paths over each plan's runs: a run starts once the tensors
     crossing into it arrived (their source run's end plus latency
     ``cost_e``, then all their transfer times ``inflow``, which queue for its
     devices' links) and the previous run of its group ended (its devices
     are busy till then), and takes its share of the critical path. For
-    plans of at most ``limit`` runs, in one pass over run positions for all
-    of them. Returns each run's end and start and which plans were done.
+    plans of at most ``limit`` runs, in one compiled pass (see
+    :func:`placer.cost.analytical_loops.run_paths`). Returns each run's end and start and which plans were done.
     Crossing edges come by plan row (as from :func:`_crossing_edges`)."""
-    R = len(run_row)
+    from .analytical_loops import run_paths     # numba loads on first use
     rows_ok = runs <= limit
-    local = np.arange(R) - row_first[run_row]
-    # previous run of the same group in the same plan (R: none; h[R] = 0)
-    key = run_row * G + run_group
-    order = np.argsort(key, kind="stable")
-    prev = np.full(R, R, dtype=np.int64)
-    same = key[order][1:] == key[order][:-1]
-    prev[order[1:][same]] = order[:-1][same]
-    if not rows_ok.all():
-        ok = rows_ok[run_row]
-        e_ok = np.flatnonzero(ok[r_dst])
-        r_src, r_dst, cost_e = r_src[e_ok], r_dst[e_ok], cost_e[e_ok]
-        runs_ok = np.flatnonzero(ok)
-    else:
-        runs_ok = np.arange(R)
-    n_pos = int(runs[rows_ok].max(initial=1))
-    small = np.int16 if n_pos < 2 ** 15 else np.int64
-    # tensors by the position of the run they enter; within a position they
-    # stay by row, so by the run they enter (one run per row and position)
-    e_local = local[r_dst].astype(small)
-    e_order = np.argsort(e_local, kind="stable")
-    e_src, e_dst, e_cost = r_src[e_order], r_dst[e_order], cost_e[e_order]
-    heads = np.flatnonzero(np.r_[True, e_dst[1:] != e_dst[:-1]]) if len(e_dst) else \
-        np.zeros(0, dtype=np.int64)
-    targets = e_dst[heads]
-    grid = np.arange(n_pos + 1)
-    e_local = e_local[e_order]
-    e_bounds = np.searchsorted(e_local, grid)
-    t_bounds = np.searchsorted(e_local[heads], grid)
-    r_order = runs_ok[np.argsort(local[runs_ok].astype(small), kind="stable")]
-    r_bounds = np.searchsorted(local[r_order], grid)
-    r_prev = prev[r_order]
-    r_w = run_w[r_order]
-    h = np.zeros(R + 1)
-    ready = inflow.copy()
-    for j in range(n_pos):
-        lo, hi = e_bounds[j], e_bounds[j + 1]
-        if hi > lo:
-            t_lo, t_hi = t_bounds[j], t_bounds[j + 1]
-            ready[targets[t_lo:t_hi]] += np.maximum.reduceat(
-                h[e_src[lo:hi]] + e_cost[lo:hi], heads[t_lo:t_hi] - lo)
-        a, b = r_bounds[j], r_bounds[j + 1]
-        at = r_order[a:b]
-        begin = np.maximum(ready[at], h[r_prev[a:b]])
-        ready[at] = begin
-        h[at] = begin + r_w[a:b]
-    return h[:R], ready, rows_ok
+    h, ready = run_paths(row_first, runs, run_group, run_w, r_src, r_dst, cost_e, inflow,
+                         limit, G)
+    return h, ready, rows_ok
 
 
 def _links(p: Problem, B: int, speed: np.ndarray, per_mb: np.ndarray, k_single, w_single,
@@ -678,34 +635,10 @@ def _crossing_edges(pre: dict, small: np.ndarray, hr: np.ndarray, hc: np.ndarray
         if len(rows):                                  # plan-major order
             rows, cut = np.divmod(np.sort(rows * E + cut), E)
         return rows, cut, run_of(rows, src[cut]), run_of(rows, dst[cut])
+    from .analytical_loops import crossing_edges
     ptr, edge = cs
-    counts = ptr[hc + 1] - ptr[hc]
-    total = int(counts.sum())
-    at = np.repeat(ptr[hc] - (np.cumsum(counts) - counts), counts) + np.arange(total)
-    # an edge spanning several switches of a plan is a candidate at the
-    # first of them only: where the plan's switch before is before its source
-    prev = np.full(len(hc), -1, dtype=np.int64)
-    same = hr[1:] == hr[:-1]
-    prev[1:][same] = hc[:-1][same]
-    # the last op of the run after each switch
-    nxt = np.full(len(hc), n - 1, dtype=np.int64)
-    nxt[:-1][same] = hc[1:][same]
-    cut = edge[at]
-    switch = np.repeat(np.arange(len(hr)), counts)
-    first = np.flatnonzero(prev[switch] < src[cut])
-    cut, switch = cut[first], switch[first]
-    rows = hr[switch]
-    # the run ending at switch j of row r is run j + r (runs are row-major)
-    differ = np.flatnonzero(small.ravel()[rows * n + dst[cut]] != run_group[switch + rows])
-    rows, cut, switch = rows[differ], cut[differ], switch[differ]
-    # most edges end in the run right after their switch: search the others
-    to = dst[cut]
-    beyond = np.flatnonzero(to > nxt[switch])
-    r_src = switch + rows
-    r_dst = r_src + 1
-    if len(beyond):
-        r_dst[beyond] = run_of(rows[beyond], to[beyond])
-    return rows, cut, r_src, r_dst
+    total = int((ptr[hc + 1] - ptr[hc]).sum())
+    return crossing_edges(ptr, edge, small, hr, hc, src, dst, run_group, total)
 
 
 def _critical_shares(p: Problem):

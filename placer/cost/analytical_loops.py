@@ -1,0 +1,102 @@
+"""The analytical model's two sequential passes, compiled with numba.
+
+Both walk each plan's group switches or runs in order, which NumPy can only
+do one position at a time across the batch (a Python loop of small array
+operations); compiled, each is one pass. Results are the same as the
+vectorised versions they replace, bit for bit: the passes take maxima and
+add each term once, in the same order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def crossing_edges(ptr, edge, small, hr, hc, src, dst, run_group, total):
+    """Edges between different groups found from the plans' group switches
+    (see :func:`placer.cost.analytical._crossing_edges`): for each switch
+    (``hr``, ``hc``: plan row and the position before it, row-major) the
+    edges spanning it (cut set ``edge[ptr[hc]:ptr[hc + 1]]``) whose source
+    is after the plan's previous switch (so each edge is found at the first
+    switch it spans) and whose destination's group differs from the run
+    before the switch. ``total`` bounds the count. Returns (row, edge,
+    source run, destination run) arrays."""
+    n = small.shape[1]
+    S = len(hr)
+    rows = np.empty(total, np.int64)
+    cut = np.empty(total, np.int64)
+    r_src = np.empty(total, np.int64)
+    r_dst = np.empty(total, np.int64)
+    k = 0
+    for j in range(S):
+        r = hr[j]
+        before = hc[j - 1] if j > 0 and hr[j - 1] == r else -1
+        group = run_group[j + r]
+        for i in range(ptr[hc[j]], ptr[hc[j] + 1]):
+            e = edge[i]
+            if src[e] <= before:
+                continue
+            to = dst[e]
+            if small[r, to] == group:
+                continue
+            # the run holding the destination: after the last switch of
+            # this row before it (run j + r ends at switch j)
+            s = j + 1
+            while s < S and hr[s] == r and hc[s] < to:
+                s += 1
+            rows[k] = r
+            cut[k] = e
+            r_src[k] = j + r
+            r_dst[k] = s + r
+            k += 1
+    return rows[:k], cut[:k], r_src[:k], r_dst[:k]
+
+
+@njit(cache=True)
+def run_paths(row_first, runs, run_group, run_w, r_src, r_dst, cost_e, inflow, limit, G):
+    """Longest paths over each plan's runs (see
+    :func:`placer.cost.analytical._run_paths`), plans of more than ``limit``
+    runs skipped. Returns each run's end and start."""
+    R = len(run_group)
+    E = len(r_dst)
+    # tensors by the run they enter, in their order
+    ptr = np.zeros(R + 1, np.int64)
+    for e in range(E):
+        ptr[r_dst[e] + 1] += 1
+    for r in range(R):
+        ptr[r + 1] += ptr[r]
+    fill = ptr[:-1].copy()
+    into = np.empty(E, np.int64)
+    for e in range(E):
+        into[fill[r_dst[e]]] = e
+        fill[r_dst[e]] += 1
+    h = np.zeros(R)
+    ready = inflow.copy()
+    last = np.full(G, -1, np.int64)          # the group's previous run in this plan
+    for b in range(len(runs)):
+        if runs[b] > limit:
+            continue
+        first = row_first[b]
+        for r in range(first, first + runs[b]):
+            if ptr[r + 1] > ptr[r]:
+                best = -np.inf
+                for i in range(ptr[r], ptr[r + 1]):
+                    e = into[i]
+                    v = h[r_src[e]] + cost_e[e]
+                    if v > best:
+                        best = v
+                ready[r] += best
+            g = run_group[r]
+            begin = ready[r]
+            if last[g] >= 0 and h[last[g]] > begin:
+                begin = h[last[g]]
+            elif last[g] < 0 and begin < 0.0:
+                begin = 0.0
+            ready[r] = begin
+            h[r] = begin + run_w[r]
+            last[g] = r
+        for r in range(first, first + runs[b]):
+            last[run_group[r]] = -1
+    return h, ready
