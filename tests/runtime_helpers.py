@@ -32,6 +32,22 @@ def random_plan(graph, devices, *, seed: int, microbatches: int = 1, schedule: s
     return Plan(placement, microbatches=microbatches, schedule=schedule)
 
 
+def meta_build(name: str, batch: int = 4):
+    """A zoo model built on the meta device (no weights) with real inputs,
+    and the same model materialised on the CPU (the reference)."""
+    from placer import zoo
+    meta, _ = zoo.build(name, tiny=True, batch=batch, device="meta")
+    _, inputs = zoo.build(name, tiny=True, batch=batch)
+    return meta, inputs
+
+
+def meta_reference(name: str, batch: int = 4):
+    """:func:`meta_build`'s model materialised whole on the CPU, and its inputs."""
+    from placer import zoo
+    meta, inputs = meta_build(name, batch)
+    return zoo.materialize(meta, "cpu"), inputs
+
+
 def reference(model, inputs, loss_fn=None):
     """Outputs, loss and gradients of the unplaced model on one device."""
     from placer.runtime import default_loss

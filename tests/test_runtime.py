@@ -12,7 +12,8 @@ from placer import Plan, zoo
 from placer.errors import PlanError
 from placer.runtime import run
 
-from runtime_helpers import assert_close_result, one_thread, random_plan, reference  # noqa: F401
+from runtime_helpers import (assert_close_result, meta_build, meta_reference,  # noqa: F401
+                             one_thread, random_plan, reference)
 
 DEVICES = ["a", "b", "c"]
 
@@ -200,3 +201,55 @@ def test_tuple_outputs_crossing_devices_match_unplaced(granularity, placement):
     out, loss, grads = reference(model, (x,))
     result = run(model, Plan(placement, microbatches=2), (x,), steps=1, warmup=0, graph=graph)
     assert_close_result(result, out, loss, grads)
+
+
+@pytest.mark.parametrize("name,seed,microbatches", [("gpt-125m", 0, 2), ("resnet50", 1, 1),
+                                                    ("dlrm", 2, 2)])
+def test_meta_model_matches_materialized_model(name, seed, microbatches):
+    # weights left on meta are built where their piece runs, as
+    # zoo.materialize builds the whole model: same losses and gradients
+    meta, inputs = meta_build(name)
+    full, _ = meta_reference(name)
+    graph = placer.trace(full, inputs)
+    out, loss, grads = reference(full, inputs)
+    plan = random_plan(graph, DEVICES, seed=seed, microbatches=microbatches, dp=0.3)
+    result = run(meta, plan, inputs, steps=1, warmup=0, graph=graph)
+    assert_close_result(result, out, loss, grads)
+    assert all(p.is_meta for p in meta.parameters())        # the model is left alone
+
+
+def test_meta_model_builds_only_each_devices_pieces():
+    from placer.runtime.run import Runner
+    meta, inputs = meta_build("gpt-125m")
+    full, _ = meta_reference("gpt-125m")
+    graph = placer.trace(full, inputs)
+    order = graph.topological_order()
+    plan = Plan({op: ["a" if i < len(order) // 2 else "b"] for i, op in enumerate(order)})
+    runner = Runner(meta, plan, inputs, graph=graph)
+    names = {d: set(table) for d, table in runner.engine.copies.items()}
+    everything = {n for n, _ in full.named_parameters()} | {n for n, _ in full.named_buffers()}
+    assert names["a"] | names["b"] == everything
+    assert len(names["a"]) < len(everything) and len(names["b"]) < len(everything)
+    for dev, table in runner.engine.copies.items():
+        for n, t in table.items():
+            assert not t.is_meta
+            torch.testing.assert_close(t, full.get_parameter(n) if n in dict(
+                full.named_parameters()) else full.get_buffer(n), rtol=0, atol=0)
+
+
+def test_meta_weight_without_reset_parameters_is_a_clear_error():
+    class Scale(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.empty(4))
+
+        def forward(self, x):
+            return x * self.w
+
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), Scale())
+    x = torch.randn(2, 4)
+    graph = placer.trace(torch.nn.Sequential(torch.nn.Linear(4, 4), Scale()), x)
+    plan = Plan({op: ["a"] for op in graph.ids})
+    with pytest.raises(PlanError, match="no reset_parameters"):
+        run(model, plan, x, steps=1, warmup=0, graph=graph)

@@ -12,7 +12,8 @@ from placer import Plan, zoo
 from placer.errors import PlanError
 from placer.runtime.dist import launch, rank_devices
 
-from runtime_helpers import one_thread, random_plan, reference  # noqa: F401
+from runtime_helpers import (meta_build, meta_reference, one_thread,  # noqa: F401
+                             random_plan, reference)
 
 
 def _check(result, out, loss, grads):
@@ -35,6 +36,17 @@ def test_gloo_ranks_match_unplaced():
     _check(result, out, loss, grads)
     report = result["report"]
     assert report["step_time"] > 0 and set(report["busy"]) == {"a", "b", "c"}
+
+
+def test_ranks_build_only_their_pieces_of_a_meta_model():
+    # every rank gets the model without weights and builds its own pieces
+    full, inputs = meta_reference("gpt-125m")
+    graph = placer.trace(full, inputs)
+    out, loss, grads = reference(full, inputs)
+    plan = random_plan(graph, ["a", "b"], seed=3, microbatches=2)
+    result = launch(plan, functools.partial(meta_build, "gpt-125m"),
+                    nproc=len(plan.devices_used()), steps=1, warmup=0, timeout=120)
+    _check(result, out, loss, grads)
 
 
 @pytest.mark.slow

@@ -5,7 +5,10 @@ cluster's device order when a cluster is given, else the order in which the
 plan's placement first names each device. ``WORLD_SIZE`` must equal the
 number of devices the plan uses. Every rank traces and splits the whole
 model the same way (cheap: shapes are probed on meta tensors) but copies
-only the weights of its own pieces to its device. Activations and gradients
+only the weights of its own pieces to its device. A model built on the meta
+device (a zoo model above :data:`placer.zoo.META_THRESHOLD_BYTES`, or any
+model whose modules can ``reset_parameters``) is never allocated whole: each
+rank builds its own pieces' weights, as :func:`placer.zoo.materialize` would. Activations and gradients
 travel as point-to-point ``send``/``recv`` (tagged, so their order never
 matters), replicated parameters are summed with ``all_reduce`` on one
 process group per set of holders. Backend: gloo (CPU tensors; a CUDA rank
@@ -281,7 +284,8 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     offsets = [sum(mb_rows[:m]) for m in range(len(mb_rows))]
     order = [(me, t) for t in orders.get(me, [])]
     engine = Engine(sp, routes, {d: tdev for d in devs}, [me], transport, training=training,
-                    loss_fn=loss_fn or default_loss, loss_weights=weights, order=order)
+                    loss_fn=loss_fn or default_loss, loss_weights=weights, order=order,
+                    model=model, seed=seed)
     transport.make_groups(engine.holders.values())
     opt = build_optimizer(optimizer, engine.parameters()) if training else None
     params = engine.parameters()

@@ -368,11 +368,14 @@ class Engine:
     """Runs steps of a split model on the devices this process hosts.
 
     ``transport`` moves messages; ``local`` lists the plan devices hosted
-    here (all of them in one process, one per rank otherwise)."""
+    here (all of them in one process, one per rank otherwise). Weights left
+    on the meta device in ``model`` are built here, only for the local
+    pieces, as :func:`placer.zoo.materialize` with ``seed`` would build them."""
 
     def __init__(self, split: Split, routes: Routes, torch_devices: dict[str, torch.device],
                  local: list[str], transport, *, training: bool, loss_fn: Callable | None,
-                 loss_weights: list[float], order: list):
+                 loss_weights: list[float], order: list, model: torch.nn.Module | None = None,
+                 seed: int = 0):
         self.split = split
         self.routes = routes
         self.tdev = torch_devices
@@ -382,6 +385,8 @@ class Engine:
         self.loss_fn = loss_fn
         self.loss_weights = loss_weights
         self.order = order                 # [(device, task)] for the local devices
+        self.model = model
+        self.seed = seed
         #: count the bytes autograd saves (CPU peak memory); costs a Python
         #: call per saved tensor, so it is off when every device is CUDA and
         #: done in the first step only (every step saves the same tensors)
@@ -392,7 +397,9 @@ class Engine:
         self.events: list = []
         self.modules: dict[Inst, torch.nn.Module] = {}
         self.copies: dict[str, dict[str, torch.Tensor]] = {}   # device -> name -> tensor
+        self._owners: dict[str, dict] = {}     # device -> owner name -> materialised copy
         self._build()
+        self._owners.clear()
         self.holders = self._holders()
 
     # --- building -------------------------------------------------------
@@ -405,21 +412,32 @@ class Engine:
             piece = self.split.pieces[inst.piece]
             target = self.tdev[dev]
             table = self.copies.setdefault(dev, {})
+            owners = self._owners.setdefault(dev, {})
             memo = {}
             for t in list(piece.module.parameters()) + list(piece.module.buffers()):
                 name = names.get(id(t), f"#{id(t)}")
                 if name not in table:
                     if t.is_meta:
-                        raise PlanError(f"parameter {name!r} is on the meta device",
-                                        fix="materialise the model's weights before placer.run "
-                                        "(e.g. placer.zoo.materialize)")
-                    data = t.detach().to(target, copy=True)
+                        data = self._materialize(name, target, owners)
+                    else:
+                        data = t.detach().to(target, copy=True)
                     table[name] = (torch.nn.Parameter(data, requires_grad=t.requires_grad)
                                    if isinstance(t, torch.nn.Parameter) else data)
                 memo[id(t)] = table[name]
             module = copy.deepcopy(piece.module, memo)
             _no_inplace(module)
             self.modules[inst] = module
+
+    def _materialize(self, name: str, target: torch.device, owners: dict) -> torch.Tensor:
+        """A meta weight built on ``target`` (its owning module's copies
+        shared through ``owners``)."""
+        from ..zoo import materialize_tensor
+        if self.model is None or name.startswith("#"):
+            raise PlanError(f"parameter {name!r} is on the meta device",
+                            fix="materialise the model's weights before running it "
+                            "(e.g. placer.zoo.materialize)")
+        return materialize_tensor(self.model, name, target, self.seed,
+                                  cache=owners).detach().clone()
 
     def _holders(self) -> dict[str, tuple]:
         """Parameter name -> the devices holding a copy (every rank agrees)."""

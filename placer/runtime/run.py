@@ -218,7 +218,7 @@ class Runner:
 
     def __init__(self, model, plan, example_inputs, *, optimizer=None, loss_fn=None,
                  targets=None, graph=None, cluster=None, device_map=None, training=True,
-                 loss_reduction="mean", granularity=None, leaf_modules=None):
+                 loss_reduction="mean", granularity=None, leaf_modules=None, seed=0):
         if loss_reduction not in LOSS_REDUCTIONS:
             raise PlanError(f"unknown loss_reduction {loss_reduction!r}",
                             fix="use 'mean' or 'sum'")
@@ -244,7 +244,8 @@ class Runner:
         self.offsets = [sum(mb_rows[:m]) for m in range(len(mb_rows))]
         self.transport = LocalTransport(dmap)
         self.engine = Engine(sp, routes, dmap, devices, self.transport, training=training,
-                             loss_fn=loss_fn or default_loss, loss_weights=weights, order=order)
+                             loss_fn=loss_fn or default_loss, loss_weights=weights, order=order,
+                             model=model, seed=seed)
         self.opt = build_optimizer(optimizer, self.engine.parameters()) if training else None
         self.params = self.engine.parameters()
 
@@ -276,7 +277,8 @@ def run(model: torch.nn.Module, plan, example_inputs: Any, *, steps: int = 3,
 
     The model is split into per-device pieces (see :mod:`placer.runtime.split`),
     each piece's weights are copied to the device that runs it (the model
-    itself is not modified), microbatches run under the plan's schedule,
+    itself is not modified; weights on the meta device are built there, as
+    :func:`placer.zoo.materialize` with ``seed`` builds them), microbatches run under the plan's schedule,
     data-parallel replicas take equal shares of each microbatch's rows and
     their gradients are summed (see :mod:`placer.runtime.engine`).
 
@@ -316,7 +318,7 @@ def run(model: torch.nn.Module, plan, example_inputs: Any, *, steps: int = 3,
     runner = Runner(model, plan, example_inputs, optimizer=optimizer, loss_fn=loss_fn,
                     targets=targets, graph=graph, cluster=cluster, device_map=device_map,
                     training=training, loss_reduction=loss_reduction, granularity=granularity,
-                    leaf_modules=leaf_modules)
+                    leaf_modules=leaf_modules, seed=seed)
     graph, plan, sp, engine = runner.graph, runner.plan, runner.split, runner.engine
     transport, dmap, devices, opt = runner.transport, runner.dmap, runner.devices, runner.opt
     mb_rows, used = runner.mb_rows, runner.schedule

@@ -177,10 +177,13 @@ def probe(gm: torch.fx.GraphModule, inputs: list, batch: int, small: int) -> tup
             results = []
             for rows in (batch, small):
                 if meta:
-                    state = {f"gm.{k}": torch.empty_like(v, device="meta").requires_grad_(
-                        v.requires_grad) for k, v in gm.named_parameters(remove_duplicate=False)}
-                    state.update({f"gm.{k}": torch.empty_like(v, device="meta")
-                                  for k, v in gm.named_buffers(remove_duplicate=False)})
+                    # one meta tensor per weight, so tied names stay tied
+                    twins: dict[int, torch.Tensor] = {}
+                    state = {f"gm.{k}": twins.setdefault(id(v), torch.empty_like(
+                        v, device="meta").requires_grad_(v.requires_grad))
+                        for k, v in gm.named_parameters(remove_duplicate=False)}
+                    state.update({f"gm.{k}": twins.setdefault(id(v), torch.empty_like(
+                        v, device="meta")) for k, v in gm.named_buffers(remove_duplicate=False)})
                     args = [torch.empty_like(_rows(t, rows, m), device="meta")
                             if isinstance(t, torch.Tensor) else t
                             for t, m in zip(inputs, mask)]
@@ -231,6 +234,7 @@ def split(model: torch.nn.Module, gm: torch.fx.GraphModule, inputs: list,
     """Split ``gm`` into pieces by ``node_groups`` (fx node name -> device
     group for the nodes that are graph ops). ``shard=False`` keeps every piece
     on the first device of its group."""
+    _attrs_as_modules(gm)
     graph = gm.graph
     full, part = probe(gm, inputs, batch, small)
     nodes = list(graph.nodes)
@@ -334,6 +338,47 @@ def split(model: torch.nn.Module, gm: torch.fx.GraphModule, inputs: list,
     top = split_module(gm, model, lambda n: name_piece[n.name], keep_original_order=True)
     return _assemble(model, gm, top, inputs, node_groups, name_piece, piece_of, merged,
                      runs, batch, small, shard)
+
+
+class _Attr(torch.nn.Module):
+    """A parameter or buffer read directly (an fx ``get_attr``) as a module
+    call, so it is built in the pieces that read it."""
+
+    def __init__(self, value: torch.Tensor):
+        super().__init__()
+        if isinstance(value, torch.nn.Parameter):
+            self.value = value
+        else:
+            self.register_buffer("value", value)
+
+    def forward(self) -> torch.Tensor:
+        return self.value
+
+
+def _attrs_as_modules(gm: torch.fx.GraphModule) -> None:
+    """Turn ``get_attr`` nodes of tensors into calls of :class:`_Attr`
+    modules holding the same tensor objects: ``split_module`` would pass
+    such tensors into the pieces as inputs, cut off from their gradients."""
+    changed = False
+    for i, node in enumerate(list(gm.graph.nodes)):
+        if node.op != "get_attr":
+            continue
+        value = gm
+        for part in node.target.split("."):
+            value = getattr(value, part)
+        if not isinstance(value, torch.Tensor):
+            continue
+        name = f"_placer_attr_{i}"
+        gm.add_submodule(name, _Attr(value))
+        with gm.graph.inserting_after(node):
+            call = gm.graph.call_module(name, ())
+        call.meta = dict(node.meta)
+        node.replace_all_uses_with(call)
+        gm.graph.erase_node(node)
+        changed = True
+    if changed:
+        gm.graph.lint()
+        gm.recompile()
 
 
 def _merge_runs(dag: nx.DiGraph, runs: list) -> dict[int, int]:

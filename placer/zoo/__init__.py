@@ -13,7 +13,9 @@ torch.Size([1, 16, 128])
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -161,22 +163,68 @@ def build(name: str, batch: int | None = None, seq: int | None = None,
 def materialize(module: nn.Module, device: str | torch.device = "cpu",
                 seed: int = 0) -> nn.Module:
     """Allocate a meta-built model on ``device`` and initialise it
-    deterministically, keeping tied weights tied."""
+    deterministically, keeping tied weights tied.
+
+    Each module holding parameters or buffers of its own is initialised by
+    its ``reset_parameters`` under a seed of its own (from ``seed`` and its
+    name), so any part of the model gets the same values when materialised
+    alone (see :func:`materialize_tensor`): the runtime builds only the
+    pieces a device runs. Values are drawn on the CPU, so they do not depend
+    on ``device``."""
     aliases: dict[int, list[str]] = {}
     for mod_name, mod in module.named_modules(remove_duplicate=False):
         for p_name, p in mod.named_parameters(recurse=False):
             aliases.setdefault(id(p), []).append(f"{mod_name}.{p_name}".lstrip("."))
-    module.to_empty(device=device)
-    with _seeded(seed), torch.no_grad():
-        for mod in module.modules():
-            if hasattr(mod, "reset_parameters"):
-                mod.reset_parameters()
+    module.to_empty(device="cpu")
+    for name, mod in module.named_modules():
+        if _owns_state(mod) and hasattr(mod, "reset_parameters"):
+            _reset(mod, name, seed)
+    module.to(device)
     for names_ in aliases.values():
         first = module.get_parameter(names_[0])
         for alias in names_[1:]:
             owner, _, attr = alias.rpartition(".")
             setattr(module.get_submodule(owner), attr, first)
     return module
+
+
+def materialize_tensor(module: nn.Module, name: str, device: str | torch.device = "cpu",
+                       seed: int = 0, *, cache: dict | None = None) -> torch.Tensor:
+    """The value :func:`materialize` gives parameter or buffer ``name`` (its
+    first name, for tied weights) of the meta-built ``module``, computed
+    alone: a copy of its owning module is allocated on ``device`` and
+    initialised the same way. ``cache`` (owner name -> copy) lets the
+    other tensors of one owner reuse its copy."""
+    from ..errors import PlanError
+    owner_name, _, attr = name.rpartition(".")
+    owner = module.get_submodule(owner_name)
+    part = None if cache is None else cache.get(owner_name)
+    if part is None:
+        if not hasattr(owner, "reset_parameters"):
+            raise PlanError(f"parameter {name!r} is on the meta device and its module "
+                            f"({type(owner).__name__}) has no reset_parameters to "
+                            f"initialise it", field="model",
+                            fix="materialise the model's weights before running it "
+                            "(e.g. placer.zoo.materialize, or load a state dict)")
+        part = copy.deepcopy(owner).to_empty(device="cpu")
+        _reset(part, owner_name, seed)
+        part.to(device)
+        if cache is not None:
+            cache[owner_name] = part
+    return getattr(part, attr)
+
+
+def _owns_state(mod: nn.Module) -> bool:
+    return any(True for _ in mod.parameters(recurse=False)) or \
+        any(True for _ in mod.buffers(recurse=False))
+
+
+def _reset(mod: nn.Module, name: str, seed: int) -> None:
+    """``mod.reset_parameters()`` under a seed from ``seed`` and the module's
+    name (a stable digest: Python's string hash differs between processes)."""
+    digest = hashlib.blake2b(f"{seed}/{name}".encode(), digest_size=8).digest()
+    with _seeded(int.from_bytes(digest, "little") >> 1), torch.no_grad():
+        mod.reset_parameters()
 
 
 @contextlib.contextmanager
@@ -282,6 +330,6 @@ register(Entry("dlrm", "dlrm", DLRMConfig, DLRM, _dlrm_inputs,
                description="DLRM (Naumov et al. 2019), Criteo Kaggle tables, dim 128"))
 
 __all__ = ["Entry", "META_THRESHOLD_BYTES", "build", "config", "entry", "family",
-           "materialize", "names", "num_params", "param_bytes", "register",
+           "materialize", "materialize_tensor", "names", "num_params", "param_bytes", "register",
            "BERT", "DLRM", "GNMT", "GPT", "Inception", "ResNet", "UNet", "UTransformer",
            "CNNConfig", "DLRMConfig", "GNMTConfig", "TransformerConfig"]
