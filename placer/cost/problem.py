@@ -254,18 +254,16 @@ class Problem:
         compiled = list(map(self._devices_of, plans))
         dp = [i for i, c in enumerate(compiled) if len(c[1])]
         if dp:
-            # group ids of every plan's distinct device sets, then one scatter
+            # group ids of every plan's distinct device sets
             gids = np.array([self._group_id(k, groups) for i in dp for k in compiled[i][2]])
         id_type = np.int16 if self.n_devices + len(groups) < 2 ** 15 else np.int32
         A = np.stack([c[0] for c in compiled]).astype(id_type, copy=False) if compiled else \
             np.zeros((0, self.n_ops), dtype=id_type)
-        if dp:
-            sets = np.array([len(compiled[i][2]) for i in dp])
-            count = np.array([len(compiled[i][1]) for i in dp])
-            offset = np.repeat(np.cumsum(sets) - sets, count)
-            rows = np.repeat(np.array(dp) * self.n_ops, count)
-            A.flat[np.concatenate([compiled[i][1] for i in dp]) + rows] = \
-                gids[np.concatenate([compiled[i][3] for i in dp]) + offset]
+        at = 0
+        for i in dp:                # row by row: cheaper than gathering all first
+            _, multi, keys, inverse = compiled[i]
+            A[i, multi] = gids[at:at + len(keys)][inverse]
+            at += len(keys)
         table = [(i,) for i in range(self.n_devices)]
         table += sorted(groups, key=groups.__getitem__)
         m = np.array([plan.microbatches for plan in plans], dtype=np.int64)
