@@ -151,7 +151,8 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
                  samples: int = 16, batch: int = 4, refine: int = 0, max_units: int = 96,
                  temperature: float = 1.0, microbatches=None, schedules=("1f1b",),
                  keep: int = 1, baselines: bool = True, polish: int = 0,
-                 settle: int = 4, layout_devices: int = 16) -> list[Candidate]:
+                 settle: int = 4, layout_devices: int = 16,
+                 polish_limit: int = 48) -> list[Candidate]:
     """Decode and score placements; returns the ``keep`` best distinct
     :class:`Candidate` s, best first. ``source`` says where the plan came from:
     ``"policy"`` (one-shot decoding), ``"refined"`` (a refinement round),
@@ -256,30 +257,57 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
     top = sorted(found.values(), key=lambda v: v[0])[:max(settle, keep)]
     if top and not budget.exhausted():
         score(np.stack([v[1] for v in top]), [v[4] for v in top], choices, schedules)
-    if polish > 0 and space is not None and found and not budget.exhausted():
-        _polish(space, cost_model, budget, found, rng, polish)
-    table = groups()
     out = sorted(found.values(), key=lambda v: v[0])[:keep]
+    # The policy's own best plan is the one local search can mend (baselines
+    # are balanced already); one op-level plan over a single device has only
+    # microbatch counts to change, which settling covered. The result joins
+    # the kept plans rather than displacing one: the search model often
+    # prefers the plans descent finds where the final model does not.
+    own = [v for v in found.values() if v[4] in ("policy", "refined")]
+    if polish > 0 and space is not None and own and not budget.exhausted():
+        start = min(own, key=lambda v: v[0])
+        if start[0] < INFEASIBLE and len(np.unique(start[1])) > 1:
+            better = _polish(space, cost_model, problem, budget, start, rng, polish,
+                             polish_limit)
+            if better is not None:
+                key = better[1].tobytes()
+                out = sorted([v for v in out if v[1].tobytes() != key] + [better],
+                             key=lambda v: v[0])
+    table = groups()
     return [Candidate(t, row, m, s, source, table) for t, row, m, s, source in out]
 
 
-def _polish(space, cost_model, budget: Budget, found: dict, rng, rounds: int,
-            limit: int = 48) -> None:
-    """Steepest descent from the best of ``found`` (evolution's memetic
-    step, scored by ``cost_model`` within ``budget``); adds what it finds."""
-    from evolution.evaluate import Evaluator
+def _polish(space, cost_model, problem, budget: Budget, start: tuple, rng, rounds: int,
+            limit: int = 48):
+    """Steepest descent from ``start`` (a ``(objective, row, microbatches,
+    schedule, source)`` of :func:`policy_plans`) over evolution's memetic
+    neighbourhood (stage boundaries, boundary ops, neighbouring microbatch
+    counts; the schedule kept, the finalists are settled at each), at most
+    ``limit`` neighbours a round, each round one cost-model call; returns the
+    same kind of tuple, source ``"polished"``, or None when nothing improved."""
+    from evolution.evaluate import compact
     from evolution.genome import OpGenome
-    from evolution.memetic import local_search
-    t, row, m, s, _ = min(found.values(), key=lambda v: v[0])
-    if not t < INFEASIBLE:
-        return
-    with Evaluator(space, cost_model, budget) as evaluate:
-        g, value = local_search(space, evaluate, OpGenome(row.copy(), m, s), t, rng,
-                                rounds=rounds, limit=limit)
-    if value < t:
-        key = g.assign.tobytes()
-        if key not in found or value < found[key][0]:
-            found[key] = (float(value), g.assign, int(g.microbatches), g.schedule, "polished")
+    from evolution.memetic import neighbourhood
+    t, row, m, sched, _ = start
+    g, best = OpGenome(row.copy(), m, sched), t
+    for _ in range(rounds):
+        cands = [c for c in neighbourhood(space, g, rng, limit) if c.schedule == sched]
+        room = budget.allow(len(cands))
+        if math.isfinite(budget.remaining_evaluations):   # one left for the caller's report
+            room = min(room, max(int(budget.remaining_evaluations) - 1, 0))
+        cands = cands[:room]
+        if not cands:
+            break
+        rows, used = compact(np.stack([c.assign for c in cands]), space)
+        v = times_at(cost_model, problem, rows, [c.microbatches for c in cands], sched,
+                     tuple(used))
+        i = int(np.argmin(v))
+        if not v[i] < best * (1 - 1e-9):
+            break
+        g, best = cands[i], float(v[i])
+    if best < t:
+        return best, g.assign, int(g.microbatches), sched, "polished"
+    return None
 
 
 def _unit_row(pg, op_row: np.ndarray) -> np.ndarray:
@@ -321,10 +349,11 @@ class _Learned(Strategy):
     def __init__(self, *, checkpoint=None, samples: int = 16, batch: int = 4,
                  refine: int = 0, max_units: int = 96, temperature: float = 1.0,
                  finetune: float = 0.0, finetune_steps: int | None = None,
-                 baselines: bool = True, polish: int = 0, **base):
+                 baselines: bool = True, polish: int = 0, polish_limit: int = 48, **base):
         super().__init__(**base)
         for label, value, low in (("samples", samples, 0), ("batch", batch, 1),
-                                  ("max_units", max_units, 1), ("polish", polish, 0)):
+                                  ("max_units", max_units, 1), ("polish", polish, 0),
+                                  ("polish_limit", polish_limit, 1)):
             if int(value) != value or value < low:
                 raise StrategyError(f"{label} must be a whole number >= {low}, got {value!r}",
                                     field=label)
@@ -339,7 +368,7 @@ class _Learned(Strategy):
         self.max_units, self.temperature = int(max_units), float(temperature)
         self.finetune, self.finetune_steps = float(finetune), finetune_steps
         self.baselines = bool(baselines)
-        self.polish = int(polish)
+        self.polish, self.polish_limit = int(polish), int(polish_limit)
 
     def _candidates(self, problem, cost_model, budget, seed, keep) -> list[Candidate]:
         """The ``keep`` best distinct :class:`Candidate` s, best first."""
@@ -359,7 +388,7 @@ class _Learned(Strategy):
                              microbatches=self.microbatch_choices(problem)
                              if self.microbatches is not None else None,
                              schedules=schedules, keep=keep, baselines=self.baselines,
-                             polish=self.polish)
+                             polish=self.polish, polish_limit=self.polish_limit)
 
     def _plans(self, problem, cost_model, budget, seed, keep):
         """``[(search objective, Plan)]``, the ``keep`` best distinct, best first."""
