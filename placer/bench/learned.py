@@ -118,10 +118,10 @@ def bench_learned(graphs: Sequence[str] | None = None, clusters: Sequence[str] |
                    "devices": len(cluster)}
             # zero-shot planning is not bounded by the time budget: it is its own figure
             row["greedy"] = _run(graph, cluster, "rl", seed, None, samples=0, refine=0,
-                                 baselines=False, final=None,
+                                 baselines=False, final=None, polish=0,
                                  checkpoint=learned["checkpoint"])
             row["policy"] = _run(graph, cluster, "rl", seed, None, baselines=False,
-                                 **learned)
+                                 polish=0, **learned)
             row["zero_shot"] = _run(graph, cluster, "rl", seed, None, **learned)
             row["fine_tuned"] = _run(graph, cluster, "rl", seed, None, finetune=finetune,
                                      **learned)
