@@ -295,8 +295,8 @@ def _polish(space, cost_model, problem, budget: Budget, start: tuple, rng, round
     counts; the schedule kept, the finalists are settled at each), at most
     ``limit`` neighbours a round (fewer on graphs of more than
     :data:`POLISH_WORK` / ``limit`` ops), each round one cost-model call; returns the
-    plan of each improving round, the same kind of tuple, source
-    ``"polished"``, last (best by ``cost_model``) first."""
+    plan of each improving round (one per distinct row), the same kind of
+    tuple, source ``"polished"``, last (best by ``cost_model``) first."""
     from evolution.evaluate import compact
     from evolution.genome import OpGenome
     from evolution.memetic import neighbourhood
@@ -319,6 +319,8 @@ def _polish(space, cost_model, problem, budget: Budget, start: tuple, rng, round
         i = int(np.argmin(v))
         if not v[i] < best * (1 - 1e-9):
             break
+        if steps and np.array_equal(cands[i].assign, g.assign):
+            steps.pop()                  # a new microbatch count: one step per row
         g, best = cands[i], float(v[i])
         steps.append((best, g.assign, int(g.microbatches), sched, "polished"))
     return steps[::-1]
