@@ -153,7 +153,7 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
                  temperature: float = 1.0, microbatches=None, schedules=("1f1b",),
                  keep: int = 1, baselines: bool = True, polish: int = 0,
                  settle: int = 4, layout_devices: int = 16,
-                 polish_limit: int = 48) -> list[Candidate]:
+                 polish_limit: int = 48, polish_keep: int = 3) -> list[Candidate]:
     """Decode and score placements; returns the ``keep`` best distinct
     :class:`Candidate` s, best first. ``source`` says where the plan came from:
     ``"policy"`` (one-shot decoding), ``"refined"`` (a refinement round),
@@ -273,7 +273,7 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
         near = start[0] <= POLISH_GAP * out[0][0]
         if near and start[0] < INFEASIBLE and len(np.unique(start[1])) > 1:
             steps = _polish(space, cost_model, problem, budget, start, rng, polish,
-                            polish_limit)
+                            polish_limit)[:polish_keep]
             keys = {v[1].tobytes() for v in steps}
             out = sorted([v for v in out if v[1].tobytes() not in keys] + steps,
                          key=lambda v: v[0])
@@ -365,11 +365,13 @@ class _Learned(Strategy):
     def __init__(self, *, checkpoint=None, samples: int = 16, batch: int = 4,
                  refine: int = 0, max_units: int = 96, temperature: float = 1.0,
                  finetune: float = 0.0, finetune_steps: int | None = None,
-                 baselines: bool = True, polish: int = 0, polish_limit: int = 48, **base):
+                 baselines: bool = True, polish: int = 0, polish_limit: int = 48,
+                 polish_keep: int = 3, **base):
         super().__init__(**base)
         for label, value, low in (("samples", samples, 0), ("batch", batch, 1),
                                   ("max_units", max_units, 1), ("polish", polish, 0),
-                                  ("polish_limit", polish_limit, 1)):
+                                  ("polish_limit", polish_limit, 1),
+                                  ("polish_keep", polish_keep, 1)):
             if int(value) != value or value < low:
                 raise StrategyError(f"{label} must be a whole number >= {low}, got {value!r}",
                                     field=label)
@@ -385,6 +387,7 @@ class _Learned(Strategy):
         self.finetune, self.finetune_steps = float(finetune), finetune_steps
         self.baselines = bool(baselines)
         self.polish, self.polish_limit = int(polish), int(polish_limit)
+        self.polish_keep = int(polish_keep)
 
     def _candidates(self, problem, cost_model, budget, seed, keep) -> list[Candidate]:
         """The ``keep`` best distinct :class:`Candidate` s, best first."""
@@ -404,7 +407,8 @@ class _Learned(Strategy):
                              microbatches=self.microbatch_choices(problem)
                              if self.microbatches is not None else None,
                              schedules=schedules, keep=keep, baselines=self.baselines,
-                             polish=self.polish, polish_limit=self.polish_limit)
+                             polish=self.polish, polish_limit=self.polish_limit,
+                             polish_keep=self.polish_keep)
 
     def _plans(self, problem, cost_model, budget, seed, keep):
         """``[(search objective, Plan)]``, the ``keep`` best distinct, best first."""
@@ -424,7 +428,9 @@ class RL(_Learned):
     steepest descent over evolution's memetic neighbourhood from the
     policy's own best plan, when it spans several devices and is within
     :data:`POLISH_GAP` of the best plan; every improving step is an extra
-    finalist; 0: none) and ``polish_limit`` (48 neighbours a round),
+    finalist; 0: none), ``polish_limit`` (48 neighbours a round) and
+    ``polish_keep`` (how many of the descent's last steps join the
+    finalists, 3),
     ``max_units`` (decision units; larger graphs are cut into runs; the
     shipped policy was trained with 96), ``temperature``, ``baselines``
     (also score the simple reference plans and evolution's layouts, default

@@ -426,10 +426,13 @@ def test_policy_plans_polish_adds_finalists_from_the_policy_best(monkeypatch):
     problem = Problem(datasets.graph("layered-n30-w4-s0"), datasets.cluster("hetero-lab"))
     cost = get_cost_model("analytical")
 
-    def plans(polish):
+    def plans(polish, **kw):
         return strategies.policy_plans(tiny_policy(4), problem, cost, Budget(), samples=4,
-                                       max_units=48, keep=2, baselines=False, polish=polish)
+                                       max_units=48, keep=2, baselines=False, polish=polish,
+                                       **kw)
     plain, polished = plans(0), plans(3)
+    last = plans(3, polish_keep=1)      # only the descent's last step joins
+    assert len(last) == 3 and last[0].assign.tolist() == polished[0].assign.tolist()
     assert len(plain) == 2 and all(c.source == "policy" for c in plain)
     steps = [c for c in polished if c.source == "polished"]
     assert steps and 2 < len(polished) <= 2 + 3
