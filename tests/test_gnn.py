@@ -387,3 +387,57 @@ def test_times_at_one_call_matches_one_call_per_count():
                 for sc in ("1f1b", "gpipe") for c in (1, 2, 4)]
         j = int(np.argmin(each))
         assert t[i] == each[j] and (m[i], s[i]) == ((1, 2, 4)[j % 3], j // 3)
+
+
+def test_polish_steps_improve_and_are_scored_right():
+    """Each step of the descent improves on the one before by the search
+    model (best returned first), is re-scored to the same figure, keeps
+    colocation, and the descent stays within an evaluation budget."""
+    from placer.search import Budget
+    from gnn.problems import times_at
+    from gnn.strategies import _polish, _space
+    problem = Problem(datasets.graph("layered-n30-w4-s0"), datasets.cluster("hetero-lab"))
+    cost = get_cost_model("analytical")
+    space = _space(problem, [1, 2, 4], ("1f1b",))
+    if space is None:
+        pytest.skip("evolution not installed")
+    row = space.repair(np.random.default_rng(3).integers(0, 3, problem.n_ops))
+    start = (float(times_at(cost, problem, row[None], [2])[0]), row, 2, "1f1b", "policy")
+    steps = _polish(space, cost, problem, Budget(), start, np.random.default_rng(0), 4)
+    assert steps, "a random three-device plan should be improvable"
+    values = [s[0] for s in steps]
+    assert values == sorted(values) and values[-1] < start[0]
+    assert len({s[1].tobytes() for s in steps}) == len(steps)
+    for t, assign, m, sched, source in steps:
+        assert source == "polished" and sched == "1f1b"
+        assert np.array_equal(space.repair(assign), assign)
+        assert t == pytest.approx(float(times_at(cost, problem, assign[None], [m])[0]))
+    budget = Budget(evaluations=10)
+    _polish(space, budget.meter(cost), problem, budget, start, np.random.default_rng(0), 4)
+    assert 0 < budget.used <= 9        # one kept for the caller's report
+
+
+def test_policy_plans_polish_adds_finalists_from_the_policy_best(monkeypatch):
+    """The polish starts from the policy's own best plan: its steps join the
+    ``keep`` best (so the final model sees them) and never make the best
+    worse; a start further than POLISH_GAP behind the best is skipped."""
+    from placer.search import Budget
+    import gnn.strategies as strategies
+    problem = Problem(datasets.graph("layered-n30-w4-s0"), datasets.cluster("hetero-lab"))
+    cost = get_cost_model("analytical")
+
+    def plans(polish, **kw):
+        return strategies.policy_plans(tiny_policy(4), problem, cost, Budget(), samples=4,
+                                       max_units=48, keep=2, baselines=False, polish=polish,
+                                       **kw)
+    plain, polished = plans(0), plans(3)
+    last = plans(3, polish_keep=1)      # only the descent's last step joins
+    assert len(last) == 3 and last[0].assign.tolist() == polished[0].assign.tolist()
+    assert len(plain) == 2 and all(c.source == "policy" for c in plain)
+    steps = [c for c in polished if c.source == "polished"]
+    assert steps and 2 < len(polished) <= 2 + 3
+    assert polished[0].objective < plain[0].objective
+    assert [c.objective for c in polished] == sorted(c.objective for c in polished)
+    assert [c.assign.tolist() for c in plans(3)] == [c.assign.tolist() for c in polished]
+    monkeypatch.setattr(strategies, "POLISH_GAP", 0.5)
+    assert [c.source for c in plans(3)] == [c.source for c in plain]

@@ -10,7 +10,7 @@ training) it runs, per graph x cluster case, through :func:`placer.optimize`
   refinement rounds, without the baseline plans (the policy alone);
 - ``zero-shot``: ``rl`` as shipped (the above plus the simple baseline plans
   as candidates and refinement from the best), no fine-tuning; its plan's
-  ``source`` says which won (policy, refined or baseline);
+  ``source`` says which won (policy, refined, polished or baseline);
 - ``fine-tuned``: ``rl`` after ``finetune`` seconds of REINFORCE on the case;
 - ``evolution`` and ``hybrid`` (policy plans seed evolution's population)
   at the same ``time_budget``.
@@ -118,10 +118,10 @@ def bench_learned(graphs: Sequence[str] | None = None, clusters: Sequence[str] |
                    "devices": len(cluster)}
             # zero-shot planning is not bounded by the time budget: it is its own figure
             row["greedy"] = _run(graph, cluster, "rl", seed, None, samples=0, refine=0,
-                                 baselines=False, final=None,
+                                 baselines=False, final=None, polish=0,
                                  checkpoint=learned["checkpoint"])
             row["policy"] = _run(graph, cluster, "rl", seed, None, baselines=False,
-                                 **learned)
+                                 polish=0, **learned)
             row["zero_shot"] = _run(graph, cluster, "rl", seed, None, **learned)
             row["fine_tuned"] = _run(graph, cluster, "rl", seed, None, finetune=finetune,
                                      **learned)
@@ -201,7 +201,7 @@ def _summary(rows) -> dict:
         "policy_vs_evolution_gmean": gmean([r["policy_vs_evolution"] for r in rows]),
         "policy_within_10pct": int(sum(r["policy_vs_evolution"] <= 1.10 for r in rows)),
         "zero_shot_sources": {k: sum(r["zero_shot"].get("source") == k for r in rows)
-                              for k in ("policy", "refined", "baseline")},
+                              for k in ("policy", "refined", "polished", "baseline")},
         "greedy_vs_evolution_gmean": gmean([r["greedy_vs_evolution"] for r in rows]),
         "greedy_within_10pct": int(sum(r["greedy_vs_evolution"] <= 1.10 for r in rows)),
         "greedy_planning_speedup_gmean": gmean([r["greedy_planning_speedup"] for r in rows]),
