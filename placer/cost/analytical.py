@@ -433,17 +433,17 @@ def _links(p: Problem, B: int, speed: np.ndarray, per_mb: np.ndarray, k_single, 
     D = p.n_devices
     DD = D * D
     if B * DD <= 1 << 18:
-        # few cells: sum densely, keep the loaded ones (sorted by construction)
-        dense = np.bincount(k_single, w_single, minlength=B * DD)
-        if len(k_dp):
-            dense = dense + np.bincount(k_dp, w_dp, minlength=B * DD)
-        keys = np.flatnonzero(dense)
-        load = dense[keys]
-    else:
-        keys, inv = _unique(np.r_[k_single, k_dp], inverse=True)
-        load = np.bincount(inv[:len(k_single)], w_single, minlength=len(keys))
-        if len(k_dp):
-            load = load + np.bincount(inv[len(k_single):], w_dp, minlength=len(keys))
+        # few cells: sum densely and read the loaded ones in one compiled pass
+        from .analytical_loops import links_dense
+        row, link, load, top, arg, both_max, out, inn, recv = links_dense(
+            B, D, k_single, w_single, k_dp, w_dp, per_mb, speed.ravel(),
+            p.nic_bandwidth.astype(float))
+        return {"row": row, "link": link, "bytes": load, "max": top, "arg": arg,
+                "both_max": both_max, "out": out, "in": inn, "recv": recv}
+    keys, inv = _unique(np.r_[k_single, k_dp], inverse=True)
+    load = np.bincount(inv[:len(k_single)], w_single, minlength=len(keys))
+    if len(k_dp):
+        load = load + np.bincount(inv[len(k_single):], w_dp, minlength=len(keys))
     row, link = np.divmod(keys, DD)
     a, z = np.divmod(link, D)
     lmb = load * per_mb[row]

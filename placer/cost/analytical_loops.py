@@ -1,10 +1,11 @@
-"""The analytical model's two sequential passes, compiled with numba.
+"""The analytical model's sequential passes, compiled with numba.
 
-Both walk each plan's group switches or runs in order, which NumPy can only
+Two walk each plan's group switches or runs in order, which NumPy can only
 do one position at a time across the batch (a Python loop of small array
-operations); compiled, each is one pass. Results are the same as the
-vectorised versions they replace, bit for bit: the passes take maxima and
-add each term once, in the same order.
+operations); the third reads the per-link loads in one pass instead of a
+dozen array operations. Results are the same as the vectorised versions
+they replace, bit for bit: the passes take maxima and add each term in the
+same order.
 """
 
 from __future__ import annotations
@@ -100,3 +101,76 @@ def run_paths(row_first, runs, run_group, run_w, r_src, r_dst, cost_e, inflow, l
         for r in range(first, first + runs[b]):
             last[run_group[r]] = -1
     return h, ready
+
+
+@njit(cache=True)
+def links_dense(B, D, k_single, w_single, k_dp, w_dp, per_mb, speed, nic):
+    """Per (plan, link) loads summed densely, then the loaded cells in key
+    order (see :func:`placer.cost.analytical._links`, whose outputs these
+    are, in the same order of additions): row, link and bytes of each loaded
+    link; per plan the busiest link's time per microbatch and the first link
+    at it, the same with a pair's two directions added; each device's
+    interface time out and in and the bytes it receives."""
+    DD = D * D
+    cells = B * DD
+    dense = np.zeros(cells)
+    for i in range(len(k_single)):
+        dense[k_single[i]] += w_single[i]
+    if len(k_dp):
+        extra = np.zeros(cells)
+        for i in range(len(k_dp)):
+            extra[k_dp[i]] += w_dp[i]
+        for c in range(cells):
+            dense[c] = dense[c] + extra[c]
+    count = 0
+    for c in range(cells):
+        if dense[c] != 0.0:
+            count += 1
+    row = np.empty(count, np.int64)
+    link = np.empty(count, np.int64)
+    load = np.empty(count)
+    top = np.zeros(B)
+    arg = np.zeros(B, np.int64)
+    both_max = np.zeros(B)
+    out = np.zeros((B, D))
+    inn = np.zeros((B, D))
+    recv = np.zeros((B, D))
+    j = 0
+    for c in range(cells):
+        if dense[c] == 0.0:
+            continue
+        r = c // DD
+        lk = c - r * DD
+        a = lk // D
+        z = lk - a * D
+        row[j] = r
+        link[j] = lk
+        load[j] = dense[c]
+        lmb = dense[c] * per_mb[r]
+        t = lmb / speed[lk]
+        if t > top[r]:
+            top[r] = t
+        back = 0.0
+        rev = r * DD + z * D + a
+        if dense[rev] != 0.0:
+            back = dense[rev] * per_mb[r]
+        slow = speed[lk] if speed[lk] < speed[z * D + a] else speed[z * D + a]
+        both = (lmb + back) / slow
+        if both > both_max[r]:
+            both_max[r] = both
+        out[r, a] += lmb
+        inn[r, z] += lmb
+        recv[r, z] += dense[c]
+        j += 1
+    # the busiest link of a plan: the first (lowest index) at its maximum
+    done = np.zeros(B, np.bool_)
+    for j in range(count):
+        r = row[j]
+        if not done[r] and load[j] * per_mb[r] / speed[link[j]] == top[r]:
+            arg[r] = link[j]
+            done[r] = True
+    for r in range(B):
+        for d in range(D):
+            out[r, d] = out[r, d] / nic[d]
+            inn[r, d] = inn[r, d] / nic[d]
+    return row, link, load, top, arg, both_max, out, inn, recv
