@@ -259,7 +259,7 @@ class DTFM(Strategy):
                  polish_rounds: int = 8, final: str | None = "simulator", restarts: int = 4,
                  polish_top: int = 3, seed_share: float = 0.3, final_share: float = 0.15,
                  uniform: bool = False, order_slack: float = 0.1, cut_window: float = 0.15,
-                 **common):
+                 polish_share: float = 0.2, **common):
         super().__init__(**common)
         self.final_share = float(final_share)
         self.seed_share = float(seed_share)
@@ -278,6 +278,7 @@ class DTFM(Strategy):
         self.uniform = bool(uniform)
         self.order_slack = float(order_slack)
         self.cut_window = float(cut_window)
+        self.polish_share = float(polish_share)
         self.population = int(population)
         self.tournament = int(tournament)
         self.cx = float(crossover)
@@ -456,8 +457,10 @@ class DTFM(Strategy):
         best = pop[0].fitness.values[0]
         stale = gen = restarts = 0
         timed = budget.time is not None and budget.evaluations is None
+        # under a time budget the GA leaves time to polish its finalists
+        keep = self.polish_share * budget.remaining_time if timed else 0.0
         self._emit(progress, budget, best, gen, bar)
-        while not budget.exhausted():
+        while not budget.exhausted() and (not timed or budget.remaining_time > keep):
             gen += 1
             if self.generations is not None and gen > self.generations:
                 break
