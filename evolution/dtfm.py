@@ -50,6 +50,13 @@ if TYPE_CHECKING:
     from placer.cost import CostModel, Problem
 
 
+#: dtfm screens with the simulator when this many of its estimates fit in the
+#: time left: its structured space needs fewer than evolution's op-level one,
+#: and on the hetero suite even a few hundred simulator-scored partitions beat
+#: thousands scored analytically
+EXACT_SCREEN_EVALS = 400
+
+
 class Scheduler:
     """The bi-level cost pieces of one problem: data-parallel cost of a group
     and the pipeline path over groups."""
@@ -323,7 +330,7 @@ class DTFM(Strategy):
             rival_values = [ranker.estimate(problem, plan).objective for plan in rivals]
             if self.screen == "auto":
                 screen = screen_exactly(inner, evaluate, screen, inner_rivals[:3], budget,
-                                        self.final)
+                                        self.final, evals=EXACT_SCREEN_EVALS, repeats=3)
 
             def score(parts: list[Partition]) -> np.ndarray:
                 for x in parts:

@@ -716,13 +716,16 @@ class reserve:
 
 
 def screen_exactly(problem: "Problem", evaluate: Evaluator, screen, plans: list[Plan],
-                   budget: Budget, final: str | None):
+                   budget: Budget, final: str | None, evals: int | None = None,
+                   repeats: int = 1):
     """With a time budget only (an evaluation budget asks for a result that
     does not depend on the machine's speed) and the simulator as the final
     model, screen with the simulator itself when it is cheap enough here: it
     is timed on ``plans`` and taken when :data:`EXACT_SCREEN_EVALS` of its
-    estimates fit in the time left (``evaluate`` then scores with it, its
-    cache cleared). Small graphs (module level) then search on the figures
+    estimates fit in the time left (``evals`` of them if given; each plan
+    timed as the fastest of ``repeats`` runs, so a first run's warm-up or a
+    hiccup of a loaded machine does not decide; ``evaluate`` then scores
+    with it, its cache cleared). Small graphs (module level) then search on the figures
     they are ranked by, and the analytical model's disagreements stop
     steering them. Returns the screening model."""
     if (budget.time is None or budget.evaluations is not None or final != "simulator"
@@ -731,10 +734,13 @@ def screen_exactly(problem: "Problem", evaluate: Evaluator, screen, plans: list[
     exact = get_cost_model("simulator")
     slowest = 0.0
     for plan in plans:
-        start = _time.perf_counter()
-        exact.estimate(problem, plan)
-        slowest = max(slowest, _time.perf_counter() - start)
-    if slowest * EXACT_SCREEN_EVALS > budget.remaining_time:
+        took = []
+        for _ in range(max(1, int(repeats))):
+            start = _time.perf_counter()
+            exact.estimate(problem, plan)
+            took.append(_time.perf_counter() - start)
+        slowest = max(slowest, min(took))
+    if slowest * (EXACT_SCREEN_EVALS if evals is None else evals) > budget.remaining_time:
         return screen
     evaluate.model = budget.meter(exact)
     evaluate.cache.clear()

@@ -157,10 +157,10 @@ def test_settle_keeps_near_optimal_orders_only():
 
 def test_dtfm_screens_with_the_simulator_when_it_fits_the_time(monkeypatch):
     import placer
-    import evolution.search as es
+    import evolution.dtfm as ed
     g = placer.datasets.graph("gpt-125m.module")
     c = placer.Cluster.preset("two-sites")
-    monkeypatch.setattr(es, "EXACT_SCREEN_EVALS", 1)
+    monkeypatch.setattr(ed, "EXACT_SCREEN_EVALS", 1)
     assert placer.optimize(g, c, "dtfm", seed=0, time_budget=2).extra["dtfm"]["screen"] \
         == "simulator"
     counted = placer.optimize(g, c, "dtfm", seed=0, time_budget=None, evaluations=200)
