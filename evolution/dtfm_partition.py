@@ -251,16 +251,30 @@ def mutate(space: "Space", x: Partition, rng, shapes, max_groups: int,
 
 
 def transplant(a: Partition, b: Partition, rng, max_groups: int) -> Partition:
-    """Crossover: one of ``b``'s groups moves whole into ``a`` (its devices
-    leave their groups in ``a``; groups left empty vanish)."""
+    """Crossover: one of ``b``'s groups moves whole into ``a``. Into a group
+    of ``a`` of the same size when there is one (the displaced devices take
+    the incoming ones' places, so every size is kept); else its devices
+    leave their groups in ``a`` (groups left empty vanish) and it is put
+    in at a random place."""
     src = b.groups()
     g = src[int(rng.integers(len(src)))]
-    groups = [[d for d in h if d not in g] for h in a.groups()]
-    groups = [h for h in groups if h]
-    t = int(rng.integers(len(groups) + 1))
-    groups.insert(t, list(g))
-    if len(groups) <= max_groups:
-        a.set_groups(groups)
+    same = [t for t, k in enumerate(a.sizes) if k == len(g)]
+    if same:
+        t = same[int(rng.integers(len(same)))]
+        lo = int(sum(a.sizes[:t]))
+        pos = {int(d): i for i, d in enumerate(a.perm.tolist())}
+        for k, d in enumerate(g):
+            i, j = pos[d], lo + k
+            if i != j:
+                x, y = int(a.perm[i]), int(a.perm[j])
+                a.perm[i], a.perm[j] = y, x
+                pos[x], pos[y] = j, i
+    else:
+        groups = [[d for d in h if d not in g] for h in a.groups()]
+        groups = [h for h in groups if h]
+        groups.insert(int(rng.integers(len(groups) + 1)), list(g))
+        if len(groups) <= max_groups:
+            a.set_groups(groups)
     if rng.random() < 0.5:
         a.microbatches, a.schedule = b.microbatches, b.schedule
     a.origin = "dtfm"

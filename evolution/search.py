@@ -732,16 +732,19 @@ def screen_exactly(problem: "Problem", evaluate: Evaluator, screen, plans: list[
             or getattr(screen, "name", None) == "simulator" or not plans):
         return screen
     exact = get_cost_model("simulator")
+    evals = EXACT_SCREEN_EVALS if evals is None else evals
     slowest = 0.0
     for plan in plans:
-        took = []
+        took = np.inf
         for _ in range(max(1, int(repeats))):
             start = _time.perf_counter()
             exact.estimate(problem, plan)
-            took.append(_time.perf_counter() - start)
-        slowest = max(slowest, min(took))
-    if slowest * (EXACT_SCREEN_EVALS if evals is None else evals) > budget.remaining_time:
-        return screen
+            took = min(took, _time.perf_counter() - start)
+            if took * evals <= budget.remaining_time:
+                break
+        slowest = max(slowest, took)
+        if slowest * evals > budget.remaining_time:
+            return screen
     evaluate.model = budget.meter(exact)
     evaluate.cache.clear()
     return exact
