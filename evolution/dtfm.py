@@ -378,7 +378,8 @@ class DTFM(Strategy):
                 x.chunks += v
                 if x.chunks <= MAX_CHUNKS and x.chunks * x.pp <= space.n_ops:
                     more.append(x)
-            if more and not budget.exhausted():
+            more = more if more and not budget.exhausted() else []
+            if more:
                 score(more)
             polish = _unique(pop[:1] + more + pop[1:self.polish_top])
             rest = [x for x in pop[:self.final_k] if x.key() not in {y.key() for y in polish}]
@@ -649,5 +650,5 @@ def scale_batch(graph, factor: float, name: str | None = None):
 
 register_strategy(DTFM)
 
-__all__ = ["DTFM", "Partition", "partition_of", "Scheduler", "even_allocation", "scale_batch", "shapes_for",
-           "tsp_path"]
+__all__ = ["DTFM", "Partition", "Scheduler", "crossing_bytes", "cut_near", "even_allocation",
+           "partition_of", "scale_batch", "shapes_for", "tsp_path"]
