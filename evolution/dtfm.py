@@ -2,26 +2,39 @@
 "Decentralized Training of Foundation Models in Heterogeneous Environments"
 (NeurIPS 2022).
 
-The model is split into ``D_pp`` pipeline stages, each replicated on
-``D_dp`` devices (data parallelism). The scheduler decides
+The model is split into ``D_pp`` pipeline stages, each replicated on a
+data-parallel group of devices. The scheduler decides
 
-1. a balanced *partition* of the devices into ``D_pp`` data-parallel groups
-   of ``D_dp`` (each group all-reduces one stage's gradients, so groups
-   joined by fast links are cheap), and
+1. a *partition* of the devices into ``D_pp`` data-parallel groups (each
+   group all-reduces one stage's gradients, so groups joined by fast links
+   are cheap), and
 2. the *pipeline order* of the groups: an open-loop travelling-salesman
    path over the groups whose edge cost is the time to send a stage's
-   activations between them (each replica talks to its counterpart, so the
-   slowest pair of links counts),
+   activations between them (each replica sends its slice of the batch to
+   the replicas that need it; the slowest pair of links counts),
 
-and searches (1) with a genetic algorithm (topology-aware swaps of devices
-between groups, a crossover that transplants whole groups, a local search
-of swaps) while (2) is solved exactly (Held-Karp) for up to 9 groups and
-by nearest neighbour + 2-opt beyond. Unlike the paper's closed-form cost
-the fitness is the screening cost model's step time of the resulting plan
-(layers split in proportion to each group's speed), and the shape
-(``D_pp``, ``D_dp``), the number of microbatches and the schedule are genes
-too. The even, Megatron-style allocation (devices in rank order) is kept
-as a reference in the plan's ``extra["dtfm"]``.
+and searches (1) with a genetic algorithm (:mod:`evolution.dtfm_partition`:
+topology-aware swaps of devices between groups, a crossover that
+transplants whole groups, a local search of swaps) while (2) is solved
+exactly (Held-Karp) for up to 9 groups and by nearest neighbour + 2-opt
+beyond. Unlike the paper's closed-form cost the fitness is the screening
+cost model's step time of the resulting plan (layers split in proportion to
+each group's speed, each cut moved to the point nearby where the fewest
+bytes cross), and the shape, the number of microbatches and the schedule
+are genes too.
+
+Extensions for heterogeneous clusters, each kept because it measured
+better on the hetero bench (``docs/BENCHMARKS.md``): groups may differ in
+size and slow devices may stay unused (the paper's ``D_pp x D_dp`` equal
+replicas are the special case, ``uniform=True``; unequal groups are used
+only when the screening model is the final one, since the analytical model
+misprices transfers between groups of unequal size); among pipeline orders
+of equal (cheapest) link cost, which flat networks produce by the dozen and
+whose step times differ by up to 30%, the GA chooses (group moves in the
+order are a mutation); and the pipeline may pass its groups several times
+(``chunks``: interleaved virtual stages, as in Megatron-LM). The even,
+Megatron-style allocation (devices in rank order) is kept as a reference
+in the plan's ``extra["dtfm"]``.
 """
 
 from __future__ import annotations
@@ -245,15 +258,20 @@ class DTFM(Strategy):
     Options: ``shapes`` (list of ``(D_pp, D_dp)`` seeding the GA; None:
     :func:`shapes_for`), ``uniform`` (False: groups may differ in size and
     devices may stay unused; True: only the paper's ``D_pp x D_dp``
-    shapes), ``order_slack`` (0.1: a pipeline order is kept when its link
+    shapes), ``order_slack`` (0: a pipeline order is kept when its link
     cost is within this fraction of the cheapest TSP path, see
-    :meth:`Scheduler.settle`), ``population`` (32), ``tournament`` (3),
+    :meth:`Scheduler.settle`), ``cut_window`` (0.15: a stage cut may move
+    by this fraction of the smaller neighbouring stage's work to where the
+    fewest bytes cross; 0: cuts by speed alone), ``population`` (32), ``tournament`` (3),
     ``crossover`` (0.7), ``patience`` (30 generations), ``restarts`` (4:
     after ``patience`` stale generations, while budget is left, keep the
     best quarter and refill with partitions three mutations away; under a
     time budget alone the search restarts while time is left),
     ``generations`` (cap), ``polish_top`` (3 best distinct partitions
-    polished), ``local_every`` (5), ``screen`` (``"auto"``: as in evolution),
+    polished, and the best with one and two more chunks), ``polish_share``
+    (0.2: under a time budget the GA stops with this share of its time left
+    for that polish), ``final_k`` (6 best distinct partitions ranked by
+    ``final`` when the screening model is another), ``local_every`` (5), ``screen`` (``"auto"``: as in evolution),
     ``coarsen_above`` (1500) / ``coarsen_to`` (400), ``progress_bar``,
     ``seeds`` (heuristics whose plans compete in the final ranking, so the
     result is never worse than them, and whose groupings seed the GA:
