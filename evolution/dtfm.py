@@ -67,7 +67,7 @@ if TYPE_CHECKING:
 #: time left: its structured space needs fewer than evolution's op-level one,
 #: and on the hetero suite even a few hundred simulator-scored partitions beat
 #: thousands scored analytically
-EXACT_SCREEN_EVALS = 400
+EXACT_SCREEN_EVALS = 250
 
 
 class Scheduler:
