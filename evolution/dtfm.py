@@ -132,7 +132,8 @@ class Scheduler:
         return list(self._path(groups, m)[1])
 
     def _path(self, groups: list[tuple], m: int):
-        """(cost matrix over ``sorted(groups)``, TSP path over ``groups``, its cost)."""
+        """(cost matrix over ``sorted(groups)``, the cheapest path as indices
+        into ``groups``, its cost, each of ``groups``' row in the matrix)."""
         key = (tuple(sorted(groups)), m)
         hit = self._paths.get(key)
         if hit is None:
