@@ -2,33 +2,44 @@
 "Decentralized Training of Foundation Models in Heterogeneous Environments"
 (NeurIPS 2022).
 
-The model is split into ``D_pp`` pipeline stages, each replicated on
-``D_dp`` devices (data parallelism). The scheduler decides
+The model is split into ``D_pp`` pipeline stages, each replicated on a
+data-parallel group of devices. The scheduler decides
 
-1. a balanced *partition* of the devices into ``D_pp`` data-parallel groups
-   of ``D_dp`` (each group all-reduces one stage's gradients, so groups
-   joined by fast links are cheap), and
+1. a *partition* of the devices into ``D_pp`` data-parallel groups (each
+   group all-reduces one stage's gradients, so groups joined by fast links
+   are cheap), and
 2. the *pipeline order* of the groups: an open-loop travelling-salesman
    path over the groups whose edge cost is the time to send a stage's
-   activations between them (each replica talks to its counterpart, so the
-   slowest pair of links counts),
+   activations between them (each replica sends its slice of the batch to
+   the replicas that need it; the slowest pair of links counts),
 
-and searches (1) with a genetic algorithm (topology-aware swaps of devices
-between groups, a crossover that transplants whole groups, a local search
-of swaps) while (2) is solved exactly (Held-Karp) for up to 9 groups and
-by nearest neighbour + 2-opt beyond. Unlike the paper's closed-form cost
-the fitness is the screening cost model's step time of the resulting plan
-(layers split in proportion to each group's speed), and the shape
-(``D_pp``, ``D_dp``), the number of microbatches and the schedule are genes
-too. The even, Megatron-style allocation (devices in rank order) is kept
-as a reference in the plan's ``extra["dtfm"]``.
+and searches (1) with a genetic algorithm (:mod:`evolution.dtfm_partition`:
+topology-aware swaps of devices between groups, a crossover that
+transplants whole groups, a local search of swaps) while (2) is solved
+exactly (Held-Karp) for up to 9 groups and by nearest neighbour + 2-opt
+beyond. Unlike the paper's closed-form cost the fitness is the screening
+cost model's step time of the resulting plan (layers split in proportion to
+each group's speed, each cut moved to the point nearby where the fewest
+bytes cross), and the shape, the number of microbatches and the schedule
+are genes too.
+
+Extensions for heterogeneous clusters, each kept because it measured
+better on the hetero bench (``docs/BENCHMARKS.md``): groups may differ in
+size and slow devices may stay unused (the paper's ``D_pp x D_dp`` equal
+replicas are the special case, ``uniform=True``; unequal groups are used
+only when the screening model is the final one, since the analytical model
+misprices transfers between groups of unequal size); among pipeline orders
+of equal (cheapest) link cost, which flat networks produce by the dozen and
+whose step times differ by up to 30%, the GA chooses (group moves in the
+order are a mutation); and the pipeline may pass its groups several times
+(``chunks``: interleaved virtual stages, as in Megatron-LM). The even,
+Megatron-style allocation (devices in rank order) is kept as a reference
+in the plan's ``extra["dtfm"]``.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -40,6 +51,8 @@ from placer.plan import Plan
 from placer.search.base import (Budget, Progress, Strategy, get_strategy,
                                 register_strategy)
 
+from .dtfm_partition import (MAX_CHUNKS, Partition, by_model, islands, mutate, neighbours,
+                             partition_of, transplant)
 from .evaluate import Evaluator
 from .genome import LayoutGenome, OpGenome, Space
 from .memetic import local_search
@@ -50,38 +63,20 @@ if TYPE_CHECKING:
     from placer.cost import CostModel, Problem
 
 
-@dataclass
-class Partition:
-    """A device permutation read as ``pp`` groups of ``dp`` consecutive
-    devices (devices past ``pp * dp`` are unused), plus microbatches and
-    schedule."""
-
-    perm: np.ndarray
-    pp: int
-    dp: int
-    microbatches: int = 1
-    schedule: str = "1f1b"
-    origin: str = ""
-    fitness: object = field(default=None, repr=False, compare=False)
-
-    def copy(self) -> "Partition":
-        return Partition(self.perm.copy(), self.pp, self.dp, self.microbatches, self.schedule,
-                         self.origin)
-
-    def groups(self) -> list[tuple]:
-        return [tuple(sorted(int(d) for d in self.perm[s * self.dp:(s + 1) * self.dp]))
-                for s in range(self.pp)]
-
-    def key(self) -> tuple:
-        return (tuple(sorted(self.groups())), self.microbatches, self.schedule)
+#: dtfm screens with the simulator when this many of its estimates fit in the
+#: time left: its structured space needs fewer than evolution's op-level one,
+#: and on the hetero suite even a few hundred simulator-scored partitions beat
+#: thousands scored analytically
+EXACT_SCREEN_EVALS = 250
 
 
 class Scheduler:
     """The bi-level cost pieces of one problem: data-parallel cost of a group
     and the pipeline path over groups."""
 
-    def __init__(self, space: Space):
+    def __init__(self, space: Space, slack: float = 0.0):
         self.space = space
+        self.slack = float(slack)
         p = space.problem
         self.p = p
         speed = np.minimum(p.bandwidth, np.minimum(p.nic_bandwidth[:, None],
@@ -91,16 +86,35 @@ class Scheduler:
         # bytes crossing a stage boundary: the largest tensor of the graph
         self.act = float(p.edge_bytes.max()) if p.n_edges else float(p.output_bytes.max())
         self.phases = 2.0 if p.training else 1.0
+        self._paths: dict = {}
+        self._links: dict = {}
+        self._shares: dict = {}
 
-    def link_cost(self, a: tuple, b: tuple, dp: int, m: int) -> float:
+    def link_cost(self, a: tuple, b: tuple, m: int) -> float:
         """Seconds to move one step's activations (and gradients) from group
-        ``a`` to ``b``: the i-th replicas (by device index, like the cost
-        model) pair up; the slowest pair counts."""
-        nbytes = self.act / max(dp, 1)
-        worst = 0.0
-        for x, y in zip(a, b):
-            worst = max(worst, m * self.p.latency[x, y] + nbytes * self.inv_bw[x, y])
-        return self.phases * worst
+        ``a`` to ``b``: replica i of ``a`` holds the i-th slice of the batch
+        and sends the part of it that replica j of ``b`` needs (by device
+        index, like the cost model); the slowest pair counts."""
+        key = (a, b, m)
+        hit = self._links.get(key)
+        if hit is None:
+            share = self._share(len(a), len(b))
+            ia, ib = np.asarray(a), np.asarray(b)
+            t = m * self.p.latency[np.ix_(ia, ib)] + share * self.act * self.inv_bw[np.ix_(ia, ib)]
+            t = np.where((share > 1e-12) & (ia[:, None] != ib[None, :]), t, 0.0)
+            hit = self._links[key] = self.phases * float(t.max())
+        return hit
+
+    def _share(self, p: int, q: int) -> np.ndarray:
+        """(p, q) fractions of the batch replica i of a p-group sends to
+        replica j of a q-group."""
+        hit = self._shares.get((p, q))
+        if hit is None:
+            i = np.arange(p)[:, None]
+            j = np.arange(q)[None, :]
+            hit = np.minimum((i + 1) / p, (j + 1) / q) - np.maximum(i / p, j / q)
+            hit = self._shares[(p, q)] = np.maximum(hit, 0.0)
+        return hit
 
     def dp_cost(self, group: tuple, nbytes: float) -> float:
         """Ring all-reduce of ``nbytes`` over the group, in the group's order."""
@@ -113,15 +127,42 @@ class Scheduler:
             worst = max(worst, self.p.latency[x, y] + nbytes / k * self.inv_bw[x, y])
         return 2 * (k - 1) * worst
 
-    def order(self, groups: list[tuple], dp: int, m: int) -> list[int]:
+    def order(self, groups: list[tuple], m: int) -> list[int]:
         """The pipeline order of ``groups``: an open TSP path."""
-        S = len(groups)
-        if S <= 2:
-            return list(range(S))
-        C = np.array([[self.link_cost(a, b, dp, m) if a != b else 0.0 for b in groups]
-                      for a in groups])
-        C = np.maximum(C, C.T)
-        return tsp_path(C)
+        return list(self._path(groups, m)[1])
+
+    def _path(self, groups: list[tuple], m: int):
+        """(cost matrix over ``sorted(groups)``, the cheapest path as indices
+        into ``groups``, its cost, each of ``groups``' row in the matrix)."""
+        key = (tuple(sorted(groups)), m)
+        hit = self._paths.get(key)
+        if hit is None:
+            nodes = key[0]
+            C = np.array([[self.link_cost(a, b, m) if a != b else 0.0 for b in nodes]
+                          for a in nodes])
+            C = np.maximum(C, C.T)
+            path = tsp_path(C) if len(nodes) > 2 else list(range(len(nodes)))
+            cost = sum(C[path[k], path[k + 1]] for k in range(len(path) - 1))
+            hit = self._paths[key] = (C, nodes, path, cost)
+        C, nodes, path, cost = hit
+        where = {g: i for i, g in enumerate(nodes)}
+        back = [groups.index(nodes[i]) for i in path]
+        return C, back, cost, [where[g] for g in groups]
+
+    def settle(self, x: Partition, slack: float | None = None) -> Partition:
+        """Put ``x``'s groups in a TSP pipeline order: its own order when that
+        costs at most ``1 + slack`` times the cheapest path (the GA then
+        chooses among near-optimal paths, which the link costs alone cannot
+        rank: on flat networks many orders tie), else the cheapest path."""
+        groups = x.groups()
+        if len(groups) <= 2:
+            return x
+        C, path, best, idx = self._path(groups, x.microbatches)
+        cost = sum(C[idx[k], idx[k + 1]] for k in range(len(idx) - 1))
+        slack = self.slack if slack is None else slack
+        if cost > best * (1 + slack) + 1e-15:
+            x.set_groups([groups[i] for i in path])
+        return x
 
 
 def tsp_path(C: np.ndarray) -> list[int]:
@@ -215,23 +256,33 @@ def shapes_for(D: int, n_ops: int) -> list[tuple[int, int]]:
 class DTFM(Strategy):
     """Bi-level scheduler of Yuan et al. 2022 (see the module doc).
 
-    Options: ``shapes`` (list of ``(D_pp, D_dp)``; None: every factorisation
-    of the device count), ``population`` (32), ``tournament`` (3),
+    Options: ``shapes`` (list of ``(D_pp, D_dp)`` seeding the GA; None:
+    :func:`shapes_for`), ``uniform`` (False: groups may differ in size and
+    devices may stay unused; True: only the paper's ``D_pp x D_dp``
+    shapes), ``order_slack`` (0: a pipeline order is kept when its link
+    cost is within this fraction of the cheapest TSP path, see
+    :meth:`Scheduler.settle`), ``cut_window`` (0.15: a stage cut may move
+    by this fraction of the smaller neighbouring stage's work to where the
+    fewest bytes cross; 0: cuts by speed alone), ``population`` (32), ``tournament`` (3),
     ``crossover`` (0.7), ``patience`` (30 generations), ``restarts`` (4:
     after ``patience`` stale generations, while budget is left, keep the
-    best quarter and refill with partitions three mutations away),
+    best quarter and refill with partitions three mutations away; under a
+    time budget alone the search restarts while time is left),
     ``generations`` (cap), ``polish_top`` (3 best distinct partitions
-    polished), ``local_every`` (5), ``screen`` (``"auto"``: as in evolution),
+    polished, and the best with one and two more chunks), ``polish_share``
+    (0.2: under a time budget the GA stops with this share of its time left
+    for that polish), ``final_k`` (6 best distinct partitions ranked by
+    ``final`` when the screening model is another), ``local_every`` (5), ``screen`` (``"auto"``: as in evolution),
     ``coarsen_above`` (1500) / ``coarsen_to`` (400), ``progress_bar``,
     ``seeds`` (heuristics whose plans compete in the final ranking, so the
-    result is never worse than them: ``even_pipeline``, ``pipeline_dp``,
-    ``partition``, ``heft``, ``m_sct``),
+    result is never worse than them, and whose groupings seed the GA:
+    ``even_pipeline``, ``pipeline_dp``, ``partition``, ``heft``, ``m_sct``),
     ``polish_rounds`` (8: local search of stage boundaries on the winner),
     ``final`` (``"simulator"``: the cost model ranking the winner against
     those plans; None: the given one), ``final_share`` (0.15 of the budget
     kept for a local search of the bi-level plan scored by ``final``, as
     evolution ends), ``seed_share`` (0.3 of the budget for those heuristics
-    together, whose uniform layouts also seed the GA);
+    together);
     plus :class:`Strategy`'s ``initial``, ``microbatches``, ``schedule``.
     """
 
@@ -246,7 +297,8 @@ class DTFM(Strategy):
                                                  "heft", "m_sct"),
                  polish_rounds: int = 8, final: str | None = "simulator", restarts: int = 4,
                  polish_top: int = 3, seed_share: float = 0.3, final_share: float = 0.15,
-                 **common):
+                 uniform: bool = False, order_slack: float = 0.0, cut_window: float = 0.15,
+                 polish_share: float = 0.2, final_k: int = 6, **common):
         super().__init__(**common)
         self.final_share = float(final_share)
         self.seed_share = float(seed_share)
@@ -258,7 +310,15 @@ class DTFM(Strategy):
         if population < 2 or int(population) != population:
             raise StrategyError(f"population must be a whole number >= 2, got {population!r}",
                                 field="population")
+        if not order_slack >= 0:
+            raise StrategyError(f"order_slack must be >= 0, got {order_slack!r}",
+                                field="order_slack")
         self.shapes = None if shapes is None else [(int(a), int(b)) for a, b in shapes]
+        self.uniform = bool(uniform)
+        self.order_slack = float(order_slack)
+        self.cut_window = float(cut_window)
+        self.polish_share = float(polish_share)
+        self.final_k = max(1, int(final_k))
         self.population = int(population)
         self.tournament = int(tournament)
         self.cx = float(crossover)
@@ -286,8 +346,8 @@ class DTFM(Strategy):
                                 f"{space.n_ops} ops", field="shapes")
         screen = cost_model if self.screen is None else get_cost_model(
             "analytical" if self.screen == "auto" else self.screen)
-        sched = Scheduler(space)
-        self._cache: dict = {}
+        sched = Scheduler(space, self.order_slack)
+        self._space = space
         bar = _Bar(self.progress_bar, budget)
         n_final = 1 + len(self.seeds) + len(self.initial)
         ranker = final_ranker(self.final, cost_model, budget)
@@ -295,57 +355,87 @@ class DTFM(Strategy):
             and self.final != self.screen else 0.0
         with reserve(budget, n_final), hold_back(budget, share), \
                 Evaluator(space, budget.meter(screen), budget) as evaluate:
-            rivals = self._rivals(inner, screen, budget, seed, space)
+            rivals = inner_rivals = self._rivals(inner, screen, budget, seed, space)
+            # the final model's figures of the rivals now: the search below
+            # may use all the time, and the ranking must still see them
+            if coarse.members is not None:
+                rivals = [c.expand(coarse.graph) for c in rivals]
+            rival_values = [ranker.estimate(problem, plan).objective for plan in rivals]
             if self.screen == "auto":
-                screen = screen_exactly(inner, evaluate, screen, rivals[:3], budget, self.final)
+                screen = screen_exactly(inner, evaluate, screen, inner_rivals[:3], budget,
+                                        self.final, evals=EXACT_SCREEN_EVALS, repeats=3)
 
             def score(parts: list[Partition]) -> np.ndarray:
-                genomes = [self.decode(space, sched, x) for x in parts]
-                values = evaluate(genomes)
+                for x in parts:
+                    sched.settle(x)
+                values = evaluate([self.decode(space, x) for x in parts])
                 for x, v in zip(parts, values.tolist()):
                     x.fitness = _Fitness((v,))
                 return values
 
-            seeds = self._seeds(space, shapes, rng)
-            seeds += [x for x in (partition_of(space, plan) for plan in rivals)
-                      if x is not None]
+            # groups of unequal size only when screened by the final model: the
+            # analytical model misprices transfers between them (a 5-group
+            # partition of 5-8 devices on dtfm-worldwide: 34 s analytical,
+            # 48 s simulated)
+            self._uniform = self.uniform or getattr(screen, "name", None) != (
+                self.final or getattr(cost_model, "name", None))
+            seeds = self._seeds(space, sched, shapes, rng)
+            seeds += [x for x in (partition_of(space, plan) for plan in inner_rivals)
+                      if x is not None and (not self._uniform or x.dp is not None)]
             score(seeds)
             baseline = {f"{x.pp}x{x.dp}": x.fitness.values[0] for x in seeds
                         if x.origin == "even"}
             pop = _best(_unique(seeds), self.population)
-            pop = self._evolve(space, sched, pop, shapes, score, rng, budget, progress,
-                               bar, evaluate)
-            best_part = pop[0]
-            genome, value = self.decode(space, sched, best_part), best_part.fitness.values[0]
+            pop = self._evolve(space, pop, shapes, score, rng, budget, progress, bar)
             # the GA's best few, each polished (stage boundaries, boundary ops,
             # microbatches): the best after polishing need not be the first
-            for part in pop[:self.polish_top]:
-                if not self.polish_rounds or budget.exhausted():
-                    break
-                g, v = local_search(space, evaluate, self.decode(space, sched, part),
-                                    part.fitness.values[0], rng, rounds=self.polish_rounds)
-                if v < value * (1 - 1e-12):
-                    genome, value, best_part = g, v, part
+            # and the best with more chunks: interleaving pays once the cuts
+            # are polished, which the GA's balanced cuts do not show
+            more = []
+            for v in (1, 2):
+                x = pop[0].copy()
+                x.chunks += v
+                if x.chunks <= MAX_CHUNKS and x.chunks * x.pp <= space.n_ops:
+                    more.append(x)
+            more = more if more and not budget.exhausted() else []
+            if more:
+                score(more)
+            polish = _unique(pop[:1] + more + pop[1:self.polish_top])
+            rest = [x for x in pop[:self.final_k] if x.key() not in {y.key() for y in polish}]
+            finalists = []
+            for i, part in enumerate(polish + rest):
+                g, v = self.decode(space, part), part.fitness.values[0]
+                if i < len(polish) and self.polish_rounds and not budget.exhausted():
+                    g, v = local_search(space, evaluate, g, v, rng, rounds=self.polish_rounds)
+                finalists.append((v, i, g, part))
+            finalists.sort(key=lambda f: (f[0], f[1]))
         bar.close()
+        _, _, genome, best_part = finalists[0]
+        if share and getattr(screen, "name", None) != getattr(ranker, "name", None) \
+                and len(finalists) > 1:
+            # the screening model's order is not the final model's: it ranks
+            # the finalists (in the screen's order while time lasts)
+            k = rank(ranker, inner, [f[2].to_plan(space, self.name) for f in finalists],
+                     budget)
+            _, _, genome, best_part = finalists[k]
         if share:
             # the same finish as evolution: local search scored by the final model
             genome = polish_with(space, ranker, budget, genome, rng, n_final) or genome
-        candidates = [genome.to_plan(space, self.name)] + rivals
-        room = budget.remaining_evaluations - len(self.initial) - (ranker is not cost_model)
-        if not math.isinf(room):
-            candidates = candidates[:max(1, int(room))]
+        ours = genome.to_plan(space, self.name)
         if coarse.members is not None:
-            candidates = [c.expand(coarse.graph) for c in candidates]
-        k = rank(ranker, problem, candidates, budget)
+            ours = ours.expand(coarse.graph)
+        candidates = [ours] + rivals
+        values = [ranker.estimate(problem, ours).objective] + rival_values
+        k = int(np.argmin(values))
         plan = candidates[k]
         report = cost_model.estimate(problem, plan)
         plan.method = self.name
         even = min(baseline.values()) if baseline else None
         plan.extra["dtfm"] = {
             "winner": "bi-level" if k == 0 else candidates[k].extra.get("from"),
-            "stages": best_part.pp, "replicas": best_part.dp,
-            "groups": [[space.problem.devices[d] for d in g]
-                       for g in self._ordered(space, sched, best_part)],
+            "stages": best_part.pp, "replicas": list(best_part.sizes),
+            "chunks": best_part.chunks,
+            "groups": [[space.problem.devices[d] for d in g] for g in best_part.groups()],
             "even_allocation_step_time": even if even is None or even < 1e9 else None,
             "screen_step_time": float(best_part.fitness.values[0]),
             "screen": getattr(screen, "name", None)}
@@ -369,54 +459,73 @@ class DTFM(Strategy):
             out.append(plan)
         return out
 
-    # --- decoding ---------------------------------------------------------------
-    def _ordered(self, space: Space, sched: Scheduler, x: Partition) -> list[tuple]:
-        groups = x.groups()
-        order = sched.order(groups, x.dp, x.microbatches)
-        return [groups[i] for i in order]
+    def decode(self, space: Space, x: Partition) -> OpGenome:
+        """The plan of a partition: its groups in order, layers balanced by
+        speed, each cut moved to the cheapest nearby point (:func:`cut_near`)."""
+        stages = x.stages()
+        layout = LayoutGenome.balanced(space, stages, x.microbatches, x.schedule, x.origin)
+        if self.cut_window > 0:
+            layout.cuts = cut_near(space, layout.cuts, self._crossing(space), self.cut_window)
+        return layout.decode(space)
 
-    def decode(self, space: Space, sched: Scheduler, x: Partition) -> OpGenome:
-        """The plan of a partition: groups in TSP order, layers balanced."""
-        key = ("ordered",) + x.key()
-        ordered = self._cache.get(key)
-        if ordered is None:
-            ordered = self._cache[key] = self._ordered(space, sched, x)
-        return LayoutGenome.balanced(space, ordered, x.microbatches, x.schedule,
-                                     x.origin).decode(space)
+    def _crossing(self, space: Space) -> np.ndarray:
+        hit = getattr(self, "_cross", None)
+        if hit is None or hit[0] is not space:
+            hit = self._cross = (space, crossing_bytes(space))
+        return hit[1]
 
     # --- population ---------------------------------------------------------------
-    def _seeds(self, space: Space, shapes, rng) -> list[Partition]:
+    def _seeds(self, space: Space, sched: Scheduler, shapes, rng) -> list[Partition]:
         D = space.n_devices
         chain = np.array(device_chain(space), dtype=np.int64)
         ident = np.arange(D, dtype=np.int64)
         ms = space.microbatch_choices
-        scheds = space.schedule_choices
+        sch = space.schedule_choices[0]
+
+        def m_for(pp: int) -> int:
+            return max([v for v in ms if v <= max(4 * pp, 1)] or [ms[0]])
         out = []
         for pp, dp in shapes:
-            m = max([v for v in ms if v <= max(4 * pp, 1)] or [ms[0]])
+            m = m_for(pp)
             used = pp * dp
             # rank order: the even, Megatron-style allocation
-            out.append(Partition(ident.copy(), pp, dp, m, scheds[0], "even"))
+            out.append(Partition.uniform(ident.copy(), pp, dp, m, sch, "even"))
             # groups of nearby devices (data parallelism on fast links)
-            out.append(Partition(chain.copy(), pp, dp, m, scheds[0], "near-groups"))
+            out.append(Partition.uniform(chain.copy(), pp, dp, m, sch, "near-groups"))
             # groups strided across the chain (pipelines on fast links)
             strided = np.r_[chain[:used].reshape(dp, pp).T.ravel(), chain[used:]]
-            out.append(Partition(strided.astype(np.int64), pp, dp, m, scheds[0],
-                                 "near-pipelines"))
-            out.append(Partition(rng.permutation(D).astype(np.int64), pp, dp, m, scheds[0],
-                                 "random"))
+            out.append(Partition.uniform(strided, pp, dp, m, sch, "near-pipelines"))
+            out.append(Partition.uniform(rng.permutation(D), pp, dp, m, sch, "random"))
+        if not self._uniform:
+            # the cluster's islands of fast links as data-parallel groups,
+            # whole or split by device model
+            isl = islands(space)
+            kinds = [k for g in isl for k in by_model(space, g)]
+            for groups, tag in ((isl, "islands"), (kinds, "models")):
+                if len(groups) <= space.n_ops:
+                    out.append(Partition.of_groups(groups, D, m_for(len(groups)), sch, tag))
+        # each also in its cheapest TSP order
+        for x in list(out):
+            y = sched.settle(x.copy(), slack=0.0)
+            if y.key() != x.key():
+                out.append(y)
         return out
 
-    def _evolve(self, space, sched, pop, shapes, score, rng, budget, progress, bar, evaluate):
+    def _evolve(self, space, pop, shapes, score, rng, budget, progress, bar):
+        max_groups = min(space.n_ops, space.n_devices)
         toolbox = base.Toolbox()
-        toolbox.register("mate", self._mate, rng=rng)
-        toolbox.register("mutate", self._mutate, space, shapes, rng=rng)
+        toolbox.register("mate", transplant, rng=rng, max_groups=max_groups)
+        toolbox.register("mutate", lambda x: mutate(space, x, rng, shapes, max_groups,
+                                                    self._uniform))
         toolbox.register("select", _tournament, rng=rng, k=self.tournament)
         logbook = tools.Logbook()
         best = pop[0].fitness.values[0]
         stale = gen = restarts = 0
+        timed = budget.time is not None and budget.evaluations is None
+        # under a time budget the GA leaves time to polish its finalists
+        keep = self.polish_share * budget.remaining_time if timed else 0.0
         self._emit(progress, budget, best, gen, bar)
-        while not budget.exhausted():
+        while not budget.exhausted() and (not timed or budget.remaining_time > keep):
             gen += 1
             if self.generations is not None and gen > self.generations:
                 break
@@ -438,12 +547,13 @@ class DTFM(Strategy):
                 a = pop[toolbox.select(fits)].copy()
                 if rng.random() < self.cx:
                     b = pop[toolbox.select(fits)]
-                    a = toolbox.mate(a, b)
+                    if not self._uniform or a.sizes == b.sizes:
+                        a = toolbox.mate(a, b)
                 children.append(toolbox.mutate(a))
             score(children)
             pop = _best(_unique(pop + children), self.population)
             if self.local_every and gen % self.local_every == 0 and not budget.exhausted():
-                polished = self._local(space, sched, pop[0], score, rng)
+                polished = self._local(pop[0], score, rng)
                 if polished is not None:
                     pop = _best(_unique([polished] + pop), self.population)
             logbook.record(gen=gen, best=pop[0].fitness.values[0])
@@ -452,7 +562,7 @@ class DTFM(Strategy):
             else:
                 stale += 1
             self._emit(progress, budget, best, gen, bar)
-            if stale >= self.patience and restarts >= self.restarts:
+            if stale >= self.patience and restarts >= self.restarts and not timed:
                 break
         return pop
 
@@ -463,105 +573,55 @@ class DTFM(Strategy):
                               float(best) if best < 1e9 else None, bool(best < 1e9),
                               f"generation {gen}"))
 
-    # --- operators ------------------------------------------------------------------
-    def _mate(self, a: Partition, b: Partition, rng) -> Partition:
-        """Transplant one of ``b``'s groups into ``a`` (same shape only),
-        swapping the displaced devices to where the incoming ones were."""
-        if (a.pp, a.dp) != (b.pp, b.dp):
-            return a
-        s = int(rng.integers(b.pp))
-        target = int(rng.integers(a.pp))
-        incoming = b.perm[s * b.dp:(s + 1) * b.dp]
-        pos = {int(d): i for i, d in enumerate(a.perm.tolist())}
-        lo = target * a.dp
-        for k, d in enumerate(incoming.tolist()):
-            i, j = pos[d], lo + k
-            if i != j:
-                x, y = int(a.perm[i]), int(a.perm[j])
-                a.perm[i], a.perm[j] = y, x
-                pos[x], pos[y] = j, i
-        if rng.random() < 0.5:
-            a.microbatches, a.schedule = b.microbatches, b.schedule
-        return a
-
-    def _mutate(self, space: Space, shapes, x: Partition, rng) -> Partition:
-        D = space.n_devices
-        used = x.pp * x.dp
-        r = rng.random()
-        if r < 0.55 and x.pp > 1:
-            # move a device next to its nearest peers: swap it into the group
-            # of a near device, the displaced device going back
-            i = int(rng.integers(used))
-            d = int(x.perm[i])
-            k = int(min(rng.geometric(0.3) - 1, len(space.near[d]) - 1))
-            e = int(space.near[d][k])
-            j = int(np.flatnonzero(x.perm == e)[0])
-            if j >= used:                   # a free device near d replaces it
-                x.perm[i], x.perm[j] = x.perm[j], x.perm[i]
-            elif j // x.dp != i // x.dp:
-                group = range((j // x.dp) * x.dp, (j // x.dp + 1) * x.dp)
-                cand = [g for g in group if g != j] if x.dp > 1 else [j]
-                t = int(rng.choice(cand))
-                x.perm[i], x.perm[t] = x.perm[t], x.perm[i]
-        elif r < 0.7:
-            i, j = rng.integers(D, size=2)
-            x.perm[i], x.perm[j] = x.perm[j], x.perm[i]
-        elif r < 0.85 and len(shapes) > 1:
-            k = shapes.index((x.pp, x.dp)) if (x.pp, x.dp) in shapes else 0
-            k = min(max(k + (1 if rng.random() < 0.5 else -1), 0), len(shapes) - 1)
-            x.pp, x.dp = shapes[k]
-        else:
-            ms = space.microbatch_choices
-            if len(space.schedule_choices) > 1 and rng.random() < 0.3:
-                x.schedule = [s for s in space.schedule_choices if s != x.schedule][0]
-            elif len(ms) > 1:
-                i = ms.index(x.microbatches) if x.microbatches in ms else 0
-                x.microbatches = ms[min(max(i + (1 if rng.random() < 0.5 else -1), 0),
-                                        len(ms) - 1)]
-        x.origin = "dtfm"
-        return x
-
-    def _local(self, space, sched, x: Partition, score, rng, tries: int = 64):
-        """One batch of single swaps between groups (and with unused
-        devices); returns the best if it improves ``x``."""
-        D = space.n_devices
-        used = x.pp * x.dp
-        cands = []
-        pairs = [(i, j) for i in range(used) for j in range(i + 1, D)
-                 if j >= used or i // x.dp != j // x.dp]
-        if not pairs:
+    def _local(self, x: Partition, score, rng, tries: int = 64) -> Partition | None:
+        """One batch of neighbours of ``x`` (device swaps and moves between
+        groups, group swaps in the order); the best if it improves ``x``."""
+        cands = neighbours(self._space, x, rng, tries)
+        if self._uniform:
+            cands = [c for c in cands if c.sizes == x.sizes]
+        if not cands:
             return None
-        pick = rng.choice(len(pairs), size=min(tries, len(pairs)), replace=False)
-        for k in np.sort(pick).tolist():
-            i, j = pairs[k]
-            c = x.copy()
-            c.perm[i], c.perm[j] = c.perm[j], c.perm[i]
-            c.origin = "dtfm"
-            cands.append(c)
         values = score(cands)
         k = int(np.argmin(values))
         return cands[k] if values[k] < x.fitness.values[0] * (1 - 1e-9) else None
 
 
-def partition_of(space: Space, plan: Plan) -> Partition | None:
-    """The partition of a heuristic's plan whose device sets (in order of
-    first use along the topological order; a set may come back, as
-    colocation does to tied weights) are disjoint and of one size, so the
-    GA can start from its grouping; None for any other plan."""
-    index = space.problem.device_index
-    stages: list[tuple] = []
-    for op_id in space.problem.ids:
-        devs = tuple(sorted(index[d] for d in plan.placement[op_id]))
-        if devs not in stages:
-            stages.append(devs)
-    sizes = {len(g) for g in stages}
-    flat = [d for g in stages for d in g]
-    if len(sizes) != 1 or len(set(flat)) != len(flat) or len(stages) > space.n_ops:
-        return None
-    rest = [d for d in range(space.n_devices) if d not in set(flat)]
-    return Partition(np.array(flat + rest, dtype=np.int64), len(stages), sizes.pop(),
-                     int(plan.microbatches), plan.schedule,
-                     f"from-{plan.extra.get('from', plan.method)}")
+def crossing_bytes(space: Space) -> np.ndarray:
+    """``out[k]``: bytes of the tensors crossing a cut before position ``k``
+    of the topological order (colocated ops counted where they are placed)."""
+    p = space.problem
+    n = space.n_ops
+    a, b = space.rep[p.edge_src], space.rep[p.edge_dst]
+    lo, hi = np.minimum(a, b), np.maximum(a, b)
+    diff = np.zeros(n + 1)
+    np.add.at(diff, lo + 1, p.edge_bytes)
+    np.add.at(diff, hi + 1, -p.edge_bytes)
+    return np.cumsum(diff)[:n]
+
+
+def cut_near(space: Space, cuts: Sequence[int], crossing: np.ndarray,
+             window: float) -> list[int]:
+    """Each cut moved to where the fewest bytes cross, among the positions
+    whose work before it differs from the cut's by at most ``window`` times
+    the smaller neighbouring stage's work (the nearest on ties)."""
+    n = space.n_ops
+    cum = np.r_[0.0, space.cum_work]           # cum[k]: work before position k
+    bounds = [0] + [int(c) for c in cuts] + [n]
+    out = []
+    prev = 0
+    S = len(bounds) - 1
+    for s in range(1, S):
+        c = bounds[s]
+        room = window * min(cum[c] - cum[bounds[s - 1]], cum[bounds[s + 1]] - cum[c])
+        lo, hi = prev + 1, n - (S - s)
+        ks = np.arange(lo, hi + 1)
+        ks = ks[np.abs(cum[ks] - cum[c]) <= room]
+        if len(ks):
+            c = int(ks[np.lexsort((np.abs(ks - c), crossing[ks]))[0]])
+        c = min(max(c, lo), hi)
+        out.append(c)
+        prev = c
+    return out
 
 
 def _unique(parts: list) -> list:
@@ -609,5 +669,5 @@ def scale_batch(graph, factor: float, name: str | None = None):
 
 register_strategy(DTFM)
 
-__all__ = ["DTFM", "Partition", "partition_of", "Scheduler", "even_allocation", "scale_batch", "shapes_for",
-           "tsp_path"]
+__all__ = ["DTFM", "Partition", "Scheduler", "crossing_bytes", "cut_near", "even_allocation",
+           "partition_of", "scale_batch", "shapes_for", "tsp_path"]

@@ -7,7 +7,9 @@ import placer
 from placer.cost import Problem, get_cost_model
 from placer.search import Budget, get_strategy
 
-from evolution.dtfm import even_allocation, partition_of, scale_batch, shapes_for, tsp_path
+from evolution.dtfm import (Scheduler, even_allocation, partition_of, scale_batch, shapes_for,
+                            tsp_path)
+from evolution.dtfm_partition import Partition, mutate, transplant
 from evolution.genome import Space
 
 
@@ -71,26 +73,94 @@ def test_dtfm_deterministic(cluster, evaluations, seed, options):
     assert plans[0].microbatches == plans[1].microbatches
 
 
-def test_partition_of_reads_uniform_layouts_only():
+def test_partition_of_reads_disjoint_layouts():
     g = placer.datasets.graph("gpt-125m.module")
     p = Problem(g, placer.Cluster.preset("hetero-lab"))
     space = Space(p, [4])
     plan = even_allocation(p, 2, 3, 4)
     x = partition_of(space, plan)
     assert (x.pp, x.dp, x.microbatches) == (2, 3, 4)
-    assert x.groups() == [(0, 1, 2), (3, 4, 5)]
+    assert x.groups() == [(0, 1, 2), (3, 4, 5)] and x.unused() == [6, 7, 8, 9]
     names = p.devices
     uneven = dict(plan.placement)
     uneven[p.ids[-1]] = [names[9]]
-    assert partition_of(space, type(plan)(uneven, 4)) is None
+    y = partition_of(space, type(plan)(uneven, 4))
+    assert y.sizes == (3, 3, 1) and y.dp is None and y.groups()[-1] == (9,)
+    shared = dict(plan.placement)
+    shared[p.ids[-1]] = [names[0]]              # device 0 in two sets
+    assert partition_of(space, type(plan)(shared, 4)) is None
+
+
+def _space(cluster="hetero-lab"):
+    g = placer.datasets.graph("gpt-125m.module")
+    p = Problem(g, placer.Cluster.preset(cluster))
+    return p, Space(p, [1, 2, 4, 8], ["1f1b", "gpipe"])
+
+
+def test_mutations_keep_a_partition_valid():
+    p, space = _space()
+    D = space.n_devices
+    rng = np.random.default_rng(0)
+    shapes = shapes_for(D, space.n_ops)
+    x = Partition.uniform(np.arange(D), 5, 2, 4)
+    sizes = set()
+    for _ in range(400):
+        y = mutate(space, x.copy(), rng, shapes, 6)
+        assert sorted(y.perm.tolist()) == list(range(D))
+        assert all(k >= 1 for k in y.sizes) and 1 <= y.pp <= 6 and y.used <= D
+        flat = [d for grp in y.groups() for d in grp]
+        assert len(flat) == len(set(flat)) == y.used
+        assert 1 <= y.chunks and y.chunks * y.pp <= space.n_ops
+        sizes.add(y.sizes)
+        x = y
+    # groups of unequal size and unused devices both occur
+    assert any(len(set(s)) > 1 for s in sizes) and any(sum(s) < D for s in sizes)
+    child = transplant(Partition.uniform(np.arange(D), 5, 2), x.copy(), rng, 6)
+    flat = [d for grp in child.groups() for d in grp]
+    assert len(flat) == len(set(flat)) and any(grp in child.groups() for grp in x.groups())
+
+
+def test_unequal_groups_decode_to_a_valid_plan():
+    p, space = _space()
+    x = Partition.of_groups([(2,), (3,), (0, 1), (6, 7, 8, 9)], space.n_devices, 4, "gpipe")
+    x.chunks = 2
+    dtfm = get_strategy("dtfm")
+    plan = dtfm.decode(space, x).to_plan(space, "dtfm")
+    plan.validate(p.graph, p.cluster, check_fingerprints=False)
+    sets = [tuple(plan.placement[o]) for o in p.ids]
+    runs = [s for i, s in enumerate(sets) if i == 0 or s != sets[i - 1]]
+    names = p.devices
+    # every group's devices hold ops; the unused ones (4, 5) none
+    for grp in x.groups():
+        assert tuple(names[d] for d in grp) in runs
+    assert not {names[4], names[5]} & {d for s in sets for d in s}
+    # two passes over the four groups (the pipeline interleaved)
+    assert runs[:8] == runs[:4] * 2
+
+
+def test_settle_keeps_near_optimal_orders_only():
+    p, space = _space("dtfm-regional")
+    sched = Scheduler(space, slack=0.0)
+    groups = [tuple(range(k, k + 4)) for k in range(0, 16, 4)]
+    rng = np.random.default_rng(1)
+    for _ in range(5):
+        order = rng.permutation(len(groups))
+        x = Partition.of_groups([groups[i] for i in order], space.n_devices, 4)
+        y = sched.settle(x.copy())
+        C, _, best, idx = sched._path(y.groups(), 4)
+        assert sum(C[idx[k], idx[k + 1]] for k in range(len(idx) - 1)) <= best + 1e-12
+        assert sorted(y.groups()) == sorted(x.groups())
+    loose = Scheduler(space, slack=1e9)
+    x = Partition.of_groups(groups[::-1], space.n_devices, 4)
+    assert loose.settle(x.copy()).groups() == x.groups()
 
 
 def test_dtfm_screens_with_the_simulator_when_it_fits_the_time(monkeypatch):
     import placer
-    import evolution.search as es
+    import evolution.dtfm as ed
     g = placer.datasets.graph("gpt-125m.module")
     c = placer.Cluster.preset("two-sites")
-    monkeypatch.setattr(es, "EXACT_SCREEN_EVALS", 1)
+    monkeypatch.setattr(ed, "EXACT_SCREEN_EVALS", 1)
     assert placer.optimize(g, c, "dtfm", seed=0, time_budget=2).extra["dtfm"]["screen"] \
         == "simulator"
     counted = placer.optimize(g, c, "dtfm", seed=0, time_budget=None, evaluations=200)
