@@ -16,6 +16,14 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def compiled_kernels():
+    """Compile (fresh checkout) or load the cost models' numba kernels once,
+    before any test: a test with a time budget must not spend it compiling."""
+    from placer.cost.warmup import warm_up
+    warm_up()
+
+
 @pytest.fixture
 def tiny_graph():
     from placer import Edge, Graph, Op

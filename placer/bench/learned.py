@@ -95,6 +95,8 @@ def bench_learned(graphs: Sequence[str] | None = None, clusters: Sequence[str] |
     """Run the benchmark (see the module doc); prints a table unless
     ``quiet`` and writes the JSON results to ``out`` atomically. ``samples``
     (None: the strategies' defaults) is passed to ``rl`` and ``hybrid``."""
+    from ..cost.warmup import warm_up
+    warm_up()      # compiled kernels load before any timed search
     import placer
     from ..search import strategies
     if quick:

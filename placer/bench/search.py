@@ -31,6 +31,8 @@ def bench_search(graphs: Sequence[str] = GRAPHS, clusters: Sequence[str] = CLUST
     ``out`` as JSON, atomically) rows of simulated step time, feasibility
     and planning seconds, with ratios to ``baseline``, and prints a table
     unless ``quiet``."""
+    from ..cost.warmup import warm_up
+    warm_up()      # compiled kernels load before any timed search
     import placer
     from ..search import optimize
 

@@ -312,6 +312,8 @@ def bench_search(out: str = "bench-search.json", quick: bool = False,
                  suite: str | None = None, strategies: Sequence[str] | None = None,
                  seconds: float | None = None, seed: int = 0, log=print) -> dict:
     """Run a suite and write ``out`` (JSON) and ``out`` with ``.png``."""
+    from ..cost.warmup import warm_up
+    warm_up()      # compiled kernels load before any timed search
     suite = suite or ("quick" if quick else "hetero")
     if suite not in SUITES:
         raise StrategyError(f"unknown suite {suite!r}", field="--suite",
