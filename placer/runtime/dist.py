@@ -590,6 +590,11 @@ def _child(index: int, world: int, port: int, backend: str, timeout: float, buil
             _STATUS.set("saving results")
             torch.save(result, out_path + ".tmp")
             os.replace(out_path + ".tmp", out_path)
+        # every rank past its last message before any tears its group down:
+        # a teardown race is the likely cause of one rank aborting in gloo
+        # ("terminate called without an active exception") at exit in CI
+        _STATUS.set("finishing")
+        dist.barrier()
         _STATUS.set("done", "done")
     except BaseException as exc:
         text = str(exc).strip().splitlines()
