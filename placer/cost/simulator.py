@@ -235,7 +235,7 @@ class _Build:
             # producing segment
             if len(iv):
                 key = tinv * NB + bseg[iv]
-                uk, first, inv = np.unique(key, return_index=True, return_inverse=True)
+                uk, first, inv = _unique(key, index=True, inverse=True)
                 off = np.full(len(uk), -1.0)
                 np.maximum.at(off, inv, boff[iv])
                 order = np.argsort(first, kind="stable")
