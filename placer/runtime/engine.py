@@ -436,8 +436,9 @@ class Engine:
             raise PlanError(f"parameter {name!r} is on the meta device",
                             fix="materialise the model's weights before running it "
                             "(e.g. placer.zoo.materialize)")
+        # the owner's copy is dropped after building, so its storage is ours
         return materialize_tensor(self.model, name, target, self.seed,
-                                  cache=owners).detach().clone()
+                                  cache=owners).detach()
 
     def _holders(self) -> dict[str, tuple]:
         """Parameter name -> the devices holding a copy (every rank agrees)."""

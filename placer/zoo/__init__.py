@@ -194,7 +194,10 @@ def materialize_tensor(module: nn.Module, name: str, device: str | torch.device 
     first name, for tied weights) of the meta-built ``module``, computed
     alone: a copy of its owning module is allocated on ``device`` and
     initialised the same way. ``cache`` (owner name -> copy) lets the
-    other tensors of one owner reuse its copy."""
+    other tensors of one owner reuse its copy. An owner with submodules is
+    copied with them (its ``reset_parameters`` may draw for them first), so
+    a weight held directly by a large container costs that container's
+    memory while it is built."""
     from ..errors import PlanError
     owner_name, _, attr = name.rpartition(".")
     owner = module.get_submodule(owner_name)
