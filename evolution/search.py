@@ -727,14 +727,15 @@ def screen_exactly(problem: "Problem", evaluate: Evaluator, screen, plans: list[
     estimates fit in the time left (``evals`` of them if given; each plan
     timed as the fastest of ``repeats`` runs, so a first run's warm-up or a
     hiccup of a loaded machine does not decide; ``evaluate`` then scores
-    with it, its cache cleared). Small graphs (module level) then search on the figures
-    they are ranked by, and the analytical model's disagreements stop
-    steering them. Returns the screening model."""
+    with it, its cache cleared). Small graphs (module level) then search on
+    the figures they are ranked by, and the analytical model's disagreements
+    stop steering them. Returns the screening model."""
     if (budget.time is None or budget.evaluations is not None or final != "simulator"
             or getattr(screen, "name", None) == "simulator" or not plans):
         return screen
     exact = get_cost_model("simulator")
-    exact.estimate(problem, plans[0])    # the first loads its compiled loop: not timed
+    # the first call may load the compiled loop and fills per-problem caches
+    exact.estimate(problem, plans[0])
     evals = EXACT_SCREEN_EVALS if evals is None else evals
     slowest = 0.0
     for plan in plans:
