@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
+import networkx as nx
 import numpy as np
 
 if TYPE_CHECKING:
@@ -361,20 +362,10 @@ def islands(space: "Space", ratio: float = 0.5) -> list[list[int]]:
     bw = np.where(np.eye(D, dtype=bool), 0.0, p.bandwidth)
     best = bw.max(axis=1)
     fast = (bw >= ratio * best[:, None]) & (bw >= ratio * best[None, :]) & (bw > 0)
-    label = list(range(D))
-
-    def root(a: int) -> int:
-        while label[a] != a:
-            label[a] = label[label[a]]
-            a = label[a]
-        return a
-    for a, b in zip(*np.nonzero(fast)):
-        ra, rb = root(int(a)), root(int(b))
-        if ra != rb:
-            label[max(ra, rb)] = min(ra, rb)
-    comps: dict[int, list[int]] = {}
-    for d in range(D):
-        comps.setdefault(root(d), []).append(d)
+    g = nx.Graph()
+    g.add_nodes_from(range(D))
+    g.add_edges_from(zip(*(x.tolist() for x in np.nonzero(fast))))
+    comps = {min(c): sorted(c) for c in nx.connected_components(g)}
     rate = p.rate
     return sorted(comps.values(), key=lambda g: (-rate[g].min() * len(g), g[0]))
 
