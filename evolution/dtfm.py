@@ -39,7 +39,6 @@ in the plan's ``extra["dtfm"]``.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np

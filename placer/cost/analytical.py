@@ -412,8 +412,9 @@ def _run_paths(run_group, row_first, runs, run_w, r_src, r_dst, cost_e, G: int,
     devices' links) and the previous run of its group ended (its devices
     are busy till then), and takes its share of the critical path. For
     plans of at most ``limit`` runs, in one compiled pass (see
-    :func:`placer.cost.analytical_loops.run_paths`). Returns each run's end and start and which plans were done.
-    Crossing edges come by plan row (as from :func:`_crossing_edges`)."""
+    :func:`placer.cost.analytical_loops.run_paths`). Returns each run's end
+    and start and which plans were done. Crossing edges come by plan row
+    (as from :func:`_crossing_edges`)."""
     from .analytical_loops import run_paths     # numba loads on first use
     rows_ok = runs <= limit
     h, ready = run_paths(row_first, runs, run_group, run_w, r_src, r_dst, cost_e, inflow,
@@ -437,7 +438,7 @@ def _links(p: Problem, B: int, speed: np.ndarray, per_mb: np.ndarray, k_single, 
         from .analytical_loops import links_dense
         row, link, load, top, arg, both_max, out, inn, recv = links_dense(
             B, D, k_single, w_single, k_dp, w_dp, per_mb, speed.ravel(),
-            p.nic_bandwidth.astype(float))
+            np.asarray(p.nic_bandwidth, dtype=float))
         return {"row": row, "link": link, "bytes": load, "max": top, "arg": arg,
                 "both_max": both_max, "out": out, "in": inn, "recv": recv}
     keys, inv = _unique(np.r_[k_single, k_dp], inverse=True)
@@ -625,7 +626,6 @@ def _crossing_edges(pre: dict, small: np.ndarray, hr: np.ndarray, hc: np.ndarray
     edge spans a group switch (``hr``, ``hc``: row and position before it),
     so only the edges spanning the switches are compared."""
     cs = pre["cut_sets"]
-    n = small.shape[1]
     if cs is None:
         B = len(small)
         E = len(src)

@@ -24,7 +24,6 @@ def crossing_edges(ptr, edge, small, hr, hc, src, dst, run_group, total):
     switch it spans) and whose destination's group differs from the run
     before the switch. ``total`` bounds the count. Returns (row, edge,
     source run, destination run) arrays."""
-    n = small.shape[1]
     S = len(hr)
     rows = np.empty(total, np.int64)
     cut = np.empty(total, np.int64)

@@ -435,7 +435,6 @@ def _report(p: Problem, c: Compiled, b: _Build, step: float, starts, x_starts, a
     m = c.microbatches
     D = p.n_devices
     names = p.devices
-    NS = b.NS
     dur = np.tile(b.task_dur, m)
     tdev = np.tile(b.task_dev, m)
     nx = len(x_starts)
