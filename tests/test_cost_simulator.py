@@ -348,3 +348,34 @@ def test_compiled_event_loop_matches_plain_python():
     assert len(compiled) == 24
     assert compiled == plain
     assert len({round(x[0], 12) for x in compiled}) > 5       # the plans differ
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_task_overhead_is_charged_per_run_microbatch_and_phase(schedule):
+    # four ops in two runs (o0 o1 on d0, o2 o3 on d1), one microbatch: the
+    # critical path crosses both runs forward and backward, so it gains
+    # four tasks; both models agree
+    g, c = chain(4, training=True), cluster(2)
+    plan = Plan({"o0": ["d0"], "o1": ["d0"], "o2": ["d1"], "o3": ["d1"]}, schedule=schedule)
+    task = 1e-3
+    for model in (Simulator(), Analytical()):
+        base = model.estimate(problem(g, c), plan).step_time
+        more = model.estimate(problem(g, c, task_overhead=task), plan).step_time
+        assert more - base == pytest.approx(4 * task)
+    # one run: one task per phase
+    one = Plan({f"o{i}": ["d0"] for i in range(4)})
+    assert (sim(g, c, one, task_overhead=task).step_time - sim(g, c, one).step_time
+            == pytest.approx(2 * task))
+
+
+def test_collective_efficiency_scales_the_allreduce():
+    P, k, bw, lat = 4e9, 4, 1e9, 1e-3
+    g = Graph("g", [Op("w", param_bytes=P)])
+    plan = Plan({"w": [f"d{i}" for i in range(k)]})
+    full = 2 * (k - 1) / k * P / bw + 2 * (k - 1) * lat
+    for model in (Simulator(), Analytical()):
+        r = model.estimate(problem(g, cluster(k, bw=bw, lat=lat), bucket_bytes=1e12,
+                                   collective_efficiency=0.25), plan)
+        assert r.step_time == pytest.approx(full / 0.25)
+    with pytest.raises(StrategyError, match="collective_efficiency"):
+        problem(g, cluster(k), collective_efficiency=0.0)

@@ -104,3 +104,28 @@ def test_pin_cores_splits_the_usable_cores():
         assert pin_cores(0, 1) == usable
     finally:
         os.sched_setaffinity(0, usable)
+
+
+def test_ranks_dispatch_like_the_simulator_and_match_unplaced():
+    # a device holding the first and the last piece (with the loss): 1F1B
+    # runs microbatch 0's backward before microbatch 1 reaches the last piece,
+    # as the simulator orders it, and the numbers still match one device
+    build = functools.partial(zoo.build, "gpt-125m", tiny=True, batch=4)
+    model, inputs = build()
+    graph = placer.trace(model, inputs)
+    out, loss, grads = reference(model, inputs)
+    order = graph.topological_order()
+    third = len(order) // 3
+    placement = {op: ["a" if i < third or i >= 2 * third else "b"]
+                 for i, op in enumerate(order)}
+    for members in graph.colocation_groups().values():
+        for op in members[1:]:
+            placement[op] = list(placement[members[0]])
+    plan = Plan(placement, microbatches=2, schedule="1f1b")
+    result = launch(plan, build, steps=2, warmup=0, timeout=120, pin=True)
+    _check(result, out, loss, grads)
+    assert result["schedule"] == "1f1b"
+    bars = sorted((e for e in result["events"] if e[0] == "a"), key=lambda e: e[3])
+    names = [e[1] for e in bars]
+    last = max(int(n.split("piece ")[1]) for n in names if "piece" in n)
+    assert names.index(f"B0 piece {last}") < names.index(f"F1 piece {last}")

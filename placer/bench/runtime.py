@@ -212,7 +212,9 @@ def _row(k, plan, result, load) -> dict:
     for dev in cc.devices:
         dev.extra["cpu_share_all"] = dev.extra.get("cpu_share", 1.0)
     cg = placer.Graph.from_dict(cal["graph"])
-    alone = predict_shared(cg, cc, plan, op_overhead=cal["op_overhead"]).step_time
+    options = {"op_overhead": cal["op_overhead"], "task_overhead": cal["task_overhead"],
+               "collective_efficiency": cal["collective_efficiency"]}
+    alone = predict_shared(cg, cc, plan, **options).step_time
     # the same calibration without the synchronisation delay
     lat = cc.latency.copy()
     names = [d.name for d in cc.devices]
@@ -222,12 +224,14 @@ def _row(k, plan, result, load) -> dict:
     nosync = placer.Cluster.from_dict(cal["cluster"])
     nosync = placer.Cluster(nosync.name, nosync.devices, nosync.bandwidth, lat,
                             meta=nosync.meta)
-    no_sync = predict_shared(cg, nosync, plan, op_overhead=cal["op_overhead"]).step_time
+    no_sync = predict_shared(cg, nosync, plan, **options).step_time
     link = next(iter(cal["links"].values()), {"bandwidth": None, "latency": None})
     return {"plan": k, "devices": sorted(plan.devices_used()),
             "microbatches": plan.microbatches, "predicted": predicted, "measured": measured,
             "error": (predicted - measured) / measured, "load": load,
-            "op_overhead": cal["op_overhead"], "link_bandwidth": link["bandwidth"],
+            "op_overhead": cal["op_overhead"], "task_overhead": cal["task_overhead"],
+            "collective_efficiency": cal["collective_efficiency"],
+            "link_bandwidth": link["bandwidth"],
             "link_latency": link["latency"], "cpu_share": cal.get("cpu_share"),
             "cpu_share_all": cal.get("cpu_share_all"), "cpu_shares": cal.get("cpu_shares"),
             "predicted_alone": alone, "error_alone": (alone - measured) / measured,
@@ -416,7 +420,9 @@ def netns(nproc: int = 2, rate: str = "100mbit", model: str = MODEL, batch: int 
                 cal = first["calibration"]
                 cg = placer.Graph.from_dict(cal["graph"])
                 cc = placer.Cluster.from_dict(cal["cluster"])
-                options = {"op_overhead": cal["op_overhead"]}
+                options = {"op_overhead": cal["op_overhead"],
+                           "task_overhead": cal["task_overhead"],
+                           "collective_efficiency": cal["collective_efficiency"]}
                 best = placer.optimize(cg, cc, "evolution", seed=seed,
                                        time_budget=search_seconds, problem_options=options,
                                        microbatches=[m for m in (1, 2, 4) if m <= batch])

@@ -122,6 +122,10 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     e_inv_rate = s_inv[e_slot] / p.rate[e_cell % D]
     ovh = p.op_overhead
     launches = per_device(count) * ovh
+    if p.task_overhead:
+        # each run is one task of a runtime (see Problem's task_overhead)
+        launches = launches + per_device(
+            np.bincount(run_slot, minlength=U).astype(float)) * p.task_overhead
 
     times = p.times
     if times is not None:
@@ -237,6 +241,8 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     else:
         sc = gt["slow_cls"][run_group]
         run_w = (crit[run_end, sc] - crit[run_start, sc]) / size[run_group] / m[run_row]
+    if p.task_overhead:
+        run_w = run_w + p.task_overhead * phases     # a runtime task per run and phase
     fill = np.bincount(run_row, run_w, minlength=B)
     start = np.zeros(R)                     # when each run may start
     entry = None
@@ -785,8 +791,9 @@ def _coefficients(p: Problem, devices: tuple) -> tuple:
     if hit is None:
         if len(cache) > 4096:
             cache.clear()
-        hit = cache[devices] = allreduce_coefficients(devices, p.bandwidth, p.latency,
-                                                      p.nic_bandwidth, p.site)
+        coef = allreduce_coefficients(devices, p.bandwidth, p.latency, p.nic_bandwidth,
+                                      p.site)
+        hit = cache[devices] = tuple(c / p.collective_efficiency for c in coef)
     return hit
 
 

@@ -87,6 +87,15 @@ class Problem:
       ``efficiency`` is None.
     - ``op_overhead``: seconds per op launch (forward and backward), so ops
       with zero counted FLOPs (elementwise) are not free.
+    - ``task_overhead``: seconds per run of consecutive ops on one device
+      group, per microbatch and phase (a runtime runs each such run as one
+      piece: a module call, one autograd call and its own bookkeeping; see
+      :mod:`placer.runtime.profile`). Default 0: plans are costed by their
+      ops alone.
+    - ``collective_efficiency``: the share of its links' speed an all-reduce
+      achieves (1: the ring's bytes move at link speed; gloo on CPUs reduces
+      and copies too, and a runtime flattens the gradients first: ``placer
+      launch --calibrate`` measures it). All-reduce times are divided by it.
     - ``nic``: ``"max_link"`` (default) gives a device without
       ``nic_bandwidth`` a network interface as fast as its fastest link, so
       fan-out from one device to many is serialised; ``"none"`` leaves such
@@ -118,7 +127,8 @@ class Problem:
                  optimizer_bytes_per_param: float = 2.0,
                  gradient_bytes_per_param: float = 1.0, recompute: bool = False,
                  default_efficiency: float = 0.5, op_overhead: float = 5e-6,
-                 nic: str = "max_link", bucket_bytes: float = 25e6, merge: float = 0.02):
+                 nic: str = "max_link", bucket_bytes: float = 25e6, merge: float = 0.02,
+                 task_overhead: float = 0.0, collective_efficiency: float = 1.0):
         if objective not in OBJECTIVES:
             raise StrategyError(f"unknown objective {objective!r}",
                                 fix=f"use one of: {', '.join(OBJECTIVES)}")
@@ -126,9 +136,13 @@ class Problem:
             raise StrategyError(f"default_efficiency must be in (0, 1], got {default_efficiency!r}")
         for label, value in (("optimizer_bytes_per_param", optimizer_bytes_per_param),
                              ("gradient_bytes_per_param", gradient_bytes_per_param),
-                             ("op_overhead", op_overhead)):
+                             ("op_overhead", op_overhead),
+                             ("task_overhead", task_overhead)):
             if not value >= 0:
                 raise StrategyError(f"{label} must be >= 0, got {value!r}")
+        if not 0 < collective_efficiency <= 1:
+            raise StrategyError(f"collective_efficiency must be in (0, 1], got "
+                                f"{collective_efficiency!r}")
         if nic not in ("max_link", "none"):
             raise StrategyError(f"unknown nic mode {nic!r}", fix="use 'max_link' or 'none'")
         self.graph = graph
@@ -139,6 +153,8 @@ class Problem:
         self.recompute = bool(recompute)
         self.default_efficiency = float(default_efficiency)
         self.op_overhead = float(op_overhead)
+        self.task_overhead = float(task_overhead)
+        self.collective_efficiency = float(collective_efficiency)
         self.nic = nic
         self.bucket_bytes = float(bucket_bytes)
         self.merge = float(merge)
@@ -158,7 +174,9 @@ class Problem:
                 "gradient_bytes_per_param": self.gradient_bytes_per_param,
                 "recompute": self.recompute, "default_efficiency": self.default_efficiency,
                 "op_overhead": self.op_overhead, "nic": self.nic,
-                "bucket_bytes": self.bucket_bytes, "merge": self.merge}
+                "bucket_bytes": self.bucket_bytes, "merge": self.merge,
+                "task_overhead": self.task_overhead,
+                "collective_efficiency": self.collective_efficiency}
 
     def __repr__(self) -> str:
         return (f"Problem(graph={self.graph.name!r}, cluster={self.cluster.name!r}, "

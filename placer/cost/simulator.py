@@ -103,8 +103,9 @@ def _allreduce(p: Problem, members, nbytes: float):
     if hit is None:
         if len(cache) > 4096:
             cache.clear()
-        hit = cache[key] = allreduce(members, nbytes, p.bandwidth, p.latency,
-                                     p.nic_bandwidth, p.site)
+        seconds, links, algo = allreduce(members, nbytes, p.bandwidth, p.latency,
+                                         p.nic_bandwidth, p.site)
+        hit = cache[key] = (seconds / p.collective_efficiency, links, algo)
     return hit
 
 
@@ -178,6 +179,12 @@ class _Build:
         else:
             inst_cls = times.cls[inst_dev]
             ft = p.op_overhead + times.forward[inst_op, inst_cls] * frac / m
+        if p.task_overhead:
+            # a run of consecutive ops on one group is one task of a runtime
+            head = np.ones(n, dtype=bool)
+            head[1:] = g[1:] != g[:-1]
+            task = p.task_overhead * head[inst_op]
+            ft = ft + task
         has_in = np.zeros(NI, dtype=bool)
         has_in[iv] = True
         has_out = np.zeros(NI, dtype=bool)
@@ -190,6 +197,8 @@ class _Build:
                 bt = p.op_overhead + p.bwd_flops[inst_op] * frac / m / p.rate[inst_dev]
             else:
                 bt = p.op_overhead + times.backward[inst_op, inst_cls] * frac / m
+            if p.task_overhead:
+                bt = bt + task
             if p.recompute:
                 bt = bt + ft
             permB = np.lexsort((-inst_op, inst_dev))

@@ -50,12 +50,14 @@ def _share(dev, frac: float) -> float:
 
 
 def predict_shared(graph, cluster, plan, *, op_overhead: float, rounds: int = 3,
-                   **options):
+                   task_overhead: float = 0.0, **options):
     """The simulator's report for ``plan`` on ranks that share a host's
     cores. ``graph`` holds op times at a whole core (calibrated with a
     share of 1) and ``cluster``'s devices their measured shares in
     ``extra`` (see the module doc); ``op_overhead`` is the launch cost at a
-    whole core. Devices without ``cpu_share_all`` keep ``cpu_share``.
+    whole core, ``task_overhead`` a runtime task's (see
+    :class:`placer.cost.Problem`). Devices without ``cpu_share_all`` keep
+    ``cpu_share``.
     The report's ``extra["cpu_shares"]`` gives the shares used."""
     from ..cluster import Cluster
     from ..cost import simulate
@@ -75,7 +77,8 @@ def predict_shared(graph, cluster, plan, *, op_overhead: float, rounds: int = 3,
         # one launch cost for all devices (the cost model has one): at the
         # mean share
         mean = sum(shares.values()) / len(shares)
-        report = simulate(graph, scaled, plan, op_overhead=op_overhead / mean, **options)
+        report = simulate(graph, scaled, plan, op_overhead=op_overhead / mean,
+                          task_overhead=task_overhead / mean, **options)
         new = overlap(report.events(), used)
         if all(abs(new[d] - fracs[d]) < 0.02 for d in used):
             break

@@ -65,6 +65,7 @@ from ..errors import PlacerError, PlanError
 from .engine import Engine, Routes, device_orders
 from .run import (MeasuredReport, _as_device, build_optimizer, default_loss, join_outputs,
                   predict, prepare, sink_device)
+from .waiting import KeepAwake, Watcher, busy_poll_default, quick_handover, wait_work
 
 _DEBUG = bool(os.environ.get("PLACER_DEBUG_COMM"))
 
@@ -156,11 +157,14 @@ def _maybe_inject_fault(rank: int, step: int) -> None:
 class DistTransport:
     """Messages between ranks with tagged point-to-point sends."""
 
-    def __init__(self, rank_of: dict[str, int], me: str, device: torch.device, backend: str):
+    def __init__(self, rank_of: dict[str, int], me: str, device: torch.device, backend: str,
+                 spin: bool = False):
         self.rank_of = rank_of
         self.me = me
         self.device = device
         self.stage = backend == "gloo" and device.type != "cpu"
+        self.spin = spin          # busy-poll instead of blocking (see .waiting)
+        self.watcher = Watcher()
         self.box: dict = {}
         self.pending: list = []
         self.posted: dict = {}
@@ -177,6 +181,11 @@ class DistTransport:
         start = time.perf_counter()
         data = tensor.detach().to("cpu") if self.stage else tensor.detach()
         self.pending.append((dist.isend(data, dst=self.rank_of[dst], tag=tag), data))
+        if _DEBUG:
+            print(f"[{self.me}] send tag {tag} to {dst} {tuple(data.shape)} at "
+                  f"{time.perf_counter():.6f}", flush=True)
+        if self.spin:
+            os.sched_yield()
         self.comm_time[self.me] += time.perf_counter() - start
 
     def post(self, incoming: list[tuple]) -> None:
@@ -188,31 +197,46 @@ class DistTransport:
         for tag, shape, dtype, src, _dst in incoming:
             buf = torch.empty(tuple(shape), dtype=dtype,
                               device="cpu" if self.stage else self.device)
-            self.posted[tag] = (dist.irecv(buf, src=self.rank_of[src], tag=tag), buf)
+            work = dist.irecv(buf, src=self.rank_of[src], tag=tag)
+            self.posted[tag] = (self.watcher.watch(work), buf)
 
     def ready(self, tag: int) -> bool:
         """Whether message ``tag`` of this step has arrived (a tag no longer
         posted was received already)."""
         posted = self.posted.get(tag)
-        return posted is None or posted[0].is_completed()
+        return posted is None or posted[0].done()
+
+    def wait_any(self, tags: list[int]) -> None:
+        """Until one of the messages ``tags`` of this step has arrived."""
+        handles = [self.posted[t][0] for t in tags if t in self.posted]
+        if not handles:
+            return
+        start = time.perf_counter()
+        with _STATUS.wait(None, "a message"):
+            self.watcher.wait_any(handles)
+        self.comm_time[self.me] += time.perf_counter() - start
+        if _DEBUG:
+            print(f"[{self.me}] wait_any {tags} from {start:.6f} to {time.perf_counter():.6f}",
+                  flush=True)
 
     def recv(self, shape, dtype, src: str, dst: str, tag: int):
         if src == self.me:
             return self.box.pop(tag)
         start = time.perf_counter()
         if tag in self.posted:
-            work, buf = self.posted.pop(tag)
+            handle, buf = self.posted.pop(tag)
             with _STATUS.wait(self.rank_of[src]):
-                work.wait()
+                handle.wait()
         else:
             buf = torch.empty(tuple(shape), dtype=dtype,
                               device="cpu" if self.stage else self.device)
             with _STATUS.wait(self.rank_of[src]):
-                dist.recv(buf, src=self.rank_of[src], tag=tag)
+                self.watcher.watch(dist.irecv(buf, src=self.rank_of[src], tag=tag)).wait()
         self.comm_time[self.me] += time.perf_counter() - start
         if _DEBUG:
             print(f"[{self.me}] recv tag {tag} from {src} {tuple(shape)} "
-                  f"{(time.perf_counter() - start) * 1e3:.2f} ms", flush=True)
+                  f"{(time.perf_counter() - start) * 1e3:.2f} ms at {time.perf_counter():.6f}",
+                  flush=True)
         return buf.to(self.device) if self.stage else buf
 
     def finish(self) -> None:
@@ -221,8 +245,8 @@ class DistTransport:
                 work.wait()
             # every posted receive is consumed by a correct step; wait out any
             # left so the next step's receives cannot match stale ones
-            for work, _ in self.posted.values():
-                work.wait()
+            for handle, _ in self.posted.values():
+                handle.wait()
         self.pending.clear()
         self.posted.clear()
         self.box.clear()
@@ -239,7 +263,8 @@ class DistTransport:
         flat = tensors[self.me]
         data = flat.to("cpu") if self.stage else flat
         with _STATUS.wait(None, f"all-reduce over {', '.join(holders)}"):
-            dist.all_reduce(data, op=dist.ReduceOp.SUM, group=self.groups[holders])
+            wait_work(dist.all_reduce(data, op=dist.ReduceOp.SUM, group=self.groups[holders],
+                                      async_op=True), self.spin)
         if self.stage:
             flat.copy_(data)
         self.comm_time[self.me] += time.perf_counter() - start
@@ -249,7 +274,8 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
              optimizer=None, loss_fn: Callable | None = None, targets=None, graph=None,
              cluster=None, device: str | torch.device | None = None, training: bool = True,
              loss_reduction: str = "mean", problem_options: dict | None = None,
-             seed: int = 0, calibrate: bool = False) -> dict | None:
+             seed: int = 0, calibrate: bool = False,
+             busy_poll: bool | None = None) -> dict | None:
     """Run this rank's share of the plan; the process group must be up.
 
     Returns, on rank 0, a dict with ``loss``, ``losses``, ``outputs``,
@@ -262,7 +288,12 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     ranks) and the links between the ranks (ping-pong at several sizes,
     :func:`placer.runtime.profile.measure_links`); the prediction is then
     made on that calibrated graph and cluster (``calibration`` in the
-    result says what was measured)."""
+    result says what was measured).
+
+    ``busy_poll``: wait for messages by polling and keep this rank's cores
+    awake (:mod:`placer.runtime.waiting`), calibration included; None: when
+    this process was pinned to cores of its own (:func:`pin_cores`) and is
+    a CPU rank over gloo."""
     torch.manual_seed(seed)
     rank, world = dist.get_rank(), dist.get_world_size()
     graph, plan, sp, inputs, mb_rows = prepare(model, plan, example_inputs, graph=graph,
@@ -278,14 +309,16 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
                            if backend == "nccl" else torch.device("cpu")))
     routes = Routes(sp, mb_rows, sink_device(sp))
     orders, used = device_orders(routes, plan.schedule, training)
-    transport = DistTransport({d: i for i, d in enumerate(devs)}, me, tdev, backend)
+    spin = busy_poll if busy_poll is not None else busy_poll_default(
+        _PINNED is not None, tdev.type, backend)
+    transport = DistTransport({d: i for i, d in enumerate(devs)}, me, tdev, backend, spin=spin)
     batch = sum(mb_rows)
     weights = [(n / batch if loss_reduction == "mean" else 1.0) for n in mb_rows]
     offsets = [sum(mb_rows[:m]) for m in range(len(mb_rows))]
     order = [(me, t) for t in orders.get(me, [])]
     engine = Engine(sp, routes, {d: tdev for d in devs}, [me], transport, training=training,
                     loss_fn=loss_fn or default_loss, loss_weights=weights, order=order,
-                    model=model, seed=seed)
+                    model=model, seed=seed, schedule=used)
     transport.make_groups(engine.holders.values())
     opt = build_optimizer(optimizer, engine.parameters()) if training else None
     params = engine.parameters()
@@ -298,51 +331,55 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     times, losses, last, grads, timeline = [], [], None, {}, []
     compute = comm = cpu_time = 0.0
     peak_act = 0.0
-    for step in range(steps + warmup):
-        if step in cal_before:
-            _STATUS.set("calibrating")
-            rng = torch.get_rng_state()   # the steps draw the same numbers as without it
-            with _STATUS.wait(None, "calibration"):
-                # a loss of (outputs, targets) is not timed: the profile runs
-                # rows without their targets
-                rounds.append(_calibration_round(model, example_inputs, graph, tdev,
-                                                 loss_fn=loss_fn if targets is None else False))
-            torch.set_rng_state(rng)
-        if calibrate and step >= warmup:
-            # the load of a shared host changes from second to second: the
-            # shares are sampled before every measured step, too
-            with _STATUS.wait(None, "calibration"):
-                shares.append(_shares(tdev, 0.05))
-        _STATUS.set(f"step {step}")
-        _maybe_inject_fault(rank, step)
-        for p in params:
-            p.grad = None
-        transport.comm_time.clear()
-        if tdev.type == "cuda":
-            torch.cuda.synchronize(tdev)
-            torch.cuda.reset_peak_memory_stats(tdev)
-        with _STATUS.wait(None, "the step barrier"):
-            dist.barrier()
-        start, cpu_start = time.perf_counter(), time.process_time()
-        last, kept = engine.train_step(inputs, targets, offsets, training=training,
-                                       optimizer=opt,
-                                       keep_gradients=step == steps + warmup - 1)
-        grads = kept if kept is not None else grads
-        if tdev.type == "cuda":
-            torch.cuda.synchronize(tdev)
-        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-        cpu_used = time.process_time() - cpu_start
-        with _STATUS.wait(None, "the step's end"):
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        if step >= warmup:
-            if not times or float(elapsed) <= statistics.median(times):
-                timeline = [dataclasses.astuple(e) for e in engine.events]   # a typical step
-            times.append(float(elapsed))
-            losses.append(last["loss"])
-            compute += last["stats"].compute.get(me, 0.0) / steps
-            cpu_time += cpu_used / steps
-            comm += transport.comm_time.get(me, 0.0) / steps
-            peak_act = max(peak_act, last["stats"].peak_act.get(me, 0.0))
+    cores = sorted(os.sched_getaffinity(0)) if spin and hasattr(os, "sched_getaffinity") \
+        else []
+    with KeepAwake(cores), quick_handover():
+        for step in range(steps + warmup):
+            if step in cal_before:
+                _STATUS.set("calibrating")
+                rng = torch.get_rng_state()   # the steps draw the same numbers as without it
+                with _STATUS.wait(None, "calibration"):
+                    # a loss of (outputs, targets) is not timed: the profile runs
+                    # rows without their targets
+                    rounds.append(_calibration_round(model, example_inputs, graph, tdev,
+                                                     loss_fn=loss_fn if targets is None else False,
+                                                     spin=spin))
+                torch.set_rng_state(rng)
+            if calibrate and step >= warmup:
+                # the load of a shared host changes from second to second: the
+                # shares are sampled before every measured step, too
+                with _STATUS.wait(None, "calibration"):
+                    shares.append(_shares(tdev, 0.05))
+            _STATUS.set(f"step {step}")
+            _maybe_inject_fault(rank, step)
+            for p in params:
+                p.grad = None
+            transport.comm_time.clear()
+            if tdev.type == "cuda":
+                torch.cuda.synchronize(tdev)
+                torch.cuda.reset_peak_memory_stats(tdev)
+            with _STATUS.wait(None, "the step barrier"):
+                wait_work(dist.barrier(async_op=True), spin)
+            start, cpu_start = time.perf_counter(), time.process_time()
+            last, kept = engine.train_step(inputs, targets, offsets, training=training,
+                                           optimizer=opt,
+                                           keep_gradients=step == steps + warmup - 1)
+            grads = kept if kept is not None else grads
+            if tdev.type == "cuda":
+                torch.cuda.synchronize(tdev)
+            elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+            cpu_used = time.process_time() - cpu_start
+            with _STATUS.wait(None, "the step's end"):
+                wait_work(dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, async_op=True), spin)
+            if step >= warmup:
+                if not times or float(elapsed) <= statistics.median(times):
+                    timeline = [dataclasses.astuple(e) for e in engine.events]   # a typical step
+                times.append(float(elapsed))
+                losses.append(last["loss"])
+                compute += last["stats"].compute.get(me, 0.0) / steps
+                cpu_time += cpu_used / steps
+                comm += transport.comm_time.get(me, 0.0) / steps
+                peak_act = max(peak_act, last["stats"].peak_act.get(me, 0.0))
     if tdev.type == "cuda":
         peak = float(torch.cuda.max_memory_allocated(tdev))
     else:
@@ -384,6 +421,9 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
         from .contention import predict_shared
         cg, cc = calibration["graph"], calibration["cluster"]
         prediction = predict_shared(cg, cc, plan, **{"op_overhead": calibration["op_overhead"],
+                                                     "task_overhead": calibration["task_overhead"],
+                                                     "collective_efficiency":
+                                                         calibration["collective_efficiency"],
                                                      **(problem_options or {})})
         calibration["cpu_shares"] = prediction.extra["cpu_shares"]
         merged["calibration"] = {**calibration, "graph": cg.to_dict(), "cluster": cc.to_dict()}
@@ -418,14 +458,15 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
 CALIBRATION_ROUNDS = 3
 
 
-def _calibration_round(model, example_inputs, graph, tdev, loss_fn=None) -> dict:
+def _calibration_round(model, example_inputs, graph, tdev, loss_fn=None,
+                       spin: bool = False) -> dict:
     """Collective: one round of microbenchmarks on every rank: the links
     between ranks, the share of a core each rank gets while all compute,
     and every op's time on this rank's device."""
     from ..cluster import Cluster, Device
     from .profile import measure_links, profile
-    links = measure_links(dist.get_world_size(), dist.get_rank(), repeats=5)
-    sync = _sync_delays(links["pairs"])
+    links = measure_links(dist.get_world_size(), dist.get_rank(), repeats=5, spin=spin)
+    sync = _sync_delays(links["pairs"], spin)
     name = str(tdev)
     here = Cluster.from_rules("here", [Device(name, 1e11, 1e10)], default=(1e9, 1e-4))
     share_one, share_all = _shares(tdev, 0.1)
@@ -442,20 +483,22 @@ def _calibration_round(model, example_inputs, graph, tdev, loss_fn=None) -> dict
     return {"ops": {op.id: op.extra["measured"][name] for op in timed
                     if name in op.extra.get("measured", {})},
             "op_overhead": dev.extra["op_overhead"], "efficiency": dev.efficiency,
+            "task_overhead": dev.extra["task_overhead"],
             "cpu_share": share_one, "cpu_share_all": share_all,
             "points": {pair: link["points"] for pair, link in links["pairs"].items()},
             "message_cpu": {pair: link["message_cpu"] for pair, link in links["pairs"].items()},
             "sync_delay": sync, "allreduce": links["allreduce"]}
 
 
-def _sync_delays(pairs: dict) -> dict:
+def _sync_delays(pairs: dict, spin: bool = False) -> dict:
     """Collective: :func:`placer.runtime.profile.sync_delay` of every pair of
     ranks, one pair at a time (the others wait)."""
     from .profile import sync_delay
     rank, out = dist.get_rank(), {}
     for (i, j), link in pairs.items():
         dist.barrier()
-        delay = sync_delay(j if rank == i else i, link["latency"]) if rank in (i, j) else 0.0
+        delay = sync_delay(j if rank == i else i, link["latency"], spin=spin) \
+            if rank in (i, j) else 0.0
         shared = torch.tensor([delay], dtype=torch.float64)
         dist.all_reduce(shared, op=dist.ReduceOp.MAX)
         out[(i, j)] = float(shared)
@@ -466,15 +509,20 @@ def _shares(tdev, seconds: float) -> tuple[float, float]:
     """Collective: the share of a core this rank gets while it computes
     alone (the others wait) and while every rank computes at once (ranks on
     one host share its cores and its other work; see
-    :mod:`placer.runtime.contention`)."""
-    from .profile import cpu_share
+    :mod:`placer.runtime.contention`). The second is an effective share:
+    when the work rate drops more than the share while all compute (ranks
+    on cores of their own that slow each other down through what the cores
+    share), the rate's ratio counts."""
+    from .profile import cpu_speed
     dist.barrier()
-    share_all = cpu_share(tdev, seconds)
+    share_all, rate_all = cpu_speed(tdev, seconds)
     for turn in range(dist.get_world_size()):
         dist.barrier()
         if turn == dist.get_rank():
-            share_one = cpu_share(tdev, seconds)
+            share_one, rate_one = cpu_speed(tdev, seconds)
     dist.barrier()
+    if rate_one > 0:
+        share_all = min(share_all, share_one * rate_all / rate_one)
     return share_one, share_all
 
 
@@ -483,7 +531,7 @@ def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev,
     """Collective: rank 0 gets the calibrated graph and cluster (medians over
     every round of every rank: the ranks' devices are alike); None elsewhere."""
     from ..cluster import Device
-    from .profile import calibrated_graph, fit_link, ranks_cluster
+    from .profile import calibrated_graph, collective_efficiency, fit_link, ranks_cluster
     gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object((rounds, list(shares)), gathered, dst=0)
     if gathered is None:
@@ -500,13 +548,15 @@ def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev,
             op.extra.setdefault("measured", {})[name] = {k: med(row[k] for row in rows)
                                                          for k in rows[0]}
     ovh = med(r["op_overhead"] for r in every)
+    task = med(r["task_overhead"] for r in every)
     share = med(s[0] for s in samples)
     share_all = med(s[1] for s in samples)
     # op times at a whole core; the shares stay in the ranks' devices
     dev = Device(name, 1e11, 1e10, efficiency=med(r["efficiency"] for r in every),
-                 extra={"op_overhead": ovh, "cpu_share": 1.0})
+                 extra={"op_overhead": ovh, "cpu_share": 1.0, "task_overhead": task})
     shared = Device(name, 1e11, 1e10, efficiency=dev.efficiency,
-                    extra={"op_overhead": ovh, "cpu_share": share, "cpu_share_all": share_all})
+                    extra={"op_overhead": ovh, "cpu_share": share, "cpu_share_all": share_all,
+                           "task_overhead": task})
     pairs = {}
     for pair in every[0]["points"]:
         sizes = set.intersection(*(set(r["points"][pair]) for r in rounds))
@@ -516,10 +566,15 @@ def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev,
                        "message_cpu": med(r["message_cpu"][pair] for r in rounds),
                        "sync_delay": med(r["sync_delay"][pair] for r in rounds)}
     allreduce = {n: med(r["allreduce"][n] for r in rounds) for n in rounds[0]["allreduce"]}
+    # the ring runs at the speed of its slowest link and its worst latency
+    efficiency = collective_efficiency(
+        allreduce, min((v["bandwidth"] for v in pairs.values()), default=float("inf")),
+        max((v["latency"] for v in pairs.values()), default=0.0), len(devs))
     from ..cluster import Cluster
     one = Cluster("here", [dev], [[float("inf")]], [[0.0]])
     return {"graph": calibrated_graph(timed, one, name, overhead=ovh),
             "cluster": ranks_cluster(devs, shared, {"pairs": pairs}), "op_overhead": ovh,
+            "task_overhead": task, "collective_efficiency": efficiency,
             "efficiency": dev.efficiency, "cpu_share": share, "cpu_share_all": share_all,
             "rounds": len(every),
             "links": {f"{devs[i]}-{devs[j]}": v for (i, j), v in pairs.items()},
@@ -554,7 +609,13 @@ def pin_cores(local_rank: int, local_world: int) -> list[int] | None:
         return None
     cores = usable[local_rank * per:(local_rank + 1) * per]
     os.sched_setaffinity(0, cores)
+    global _PINNED
+    _PINNED = cores
     return cores
+
+
+#: the cores :func:`pin_cores` gave this process (None: not pinned)
+_PINNED: list[int] | None = None
 
 
 def _auto_pin(pin: bool | None, world: int) -> bool:
@@ -848,8 +909,9 @@ def _calibrate_here(plan, build, kwargs: dict, cluster):
                          repeats=7, warmup=3)
     name = next(d.name for d in cal.devices if "op_overhead" in d.extra)
     ovh = cal.device(name).extra["op_overhead"]
+    task = cal.device(name).extra.get("task_overhead", 0.0)
     return {**kwargs, "graph": calibrated_graph(timed, cal, name, overhead=ovh),
-            "problem_options": {"op_overhead": ovh}}, cal
+            "problem_options": {"op_overhead": ovh, "task_overhead": task}}, cal
 
 
 def _print(result: dict, ns) -> None:

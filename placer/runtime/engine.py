@@ -375,7 +375,7 @@ class Engine:
     def __init__(self, split: Split, routes: Routes, torch_devices: dict[str, torch.device],
                  local: list[str], transport, *, training: bool, loss_fn: Callable | None,
                  loss_weights: list[float], order: list, model: torch.nn.Module | None = None,
-                 seed: int = 0):
+                 seed: int = 0, schedule: str | None = None):
         self.split = split
         self.routes = routes
         self.tdev = torch_devices
@@ -385,6 +385,8 @@ class Engine:
         self.loss_fn = loss_fn
         self.loss_weights = loss_weights
         self.order = order                 # [(device, task)] for the local devices
+        #: "1f1b", "gpipe" or "forward": a rank dispatches by it (see _dispatch)
+        self.schedule = schedule
         self.model = model
         self.seed = seed
         #: count the bytes autograd saves (CPU peak memory); costs a Python
@@ -533,18 +535,20 @@ class Engine:
 
     def _tasks(self):
         """This process's tasks in the order they run. One process hosting
-        every device runs the precomputed interleaved order. A rank
-        (a transport with ``ready``) runs the first task of the order whose
-        inputs are all here, as the cost model's simulator dispatches: a
-        forward that waits for another rank does not hold up a later
-        microbatch's forward that can start. A task only overtakes tasks of
-        the same kind in the same run of the order (so 1F1B keeps its
-        microbatches in flight); when none is ready it waits for the first."""
+        every device runs the precomputed interleaved order. A rank (a
+        transport with ``ready``) dispatches as the cost model's simulator
+        does (:meth:`_dispatch`) when the engine knows its ``schedule``;
+        without one it runs the first task of the order whose inputs are all
+        here, overtaking only tasks of the same kind in the same run of the
+        order, and when none is ready it waits for the first."""
         ready = getattr(self.transport, "ready", None)
         if ready is None:
             yield from self.order
             return
         needs = self._needs()
+        if self.schedule is not None:
+            yield from self._dispatch(needs, ready)
+            return
         pending = list(self.order)
         done: set = set()
         while pending:
@@ -559,6 +563,77 @@ class Engine:
             dev, task = pending.pop(pick)
             yield dev, task
             done.add(task)
+
+    def _dispatch(self, needs: dict, ready):
+        """A rank's tasks by the simulator's rule (see
+        :mod:`placer.cost.simulator`): among the tasks whose inputs are here,
+        the first by priority. ``1f1b``: backwards first, earlier
+        microbatches first, and a device starts a new microbatch only while
+        fewer than its cap are between their first forward and last
+        backward on it (the pieces from its first to the end, as the
+        simulator's runs); ``gpipe``: forwards first, and no backward before
+        the device finished every forward; ``forward``: microbatch order.
+        The in-flight cap keeps the earliest microbatch able to finish, so
+        no rank waits on a task another rank will not run. When no task is
+        ready the rank waits for a message any candidate needs."""
+        order = self.order
+        index = {task: i for i, (_dev, task) in enumerate(order)}
+        one_f_one_b = self.schedule == "1f1b"
+        gpipe = self.schedule == "gpipe"
+
+        def priority(item):
+            kind, m, _inst = item[1]
+            urgent = kind == ("B" if one_f_one_b else "F")
+            return (not urgent, m, index[item[1]])
+
+        pending = sorted(order, key=priority)
+        forwards_left: dict = defaultdict(int)
+        owed: dict = defaultdict(lambda: defaultdict(int))   # device -> m -> backwards left
+        first_piece: dict = {}
+        for dev, (kind, m, inst) in order:
+            if kind == "F":
+                forwards_left[dev] += 1
+            else:
+                owed[dev][m] += 1
+            if inst != self.routes.sink:
+                first_piece[dev] = min(first_piece.get(dev, inst.piece), inst.piece)
+        pieces = len(self.split.pieces)
+        micro = len(self.routes.mb_rows)
+        cap = {d: min(micro, max(1, pieces - p)) for d, p in first_piece.items()}
+        started: dict = defaultdict(set)
+        done: set = set()
+        while pending:
+            pick, waiting = None, []
+            for i, (dev, task) in enumerate(pending):
+                kind, m, _inst = task
+                if kind == "F" and one_f_one_b and m not in started[dev] and sum(
+                        1 for k in started[dev] if owed[dev][k] > 0) >= cap.get(dev, micro):
+                    continue
+                if kind == "B" and gpipe and forwards_left[dev] > 0:
+                    continue
+                local, tags, _ = needs[task]
+                if not all(t in done for t in local):
+                    continue
+                missing = [tag for tag in tags if not ready(tag)]
+                if not missing:
+                    pick = i
+                    break
+                waiting += missing
+            if pick is None:
+                if not waiting:
+                    raise PlanError("the rank's schedule has no task it can run (a bug)",
+                                    fix="rerun with schedule='gpipe' and report the plan")
+                self.transport.wait_any(waiting)
+                continue
+            dev, task = pending.pop(pick)
+            yield dev, task
+            kind, m, _inst = task
+            done.add(task)
+            if kind == "F":
+                forwards_left[dev] -= 1
+                started[dev].add(m)
+            else:
+                owed[dev][m] -= 1
 
     def _needs(self) -> dict:
         """Per local task: (tasks of this process it waits for, tags of the
@@ -792,7 +867,8 @@ class Engine:
                 for name in names:
                     p = self.copies[d][name]
                     n = p.numel()
-                    p.grad = flat[offset:offset + n].view_as(p).clone()
+                    # a view: the flat buffer is this step's gradient storage
+                    p.grad = flat[offset:offset + n].view_as(p)
                     offset += n
 
     def train_step(self, inputs: list, targets: Any, batch_offsets: list[int], *,

@@ -11,8 +11,11 @@ rate``) and the share of a core this process gets is measured
 (:func:`cpu_share`: on a shared host a step runs for many time slices, an
 op for less than one); the rate goes into the cluster as the device's
 ``efficiency`` (rate / peak), the overhead into
-``device.extra["op_overhead"]`` and the share into
-``device.extra["cpu_share"]``.
+``device.extra["op_overhead"]``, the share into
+``device.extra["cpu_share"]`` and what one runtime task (a piece, per
+microbatch and phase) costs beyond its ops into
+``device.extra["task_overhead"]`` (:func:`task_overhead`; pass it as
+``Problem(task_overhead=...)``).
 
 :func:`calibrated_graph` turns the measurements into a graph whose FLOPs,
 at the calibrated rate, take the measured time (divided by the share), so
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import statistics
 import time
 from typing import Any
@@ -229,15 +233,67 @@ def cpu_share(device: torch.device, seconds: float = 0.1) -> float:
     CUDA devices). On a host shared with other work the scheduler hands out
     time slices; ops timed one by one fit inside a slice, whole steps do
     not."""
+    return cpu_speed(device, seconds)[0]
+
+
+def cpu_speed(device: torch.device, seconds: float = 0.1) -> tuple[float, float]:
+    """(:func:`cpu_share`, chunks of work done per second of wall time).
+    Two ranks computing at once on cores of their own get whole cores but
+    may each run slower (shared caches, memory bandwidth, clocks, a virtual
+    machine's siblings): the work rate sees that, the share does not.
+    CUDA devices: (1.0, 0.0)."""
     if device.type != "cpu":
-        return 1.0
+        return 1.0, 0.0
     a = torch.randn(64, 64)
+    chunks = 0
     wall, cpu = time.perf_counter(), time.thread_time()
     while time.perf_counter() - wall < seconds:
         for _ in range(20):
             a = torch.tanh(a @ a)
+        chunks += 1
     used, spent = time.thread_time() - cpu, time.perf_counter() - wall
-    return min(1.0, max(0.05, used / max(spent, 1e-9)))
+    return min(1.0, max(0.05, used / max(spent, 1e-9))), chunks / max(spent, 1e-9)
+
+
+def task_overhead(device: torch.device, repeats: int = 15) -> float:
+    """Seconds one runtime task costs beyond its ops: a piece's module
+    call, its autograd call, gathering its inputs and handing on its
+    outputs, per microbatch and phase (``Problem(task_overhead=...)``).
+    Measured as the runtime runs it: a chain of 17 tiny linear layers
+    placed as one piece and as 16 pieces alternating between two names for
+    ``device`` (messages between them stay in this process), steps
+    interleaved; the difference of the two plans' task time, per extra
+    task. Op times are measured apart (:func:`profile`), so the chain's ops
+    cost the same in both plans."""
+    from ..plan import Plan
+    from ..trace import trace
+    from .run import Runner
+    gen = torch.Generator().manual_seed(0)
+    layers = 17
+    model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(layers)])
+    with torch.no_grad():
+        for prm in model.parameters():
+            prm.copy_(torch.randn(prm.shape, generator=gen) * 0.3)
+    x = torch.randn(4, 8, generator=gen)
+    graph = trace(model, (x,))
+    order = graph.topological_order()
+    runners, tasks = {}, {}
+    for pieces in (1, 16):
+        placement = {op: ["a" if i * pieces // len(order) % 2 == 0 else "b"]
+                     for i, op in enumerate(order)}
+        runners[pieces] = Runner(model, Plan(placement), (x,), graph=graph,
+                                 device_map={"a": device, "b": device})
+    times: dict = {1: [], 16: []}
+    for k in range(repeats + 2):
+        for pieces, runner in runners.items():
+            runner.step()
+            bars = [e for e in runner.engine.events if e.category in ("forward", "backward")]
+            tasks[pieces] = len(bars)
+            if k >= 2:
+                times[pieces].append(sum(e.duration for e in bars))
+    extra = tasks[16] - tasks[1]
+    diff = statistics.median(times[16]) - statistics.median(times[1])
+    return max(0.0, diff / max(extra, 1))
 
 
 def _fit_launch(phases: list[dict], batch: int) -> float:
@@ -351,7 +407,7 @@ def profile(model: torch.nn.Module, example_inputs: Any, graph: Graph | None = N
             rate = flops / work if flops > 0 else dev.flops
             dev.efficiency = min(1.0, max(1e-6, rate / dev.flops))
             dev.extra = dict(dev.extra, op_overhead=overhead, measured_step=totals[batch],
-                             cpu_share=share)
+                             cpu_share=share, task_overhead=task_overhead(tdev) / share)
         devices_out.append(dev)
     out_cluster = Cluster(cluster.name, devices_out, cluster.bandwidth, cluster.latency,
                           meta=getattr(cluster, "meta", None))
@@ -436,23 +492,50 @@ def profile_main(argv: list[str] | None = None) -> int:
 LINK_SIZES = (256, 16 << 10, 256 << 10, 1 << 20, 4 << 20)
 
 
-def _pingpong(peer: int, first: bool, nbytes: int, repeats: int) -> float:
+def _pingpong(peer: int, first: bool, nbytes: int, repeats: int, spin: bool = False) -> float:
     """Median one-way time of ``nbytes`` between this rank and ``peer``
     (half a round trip; the receiver is always waiting, as the runtime's
-    pre-posted receives are)."""
-    import torch.distributed as dist
+    pre-posted receives are). ``spin``: wait as a busy-polling rank does
+    (:mod:`placer.runtime.waiting`)."""
     buf = torch.zeros(max(1, nbytes // 4))
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         if first:
-            dist.send(buf, peer)
-            dist.recv(buf, peer)
+            _send(buf, peer, spin)
+            _recv(buf, peer, spin)
         else:
-            dist.recv(buf, peer)
-            dist.send(buf, peer)
+            _recv(buf, peer, spin)
+            _send(buf, peer, spin)
         times.append((time.perf_counter() - start) / 2)
     return statistics.median(times)
+
+
+def _send(buf, peer: int, spin: bool) -> None:
+    import torch.distributed as dist
+    if spin:
+        _watcher().watch(dist.isend(buf, peer)).wait()
+    else:
+        dist.send(buf, peer)
+
+
+def _recv(buf, peer: int, spin: bool) -> None:
+    import torch.distributed as dist
+    if spin:
+        _watcher().watch(dist.irecv(buf, peer)).wait()
+    else:
+        dist.recv(buf, peer)
+
+
+_WATCHER = None
+
+
+def _watcher():
+    global _WATCHER
+    if _WATCHER is None:
+        from .waiting import Watcher
+        _WATCHER = Watcher()
+    return _WATCHER
 
 
 def fit_link(points: dict) -> tuple[float, float]:
@@ -471,7 +554,7 @@ def fit_link(points: dict) -> tuple[float, float]:
 
 
 def measure_links(world: int, rank: int, *, sizes=LINK_SIZES, repeats: int = 9,
-                  budget: float = 1.0) -> dict:
+                  budget: float = 1.0, spin: bool = False) -> dict:
     """Collective over every rank of the default process group: a ping-pong
     between each pair of ranks at several message sizes (a size is skipped
     once one round at the previous size took over ``budget`` / ``repeats``
@@ -482,6 +565,7 @@ def measure_links(world: int, rank: int, *, sizes=LINK_SIZES, repeats: int = 9,
     of a rank's threads) one small message costs a rank, sending or
     receiving: on cores shared by ranks it is taken from their compute."""
     import torch.distributed as dist
+    from .waiting import wait_work
     pairs = {}
     for i in range(world):
         for j in range(i + 1, world):
@@ -490,9 +574,9 @@ def measure_links(world: int, rank: int, *, sizes=LINK_SIZES, repeats: int = 9,
                 dist.barrier()
                 cpu = 0.0
                 if rank in (i, j):
-                    _pingpong(j if rank == i else i, rank == i, nbytes, 2)   # warm-up
+                    _pingpong(j if rank == i else i, rank == i, nbytes, 2, spin)   # warm-up
                     used = time.process_time()
-                    t = _pingpong(j if rank == i else i, rank == i, nbytes, repeats)
+                    t = _pingpong(j if rank == i else i, rank == i, nbytes, repeats, spin)
                     cpu = (time.process_time() - used) / (2 * repeats)
                 else:
                     t = 0.0
@@ -508,18 +592,51 @@ def measure_links(world: int, rank: int, *, sizes=LINK_SIZES, repeats: int = 9,
             pairs[(i, j)] = {"bandwidth": bw, "latency": lat, "points": points,
                              "message_cpu": message_cpu}
     allreduce = {}
-    for nbytes in sizes[:3]:
-        buf = torch.zeros(max(1, nbytes // 4))
+    for nbytes in (*sizes[:3], *ALLREDUCE_SIZES):
+        # as the runtime does it: gradients flattened into one buffer,
+        # all-reduced, copied back (see Engine.allreduce)
+        grads = [torch.zeros(max(1, nbytes // 4 // GRADIENTS)) for _ in range(GRADIENTS)]
         times = []
         for _ in range(repeats):
-            dist.barrier()
+            wait_work(dist.barrier(async_op=True), spin)
             start = time.perf_counter()
-            dist.all_reduce(buf)
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            wait_work(dist.all_reduce(flat, async_op=True), spin)
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                offset += g.numel()
             times.append(time.perf_counter() - start)
         shared = torch.tensor([statistics.median(times)], dtype=torch.float64)
         dist.all_reduce(shared, op=dist.ReduceOp.MAX)
         allreduce[nbytes] = float(shared)
     return {"pairs": pairs, "allreduce": allreduce}
+
+
+#: all-reduce sizes (bytes) that :func:`collective_efficiency` is fitted on
+ALLREDUCE_SIZES = (1 << 20, 4 << 20)
+#: tensors the measured all-reduce flattens (a model's gradients are many)
+GRADIENTS = 32
+
+
+def collective_efficiency(allreduce: dict, bandwidth: float, latency: float,
+                          world: int) -> float:
+    """``Problem(collective_efficiency=...)`` from :func:`measure_links`'
+    all-reduce times: the ring's time on the measured links (``2 (k - 1)``
+    latencies and ``2 (k - 1) / k`` of the bytes at ``bandwidth``) over the
+    measured time, median over :data:`ALLREDUCE_SIZES`, in (0.01, 1]."""
+    k = max(2, world)
+    if world < 2 or not math.isfinite(bandwidth) or bandwidth <= 0:
+        return 1.0
+    ratios = []
+    for nbytes in ALLREDUCE_SIZES:
+        seconds = allreduce.get(nbytes)
+        if seconds:
+            model = 2 * (k - 1) * latency + 2 * (k - 1) / k * nbytes / bandwidth
+            ratios.append(model / seconds)
+    if not ratios:
+        return 1.0
+    return float(min(1.0, max(0.01, statistics.median(ratios))))
 
 
 def _chunk(a, n: int):
@@ -530,7 +647,7 @@ def _chunk(a, n: int):
 
 
 def sync_delay(peer: int, latency: float, *, work: int = 48, repeats: int = 20,
-               rounds: int = 2) -> float:
+               rounds: int = 2, spin: bool = False) -> float:
     """Collective between this rank and ``peer`` (both call it): the time a
     synchronisation costs beyond what a prediction from average speeds
     charges. Both ranks compute equal chunks of work at once, first freely
@@ -547,17 +664,17 @@ def sync_delay(peer: int, latency: float, *, work: int = 48, repeats: int = 20,
     _chunk(a, work)   # warm-up
     free = lock = 0.0
     for _ in range(rounds):
-        _pingpong(peer, dist.get_rank() < peer, 4, 1)   # start together
+        _pingpong(peer, dist.get_rank() < peer, 4, 1, spin)   # start together
         start = time.perf_counter()
         for _ in range(repeats):
             _chunk(a, work)
         free += time.perf_counter() - start
-        _pingpong(peer, dist.get_rank() < peer, 4, 1)
+        _pingpong(peer, dist.get_rank() < peer, 4, 1, spin)
         start = time.perf_counter()
         for _ in range(repeats):
-            req = dist.irecv(got, peer)
+            req = _watcher().watch(dist.irecv(got, peer))
             _chunk(a, work)
-            dist.send(buf, peer)
+            _send(buf, peer, spin)
             req.wait()
         lock += time.perf_counter() - start
     n = rounds * repeats

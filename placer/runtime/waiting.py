@@ -1,0 +1,180 @@
+"""How a rank waits for its messages: blocking, or busy-polling a core it owns.
+
+Two problems of CPU ranks, both measured on this project's 2-core virtual
+machine (see BENCHMARKS.md, runtime):
+
+- gloo's point-to-point ``Work`` objects never report ``is_completed()``
+  before ``wait()`` returns, so a rank cannot ask whether a message has
+  arrived. :class:`Watcher` lends each posted receive a daemon thread that
+  blocks in ``wait()`` (which releases the GIL) and sets a flag; the rank
+  polls the flag (:meth:`Handle.done`) and can run another ready task
+  meanwhile, as the cost model's simulator does.
+- A rank that blocks lets its virtual CPU halt, and waking a halted vCPU
+  takes the hypervisor from tens of microseconds to a scheduler tick (4 ms
+  here): the median 1.3 MB all-reduce between two ranks took 2.9-3.5 ms
+  blocking and 0.56 ms busy-polling with :class:`KeepAwake`. A busy-polling
+  rank (``spin``) polls its collectives (yielding its core to its own
+  communication threads at every poll) and :class:`KeepAwake` keeps the
+  rank's cores busy with an idle-priority process whenever the rank itself
+  is not running, so they never halt. Both only make sense on cores the
+  rank owns (pinned ranks): on shared cores they would take time from other
+  work. Point-to-point receives are always waited for by blocking (see
+  :meth:`Handle.wait`).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import sys
+import threading
+
+__all__ = ["Handle", "Watcher", "wait_work", "KeepAwake", "busy_poll_default",
+           "quick_handover"]
+
+
+class Handle:
+    """A posted receive being watched; :meth:`done` says whether it arrived."""
+
+    __slots__ = ("work", "event", "error")
+
+    def __init__(self, work):
+        self.work = work
+        self.event = threading.Event()
+        self.error: BaseException | None = None
+
+    def done(self) -> bool:
+        return self.event.is_set()
+
+    def wait(self) -> None:
+        """Until the message is here (re-raises the transport's error).
+        Blocks rather than polls: the watching thread needs the GIL to say
+        the message arrived, which a polling thread holds (measured: no
+        faster than blocking on cores kept awake, see :class:`KeepAwake`)."""
+        self.event.wait()
+        if self.error is not None:
+            raise self.error
+
+
+class Watcher:
+    """Daemon threads that block in ``Work.wait()`` for the rank (see the
+    module doc). Threads are started as needed (one per receive in flight)
+    and reused from step to step; daemons, so a receive that never completes
+    (a dead peer) does not keep the process alive."""
+
+    def __init__(self):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._busy = 0
+        self._arrived = threading.Condition()
+
+    def watch(self, work) -> Handle:
+        handle = Handle(work)
+        with self._lock:
+            self._busy += 1
+            start = self._busy > self._threads
+            if start:
+                self._threads += 1
+        if start:
+            threading.Thread(target=self._run, name="placer-recv-watch", daemon=True).start()
+        self._queue.put(handle)
+        return handle
+
+    def _run(self) -> None:
+        while True:
+            handle = self._queue.get()
+            try:
+                handle.work.wait()
+            except BaseException as exc:   # re-raised by the rank in Handle.wait
+                handle.error = exc
+            with self._lock:
+                self._busy -= 1
+            handle.event.set()
+            with self._arrived:
+                self._arrived.notify_all()
+
+    def wait_any(self, handles: list[Handle]) -> None:
+        """Until one of ``handles`` is done (blocking, see :meth:`Handle.wait`)."""
+        with self._arrived:
+            while not any(h.event.is_set() for h in handles):
+                self._arrived.wait(0.05)
+
+
+def wait_work(work, spin: bool) -> None:
+    """Wait for an asynchronous collective's ``work`` (its ``is_completed``
+    works, unlike point-to-point ones, and needs no Python thread), polling
+    when ``spin``."""
+    if spin:
+        while not work.is_completed():
+            os.sched_yield()
+    work.wait()
+
+
+_SPIN = """
+import os, sys
+parent = int(sys.argv[1])
+os.sched_setaffinity(0, [int(c) for c in sys.argv[2].split(",")])
+os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+while os.getppid() == parent:
+    pass
+"""
+
+
+class KeepAwake:
+    """Context manager: one idle-priority (``SCHED_IDLE``) process per core
+    of ``cores`` that spins while nothing else runs there, so the core never
+    halts and a wake-up of the rank is a context switch, not a trip through
+    the hypervisor. The process yields to any normal thread at once and ends
+    with its parent (also when the parent is killed). A no-op where the OS
+    has no ``SCHED_IDLE`` or affinity."""
+
+    def __init__(self, cores):
+        self.cores = list(cores or [])
+        self.procs: list[subprocess.Popen] = []
+
+    def __enter__(self):
+        if not (hasattr(os, "SCHED_IDLE") and hasattr(os, "sched_setaffinity")):
+            return self
+        for core in self.cores:
+            self.procs.append(subprocess.Popen(
+                [sys.executable, "-c", _SPIN, str(os.getpid()), str(core)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL))
+        return self
+
+    def __exit__(self, *exc):
+        for p in self.procs:
+            p.kill()
+        for p in self.procs:
+            p.wait()
+        self.procs.clear()
+        return False
+
+
+def busy_poll_default(pinned: bool, device_type: str, backend: str) -> bool:
+    """Whether a rank busy-polls by default: a CPU rank over gloo that has
+    cores of its own (GPU ranks wait on the device; ranks sharing cores must
+    not spin on each other's time)."""
+    return bool(pinned) and device_type == "cpu" and backend == "gloo"
+
+
+class quick_handover:
+    """Context manager: a short GIL switch interval (``seconds``), restored
+    on exit. A :class:`Watcher` thread whose message arrived while the rank
+    computes waits for the GIL; by default the rank hands it over only every
+    5 ms, so the rank would see the message late when it next looks."""
+
+    def __init__(self, seconds: float = 0.0005):
+        self.seconds = seconds
+        self.old: float | None = None
+
+    def __enter__(self):
+        self.old = sys.getswitchinterval()
+        sys.setswitchinterval(min(self.old, self.seconds))
+        return self
+
+    def __exit__(self, *exc):
+        sys.setswitchinterval(self.old)
+        return False
