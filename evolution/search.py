@@ -497,7 +497,11 @@ class Evolution(Strategy):
 
     def _populate(self, seeds: list, score, rng: np.random.Generator, toolbox) -> list:
         """A population: the seeds and mutants of them to fill it, all
-        scored (seeds scored before come from the evaluation cache)."""
+        scored (seeds scored before come from the evaluation cache). The
+        ``initial`` plans join the best of the search's own seeds rather
+        than displace them (the first generation may be that much larger):
+        plans handed in (a policy's, hybrid's) add to the search, they do
+        not narrow what it starts from."""
         score(seeds)
         pop = _unique(seeds)
         fill = []
@@ -507,7 +511,9 @@ class Evolution(Strategy):
         if fill:
             score(fill)
             pop = _unique(pop + fill)
-        return _best(pop, self.population)
+        own = _best([g for g in pop if g.origin != "initial"], self.population)
+        given = [g for g in pop if g.origin == "initial" and np.isfinite(g.fitness.values[0])]
+        return _best(own + given, len(own) + len(given))
 
     def _restart(self, space: Space, evaluate: Evaluator, pop: list, score,
                  rng: np.random.Generator) -> list:

@@ -10,9 +10,11 @@
   descent from the policy's own best plan (``polish``); only the winner
   becomes a Plan. ``finetune`` seconds (or ``finetune_steps``
   updates) of REINFORCE on the target problem come first when asked.
-- ``hybrid``: the best distinct policy plans seed the population of the
-  ``evolution`` strategy (through its ``initial`` plans), which then spends
-  the rest of the budget; the policy's best is reported as progress first.
+- ``hybrid``: ``rl``'s candidates (the steps of its polish included) seed
+  the population of the ``evolution`` strategy (through its ``initial``
+  plans, beside its own heuristic and layout seeds) after a small share of
+  the budget; evolution then spends the rest; the policy's best is
+  reported as progress first.
 
 >>> from placer.search import get_strategy
 >>> type(get_strategy("rl")).__name__
@@ -487,36 +489,48 @@ def _rank(final: str | None, cost_model, budget: Budget, problem, found: list[Ca
     return int(np.argmin(values))
 
 
+#: the most of a budget :class:`Hybrid` spends on the policy's plans
+POLICY_SHARE = 0.2
+
+
 @register_strategy
 class Hybrid(_Learned):
     """Policy samples seed the ``evolution`` strategy's population.
 
-    Options: those of ``rl`` (``temperature`` defaults to 1.5 here), ``seeds``
-    (how many of the best distinct policy plans to hand over) and
-    ``evolution`` (options for the evolution strategy).
+    Options: those of ``rl`` (the same defaults: the seeds are ``rl``'s
+    candidates, the steps of its ``polish`` descent included), ``seeds``
+    (how many of the best distinct policy plans to hand over, besides the
+    polished ones), ``share`` (at most this share of the budget for the
+    policy, :data:`POLICY_SHARE`) and ``evolution`` (options for the
+    evolution strategy). Evolution keeps its own seeds (the heuristics and
+    balanced layouts) and its whole search: the policy plans join its
+    first population and compete with them.
     """
 
     name = "hybrid"
 
-    def __init__(self, *, seeds: int = 8, evolution: dict | None = None, samples: int = 32,
-                 temperature: float = 1.5, **options):
-        # hotter sampling than rl: the population wants diverse seeds (the
-        # greedy plan is always among them)
-        super().__init__(samples=samples, temperature=temperature, **options)
+    def __init__(self, *, seeds: int = 8, evolution: dict | None = None,
+                 share: float | None = None, polish: int = 3, **options):
+        super().__init__(polish=polish, **options)
         if int(seeds) != seeds or seeds < 1:
             raise StrategyError(f"seeds must be a whole number >= 1, got {seeds!r}",
                                 field="seeds")
+        share = POLICY_SHARE if share is None else share
+        if not 0 < share <= 0.5:
+            raise StrategyError(f"share must be in (0, 0.5], got {share!r}", field="share")
         self.seeds = int(seeds)
+        self.share = float(share)
         self.evolution_options = dict(evolution or {})
 
     def search(self, problem, cost_model, budget, seed=0, progress=None):
         """Policy plans first, then evolution from them within the same budget."""
         metered = budget.meter(cost_model)
-        # The policy gets at most half of what is left, so evolution has room.
+        # The policy gets a small share of what is left (it needs a fraction
+        # of a second, a few hundred evaluations): evolution keeps the rest.
         share = Budget(time=None if math.isinf(budget.remaining_time)
-                       else budget.remaining_time / 2,
+                       else budget.remaining_time * self.share,
                        evaluations=None if math.isinf(budget.remaining_evaluations)
-                       else max(1, int(budget.remaining_evaluations) // 2))
+                       else max(1, int(budget.remaining_evaluations * self.share)))
         try:
             found = self._plans(problem, share.meter(metered.inner), share, seed,
                                 keep=self.seeds)

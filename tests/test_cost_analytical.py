@@ -158,3 +158,27 @@ def test_compiled_passes_match_plain_python(monkeypatch):
     assert [r.step_time for r in compiled] == [r.step_time for r in plain]
     assert [r.peak_memory for r in compiled] == [r.peak_memory for r in plain]
     assert len({round(r.step_time, 12) for r in compiled}) > 5
+
+
+@pytest.mark.parametrize("o1_params, faster_first", [(1e3, True), (1e7, False)])
+def test_infeasible_plans_rank_by_excess_then_step_time(o1_params, faster_first):
+    """Where nothing fits (o0 alone overflows d0), plans whose largest
+    relative excess is the same to EXCESS_RESOLUTION rank by step time (the
+    faster first), and a plan further over ranks after one less over,
+    however fast: in the analytical model and the simulator alike."""
+    from placer.cost.problem import EXCESS_RESOLUTION, infeasible_objective
+    ops = [Op("o0", flops=8e9, param_bytes=6.0025e8), Op("o1", flops=8e9, param_bytes=o1_params),
+           Op("o2", flops=8e9, param_bytes=1e3)]
+    edges = [Edge("o0", "o1", 1e3), Edge("o1", "o2", 1e3)]
+    p = Problem(Graph("big", ops, edges), cluster(2, bw=1e3, memory=2e9))
+    alone = Plan({"o0": ["d0"], "o1": ["d0"], "o2": ["d0"]})      # no transfers: fast
+    split = Plan({"o0": ["d0"], "o1": ["d1"], "o2": ["d0"]})      # 1 s transfers: slow
+    for model in (Analytical(), Simulator()):
+        a, s = model.estimate(p, alone), model.estimate(p, split)
+        assert not a.feasible and not s.feasible
+        assert a.step_time < s.step_time and a.objective >= INFEASIBLE
+        assert (a.objective < s.objective) == faster_first
+    assert infeasible_objective(0.2 + EXCESS_RESOLUTION / 2, 100.0) < \
+        infeasible_objective(0.2 + 3 * EXCESS_RESOLUTION / 2, 0.0)
+    np.testing.assert_array_equal(infeasible_objective(np.array([0.1, 0.1]), np.array([2.0, 1.0])),
+                                  [INFEASIBLE * 1.1 + 2.0, INFEASIBLE * 1.1 + 1.0])

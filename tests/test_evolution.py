@@ -146,6 +146,26 @@ def test_initial_plans_seed_the_population(problem):
         model.estimate(problem, start).objective * (1 + 1e-9)
 
 
+def test_initial_plans_join_the_population_without_displacing_its_own_seeds(problem):
+    """The first population holds the best ``population`` of the search's
+    own seeds (heuristics, layouts) and every initial plan besides, even
+    initial plans better than all of them (a policy's, hybrid's)."""
+    from evolution.search import Evolution, _Fitness
+    evo = get_strategy("evolution", population=4)
+    rng = np.random.default_rng(0)
+    own = [OpGenome(np.full(problem.n_ops, d), 1, "1f1b", origin=f"h{d}") for d in range(6)]
+    given = [OpGenome(np.arange(problem.n_ops) % (2 + d), 1, "1f1b", origin="initial")
+             for d in range(3)]
+
+    def score(genomes):
+        for g in genomes:   # the initial plans best, then h0 < h1 < ...
+            g.fitness = _Fitness((-1.0 if g.origin == "initial" else float(g.origin[1:]),))
+
+    pop = Evolution._populate(evo, own + given, score, rng, None)
+    assert sorted(g.origin for g in pop) == ["h0", "h1", "h2", "h3"] + ["initial"] * 3
+    assert pop[0].origin == "initial"          # best first
+
+
 def test_coarsened_search_expands_to_every_op():
     g = placer.datasets.random_dag(300, width=6, seed=1)
     p = Problem(g, placer.Cluster.preset("two-sites"))

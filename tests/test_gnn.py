@@ -305,6 +305,31 @@ def test_rl_never_worse_than_baselines_and_hybrid_reports_policy_first(tmp_path)
     assert events[0].message == "policy" and events[0].best >= out.predicted["objective"]
 
 
+@pytest.mark.parametrize("graph, cluster", [("layered-n30-w4-s0", "hetero-lab"),
+                                            ("dlrm.module", "edge-wireless")])
+def test_hybrid_no_worse_than_evolution_at_the_same_evaluations(graph, cluster):
+    """hybrid (the shipped policy's plans added to evolution's seeds) ends no
+    worse than evolution alone with the same evaluation budget and seed, by
+    the final (simulator) objective: on a case that fits and on one where
+    nothing fits in memory (ranked by excess, then step time)."""
+    from gnn.checkpoint import default_checkpoint
+    from placer.search import Budget, get_strategy, strategies
+    if "evolution" not in strategies():
+        pytest.skip("evolution not installed")
+    if not checkpoint_paths(default_checkpoint())[0].is_file():
+        pytest.skip("no shipped checkpoint")
+    problem = Problem(datasets.graph(graph), datasets.cluster(cluster))
+    cost, sim = get_cost_model("analytical"), get_cost_model("simulator")
+    evo = get_strategy("evolution", population=16).search(problem, cost,
+                                                          Budget(evaluations=1500))
+    hyb = get_strategy("hybrid", evolution={"population": 16}).search(
+        problem, cost, Budget(evaluations=1500))
+    e, h = sim.estimate(problem, evo), sim.estimate(problem, hyb)
+    assert hyb.predicted["evaluations"] <= 1500 and hyb.extra["policy_seeds"] >= 1
+    assert h.feasible == e.feasible == (cluster != "edge-wireless")
+    assert h.objective <= e.objective + 1e-9 * abs(e.objective if e.feasible else e.step_time)
+
+
 def test_shipped_checkpoint_loads():
     from gnn.checkpoint import default_checkpoint
     weights, config = checkpoint_paths(default_checkpoint())

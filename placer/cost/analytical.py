@@ -48,7 +48,7 @@ import numpy as np
 from .base import CostModel, register_cost_model
 from .collectives import allreduce_coefficients
 from .memory import inflight, peak_memory
-from .problem import INFEASIBLE, Problem
+from .problem import Problem, infeasible_objective
 from .report import Report
 
 if TYPE_CHECKING:
@@ -347,7 +347,7 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
         obj = -1.0 / step
     else:
         obj = (peak / p.memory[None, :]).max(axis=1)
-    out.objective = np.where(out.feasible, obj, INFEASIBLE * (1.0 + np.maximum(ratio, 0)))
+    out.objective = np.where(out.feasible, obj, infeasible_objective(ratio, step))
     return out
 
 

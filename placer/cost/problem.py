@@ -37,9 +37,30 @@ if TYPE_CHECKING:
 OBJECTIVES = ("step_time", "throughput", "memory")
 
 #: Objective value of an infeasible plan is at least this (times 1 + the
-#: largest relative memory excess), so any feasible plan ranks better and
-#: infeasible ones still rank by how far over they are.
+#: largest relative memory excess, see :func:`infeasible_objective`), so any
+#: feasible plan ranks better and infeasible ones still rank by how far over
+#: they are.
 INFEASIBLE = 1e9
+
+#: Infeasible plans are ranked by their largest relative memory excess to
+#: this resolution (a thousandth of a device's memory), then by step time:
+#: where nothing fits, many plans overflow the same device by the same
+#: amount (it holds an op too big for any device) or by amounts the memory
+#: model cannot tell apart, and without the step time the search would
+#: pick among them at random (step times 50x apart on the same excess).
+EXCESS_RESOLUTION = 1e-3
+
+
+def infeasible_objective(excess_fraction, step_time):
+    """Objective of infeasible plans (scalars or arrays): ``INFEASIBLE *
+    (1 + excess)``, the largest relative memory excess rounded up to
+    :data:`EXCESS_RESOLUTION`, plus the step time (capped below one step of
+    excess): less excess always ranks better, equal excess ranks by speed."""
+    excess = np.maximum(excess_fraction, 0.0)
+    excess = np.ceil(excess / EXCESS_RESOLUTION) * EXCESS_RESOLUTION
+    cap = 0.5 * INFEASIBLE * EXCESS_RESOLUTION
+    step = np.clip(np.nan_to_num(step_time, nan=cap, posinf=cap), 0.0, cap)
+    return INFEASIBLE * (1.0 + excess) + step
 
 _FIRST = itemgetter(0)
 
@@ -401,7 +422,7 @@ class Problem:
                         excess_fraction: float) -> float:
         """The objective of one estimate (lower is better)."""
         if excess_fraction > 0:
-            return INFEASIBLE * (1.0 + excess_fraction)
+            return float(infeasible_objective(excess_fraction, step_time))
         if self.objective == "step_time":
             return step_time
         if self.objective == "throughput":
