@@ -38,6 +38,11 @@ from placer import zoo
 
 MODEL = "gpt-125m"
 CONFIG = dict(n_layer=2, n_head=4, d_model=128, vocab=512, max_seq=64)
+#: model sizes of :func:`accuracy`: (batch, sequence, config). "tiny" steps
+#: take ~20 ms, of which framework overheads (op launches, tasks, messages)
+#: are most; "small" does 4x the work per step (~80 ms).
+SIZES = {"tiny": (8, 32, CONFIG),
+         "small": (8, 64, dict(n_layer=2, n_head=4, d_model=256, vocab=512, max_seq=64))}
 
 
 def _build(model=MODEL, batch=8, seq=32, **config):
@@ -148,26 +153,9 @@ def measure_link() -> tuple[float, float]:
     return bandwidth, latency
 
 
-def _calibrate(build, names, bandwidth, latency):
-    """Profile in this process on one thread (what each rank gets), then
-    describe ``names`` as identical calibrated devices joined by the link."""
-    from placer.runtime.profile import calibrated_graph, profile
-    torch.set_num_threads(1)
-    module, inputs = build()
-    local = placer.Cluster.from_rules("here", [placer.Device("cpu", 3.2e10, 1e10)],
-                                      default=(1e9, 1e-4))
-    graph, cal = profile(module, inputs, cluster=local, repeats=7, warmup=2)
-    dev = cal.device("cpu")
-    devices = [placer.Device(n, dev.flops, 1e10, efficiency=dev.efficiency) for n in names]
-    cluster = placer.Cluster.from_rules("ranks", devices, default=(bandwidth, latency))
-    # the calibrated graph, timed for device "cpu", serves every identical rank
-    cg = calibrated_graph(graph, cal, "cpu")
-    return graph, cg, cluster, dev.extra["op_overhead"]
-
-
-def accuracy(plans: int = 4, nproc: int = 2, model: str = MODEL, batch: int = 8,
-             seq: int = 32, steps: int = 8, microbatches: int = 2, seed: int = 0,
-             pin: str = "on") -> dict:
+def accuracy(plans: int = 4, nproc: int = 2, model: str = MODEL, batch: int | None = None,
+             seq: int | None = None, steps: int = 8, microbatches: int = 2, seed: int = 0,
+             pin: str = "on", size: str = "tiny") -> dict:
     """Predicted vs measured step time of random plans on ``nproc`` CPU ranks
     (one torch thread each). Each run calibrates first, in its own ranks and
     before its steps (op times and the links between the ranks, see
@@ -175,11 +163,13 @@ def accuracy(plans: int = 4, nproc: int = 2, model: str = MODEL, batch: int = 8,
     microbenchmarks, never from the steps it predicts. ``pin``: "on" (each
     rank on its own core, :func:`placer.runtime.dist.pin_cores`), "off", or
     "both" (every plan unpinned, then pinned, back to back: the two see
-    about the same load); the result has a median per setting."""
+    about the same load); the result has a median per setting. ``size``: a
+    key of :data:`SIZES` (``batch``/``seq`` override its)."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
     from runtime_helpers import random_plan
     from placer.runtime.dist import launch
-    build = functools.partial(_build, model, batch, seq)
+    b, q, config = SIZES[size]
+    build = functools.partial(_build, model, batch or b, seq or q, **config)
     module, inputs = build()
     graph = placer.trace(module, inputs)
     names = [f"r{i}" for i in range(nproc)]
@@ -194,7 +184,7 @@ def accuracy(plans: int = 4, nproc: int = 2, model: str = MODEL, batch: int = 8,
                             threads=1, pin=pinned)
             rows.append(_row(k, plan, result, load) | {"pinned": pinned})
     med = statistics.median
-    out = {"nproc": nproc, "pin": pin, "plans": rows,
+    out = {"nproc": nproc, "pin": pin, "size": size, "plans": rows,
            "median_abs_error": med(abs(r["error"]) for r in rows)}
     if len(settings) > 1:
         for pinned in settings:
@@ -464,6 +454,8 @@ def main(argv=None) -> int:
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--rate", default="100mbit")
     ap.add_argument("--rounds", type=int, default=2, help="netns: runs of each plan, alternately")
+    ap.add_argument("--size", default="tiny", choices=sorted(SIZES),
+                    help="accuracy: the model's size (see SIZES)")
     ap.add_argument("--pin", default="on", choices=["on", "off", "both"],
                     help="ranks on cores of their own (both: accuracy runs every plan "
                          "unpinned, then pinned)")
@@ -471,7 +463,7 @@ def main(argv=None) -> int:
     if ns.what == "overhead":
         out = overhead()
     elif ns.what == "accuracy":
-        out = accuracy(plans=ns.plans, nproc=ns.nproc, pin=ns.pin)
+        out = accuracy(plans=ns.plans, nproc=ns.nproc, pin=ns.pin, size=ns.size)
     else:
         out = netns(nproc=ns.nproc, rate=ns.rate, rounds=ns.rounds, pin=ns.pin != "off")
     print(json.dumps(out, indent=1))

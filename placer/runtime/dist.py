@@ -466,7 +466,7 @@ def _calibration_round(model, example_inputs, graph, tdev, loss_fn=None,
     from ..cluster import Cluster, Device
     from .profile import measure_links, profile
     links = measure_links(dist.get_world_size(), dist.get_rank(), repeats=5, spin=spin)
-    sync = _sync_delays(links["pairs"], spin)
+    sync = _sync_delays(links["pairs"])
     name = str(tdev)
     here = Cluster.from_rules("here", [Device(name, 1e11, 1e10)], default=(1e9, 1e-4))
     share_one, share_all = _shares(tdev, 0.1)
@@ -490,15 +490,14 @@ def _calibration_round(model, example_inputs, graph, tdev, loss_fn=None,
             "sync_delay": sync, "allreduce": links["allreduce"]}
 
 
-def _sync_delays(pairs: dict, spin: bool = False) -> dict:
+def _sync_delays(pairs: dict) -> dict:
     """Collective: :func:`placer.runtime.profile.sync_delay` of every pair of
     ranks, one pair at a time (the others wait)."""
     from .profile import sync_delay
     rank, out = dist.get_rank(), {}
     for (i, j), link in pairs.items():
         dist.barrier()
-        delay = sync_delay(j if rank == i else i, link["latency"], spin=spin) \
-            if rank in (i, j) else 0.0
+        delay = sync_delay(j if rank == i else i, link["latency"]) if rank in (i, j) else 0.0
         shared = torch.tensor([delay], dtype=torch.float64)
         dist.all_reduce(shared, op=dist.ReduceOp.MAX)
         out[(i, j)] = float(shared)

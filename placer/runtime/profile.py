@@ -492,65 +492,41 @@ def profile_main(argv: list[str] | None = None) -> int:
 LINK_SIZES = (256, 16 << 10, 256 << 10, 1 << 20, 4 << 20)
 
 
-def _pingpong(peer: int, first: bool, nbytes: int, repeats: int, spin: bool = False) -> float:
+def _pingpong(peer: int, first: bool, nbytes: int, repeats: int) -> float:
     """Median one-way time of ``nbytes`` between this rank and ``peer``
     (half a round trip; the receiver is always waiting, as the runtime's
-    pre-posted receives are). ``spin``: wait as a busy-polling rank does
-    (:mod:`placer.runtime.waiting`)."""
+    pre-posted receives are)."""
+    import torch.distributed as dist
     buf = torch.zeros(max(1, nbytes // 4))
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         if first:
-            _send(buf, peer, spin)
-            _recv(buf, peer, spin)
+            dist.send(buf, peer)
+            dist.recv(buf, peer)
         else:
-            _recv(buf, peer, spin)
-            _send(buf, peer, spin)
+            dist.recv(buf, peer)
+            dist.send(buf, peer)
         times.append((time.perf_counter() - start) / 2)
     return statistics.median(times)
 
 
-def _send(buf, peer: int, spin: bool) -> None:
-    import torch.distributed as dist
-    if spin:
-        _watcher().watch(dist.isend(buf, peer)).wait()
-    else:
-        dist.send(buf, peer)
-
-
-def _recv(buf, peer: int, spin: bool) -> None:
-    import torch.distributed as dist
-    if spin:
-        _watcher().watch(dist.irecv(buf, peer)).wait()
-    else:
-        dist.recv(buf, peer)
-
-
-_WATCHER = None
-
-
-def _watcher():
-    global _WATCHER
-    if _WATCHER is None:
-        from .waiting import Watcher
-        _WATCHER = Watcher()
-    return _WATCHER
-
-
 def fit_link(points: dict) -> tuple[float, float]:
     """``(bandwidth bytes/s, latency s)`` of ``t = latency + bytes /
-    bandwidth`` fitted to ``{bytes: seconds}``, minimising relative errors
-    (so the small messages' latency counts as much as the large ones')."""
-    import numpy as np
-    sizes = np.array(sorted(points), dtype=float)
-    times = np.array([points[s] for s in sorted(points)], dtype=float)
-    w = 1.0 / np.maximum(times, 1e-9)
-    A = np.stack([np.ones_like(sizes), sizes], axis=1) * w[:, None]
-    (lat, inv_bw), *_ = np.linalg.lstsq(A, times * w, rcond=None)
-    if inv_bw <= 0:   # flat within noise: the largest size bounds the speed
-        inv_bw = max(times[-1] - times[0], 1e-12) / max(sizes[-1] - sizes[0], 1.0)
-    return float(1.0 / inv_bw), max(0.0, float(lat))
+    bandwidth`` from ``{bytes: seconds}``: the bandwidth from the two
+    largest messages (what a link sustains: a rate limiter lets a burst of
+    small messages through faster, which a fit over all sizes reads as
+    speed; over ``tc tbf`` at 12.5 MB/s an all-size fit gave 25-40 MB/s),
+    the latency from the smallest message less its bytes' time."""
+    sizes = sorted(points)
+    if len(sizes) < 2:
+        return float("inf"), max(0.0, float(points[sizes[0]])) if sizes else 0.0
+    big, prev = sizes[-1], sizes[-2]
+    slope = (points[big] - points[prev]) / (big - prev)
+    if slope <= 0:   # flat within noise: the largest size bounds the speed
+        slope = max(points[big] - points[sizes[0]], 1e-12) / max(big - sizes[0], 1.0)
+    latency = points[sizes[0]] - sizes[0] * slope
+    return float(1.0 / slope), max(0.0, float(latency))
 
 
 def measure_links(world: int, rank: int, *, sizes=LINK_SIZES, repeats: int = 9,
@@ -563,7 +539,11 @@ def measure_links(world: int, rank: int, *, sizes=LINK_SIZES, repeats: int = 9,
     ``{"pairs": {(i, j): {"bandwidth", "latency", "points", "message_cpu"}},
     "allreduce": {bytes: seconds}}``; ``message_cpu`` is the CPU time (all
     of a rank's threads) one small message costs a rank, sending or
-    receiving: on cores shared by ranks it is taken from their compute."""
+    receiving: on cores shared by ranks it is taken from their compute.
+    ``spin``: the all-reduces are waited for as a busy-polling rank waits
+    for them (:mod:`placer.runtime.waiting`); the ping-pong always blocks
+    (polled point-to-point waits gave no faster steps, and over a
+    rate-limited link they overstated its speed 2x)."""
     import torch.distributed as dist
     from .waiting import wait_work
     pairs = {}
@@ -574,9 +554,9 @@ def measure_links(world: int, rank: int, *, sizes=LINK_SIZES, repeats: int = 9,
                 dist.barrier()
                 cpu = 0.0
                 if rank in (i, j):
-                    _pingpong(j if rank == i else i, rank == i, nbytes, 2, spin)   # warm-up
+                    _pingpong(j if rank == i else i, rank == i, nbytes, 2)   # warm-up
                     used = time.process_time()
-                    t = _pingpong(j if rank == i else i, rank == i, nbytes, repeats, spin)
+                    t = _pingpong(j if rank == i else i, rank == i, nbytes, repeats)
                     cpu = (time.process_time() - used) / (2 * repeats)
                 else:
                     t = 0.0
@@ -647,7 +627,7 @@ def _chunk(a, n: int):
 
 
 def sync_delay(peer: int, latency: float, *, work: int = 48, repeats: int = 20,
-               rounds: int = 2, spin: bool = False) -> float:
+               rounds: int = 2) -> float:
     """Collective between this rank and ``peer`` (both call it): the time a
     synchronisation costs beyond what a prediction from average speeds
     charges. Both ranks compute equal chunks of work at once, first freely
@@ -664,17 +644,17 @@ def sync_delay(peer: int, latency: float, *, work: int = 48, repeats: int = 20,
     _chunk(a, work)   # warm-up
     free = lock = 0.0
     for _ in range(rounds):
-        _pingpong(peer, dist.get_rank() < peer, 4, 1, spin)   # start together
+        _pingpong(peer, dist.get_rank() < peer, 4, 1)   # start together
         start = time.perf_counter()
         for _ in range(repeats):
             _chunk(a, work)
         free += time.perf_counter() - start
-        _pingpong(peer, dist.get_rank() < peer, 4, 1, spin)
+        _pingpong(peer, dist.get_rank() < peer, 4, 1)
         start = time.perf_counter()
         for _ in range(repeats):
-            req = _watcher().watch(dist.irecv(got, peer))
+            req = dist.irecv(got, peer)
             _chunk(a, work)
-            _send(buf, peer, spin)
+            dist.send(buf, peer)
             req.wait()
         lock += time.perf_counter() - start
     n = rounds * repeats
