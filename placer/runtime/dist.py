@@ -20,7 +20,10 @@ One host::
 
 Ranks of one host run on cores of their own when there are enough
 (``--pin auto``, :func:`pin_cores`): ranks sharing cores preempt each
-other at every message they exchange.
+other at every message they exchange. Pinned CPU ranks then busy-poll
+their collectives and keep their cores awake with an idle-priority spinner
+(:mod:`placer.runtime.waiting`): on a virtual machine a halted core takes
+up to a scheduler tick to wake.
 
 Several hosts (the same command on every host; torchrun's c10d rendezvous
 assigns ranks, host 0's address as the endpoint)::

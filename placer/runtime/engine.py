@@ -20,8 +20,10 @@ copy of it (replicas, or pieces that share a weight): the engine all-reduces
 with SUM, not the mean DDP uses, because DDP's replicas each take the mean
 over their own shard while here nothing is averaged twice.
 
-All devices run their tasks in an order fixed by the schedule; every rank
-computes the same tables, so messages match without negotiation.
+One process hosting every device runs its tasks in an order fixed by the
+schedule; a rank dispatches among its ready tasks by the cost model's
+simulator's rule (:meth:`Engine._dispatch`). Every rank computes the same
+tables, so messages match without negotiation.
 """
 
 from __future__ import annotations
