@@ -293,10 +293,11 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     made on that calibrated graph and cluster (``calibration`` in the
     result says what was measured).
 
-    ``busy_poll``: wait for messages by polling and keep this rank's cores
-    awake (:mod:`placer.runtime.waiting`), calibration included; None: when
-    this process was pinned to cores of its own (:func:`pin_cores`) and is
-    a CPU rank over gloo."""
+    ``busy_poll``: poll the collectives (step barrier, all-reduces) and
+    keep this rank's cores awake (:mod:`placer.runtime.waiting`),
+    calibration included; point-to-point receives block either way. None:
+    when this process was pinned to cores of its own (:func:`pin_cores`)
+    and is a CPU rank over gloo."""
     torch.manual_seed(seed)
     rank, world = dist.get_rank(), dist.get_world_size()
     graph, plan, sp, inputs, mb_rows = prepare(model, plan, example_inputs, graph=graph,
