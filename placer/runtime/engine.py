@@ -578,30 +578,12 @@ class Engine:
         The in-flight cap keeps the earliest microbatch able to finish, so
         no rank waits on a task another rank will not run. When no task is
         ready the rank waits for a message any candidate needs."""
-        order = self.order
-        index = {task: i for i, (_dev, task) in enumerate(order)}
         one_f_one_b = self.schedule == "1f1b"
         gpipe = self.schedule == "gpipe"
-
-        def priority(item):
-            kind, m, _inst = item[1]
-            urgent = kind == ("B" if one_f_one_b else "F")
-            return (not urgent, m, index[item[1]])
-
-        pending = sorted(order, key=priority)
-        forwards_left: dict = defaultdict(int)
-        owed: dict = defaultdict(lambda: defaultdict(int))   # device -> m -> backwards left
-        first_piece: dict = {}
-        for dev, (kind, m, inst) in order:
-            if kind == "F":
-                forwards_left[dev] += 1
-            else:
-                owed[dev][m] += 1
-            if inst != self.routes.sink:
-                first_piece[dev] = min(first_piece.get(dev, inst.piece), inst.piece)
-        pieces = len(self.split.pieces)
-        micro = len(self.routes.mb_rows)
-        cap = {d: min(micro, max(1, pieces - p)) for d, p in first_piece.items()}
+        ranked, forwards, backwards, cap, micro = self._dispatch_tables()
+        pending = list(ranked)
+        forwards_left = dict(forwards)
+        owed = {d: dict(per_m) for d, per_m in backwards.items()}   # device -> m -> left
         started: dict = defaultdict(set)
         done: set = set()
         while pending:
@@ -609,7 +591,8 @@ class Engine:
             for i, (dev, task) in enumerate(pending):
                 kind, m, _inst = task
                 if kind == "F" and one_f_one_b and m not in started[dev] and sum(
-                        1 for k in started[dev] if owed[dev][k] > 0) >= cap.get(dev, micro):
+                        1 for k in started[dev] if owed.get(dev, {}).get(k, 0) > 0
+                ) >= cap.get(dev, micro):
                     continue
                 if kind == "B" and gpipe and forwards_left[dev] > 0:
                     continue
@@ -636,6 +619,37 @@ class Engine:
                 started[dev].add(m)
             else:
                 owed[dev][m] -= 1
+
+    def _dispatch_tables(self) -> tuple:
+        """What :meth:`_dispatch` needs of the order, the same every step:
+        the tasks by priority, forwards per device, backwards per device and
+        microbatch, the in-flight cap per device, the microbatch count."""
+        if hasattr(self, "_dispatch_cache"):
+            return self._dispatch_cache
+        order = self.order
+        index = {task: i for i, (_dev, task) in enumerate(order)}
+        urgent_kind = "B" if self.schedule == "1f1b" else "F"
+
+        def priority(item):
+            kind, m, _inst = item[1]
+            return (kind != urgent_kind, m, index[item[1]])
+
+        forwards: dict = defaultdict(int)
+        backwards: dict = defaultdict(lambda: defaultdict(int))
+        first_piece: dict = {}
+        for dev, (kind, m, inst) in order:
+            if kind == "F":
+                forwards[dev] += 1
+            else:
+                backwards[dev][m] += 1
+            if inst != self.routes.sink:
+                first_piece[dev] = min(first_piece.get(dev, inst.piece), inst.piece)
+        pieces = len(self.split.pieces)
+        micro = len(self.routes.mb_rows)
+        cap = {d: min(micro, max(1, pieces - p)) for d, p in first_piece.items()}
+        self._dispatch_cache = (sorted(order, key=priority), dict(forwards),
+                                {d: dict(v) for d, v in backwards.items()}, cap, micro)
+        return self._dispatch_cache
 
     def _needs(self) -> dict:
         """Per local task: (tasks of this process it waits for, tags of the
