@@ -195,6 +195,7 @@ def accuracy(plans: int = 4, nproc: int = 2, model: str = MODEL, batch: int | No
 
 def _row(k, plan, result, load) -> dict:
     from placer.runtime.contention import predict_shared
+    from placer.runtime.dist import calibrated_options
     rep, cal = result["report"], result["calibration"]
     measured, predicted = rep["step_time"], rep["predicted"]
     # the same calibration without contention: every rank at its share alone
@@ -202,8 +203,7 @@ def _row(k, plan, result, load) -> dict:
     for dev in cc.devices:
         dev.extra["cpu_share_all"] = dev.extra.get("cpu_share", 1.0)
     cg = placer.Graph.from_dict(cal["graph"])
-    options = {"op_overhead": cal["op_overhead"], "task_overhead": cal["task_overhead"],
-               "collective_efficiency": cal["collective_efficiency"]}
+    options = calibrated_options(cal)
     alone = predict_shared(cg, cc, plan, **options).step_time
     # the same calibration without the synchronisation delay
     lat = cc.latency.copy()
@@ -219,8 +219,7 @@ def _row(k, plan, result, load) -> dict:
     return {"plan": k, "devices": sorted(plan.devices_used()),
             "microbatches": plan.microbatches, "predicted": predicted, "measured": measured,
             "error": (predicted - measured) / measured, "load": load,
-            "op_overhead": cal["op_overhead"], "task_overhead": cal["task_overhead"],
-            "collective_efficiency": cal["collective_efficiency"],
+            **options,
             "link_bandwidth": link["bandwidth"],
             "link_latency": link["latency"], "cpu_share": cal.get("cpu_share"),
             "cpu_share_all": cal.get("cpu_share_all"), "cpu_shares": cal.get("cpu_shares"),
@@ -395,6 +394,7 @@ def netns(nproc: int = 2, rate: str = "100mbit", model: str = MODEL, batch: int 
     pair's measured vs predicted speedup of the optimized plan over the
     naive one, and their medians. ``pin``: each rank on a core of its own."""
     from placer.runtime.contention import predict_shared
+    from placer.runtime.dist import calibrated_options
     module, inputs = _build(model, batch, seq)
     graph = placer.trace(module, inputs)
     names = [f"r{i}" for i in range(nproc)]
@@ -410,9 +410,7 @@ def netns(nproc: int = 2, rate: str = "100mbit", model: str = MODEL, batch: int 
                 cal = first["calibration"]
                 cg = placer.Graph.from_dict(cal["graph"])
                 cc = placer.Cluster.from_dict(cal["cluster"])
-                options = {"op_overhead": cal["op_overhead"],
-                           "task_overhead": cal["task_overhead"],
-                           "collective_efficiency": cal["collective_efficiency"]}
+                options = calibrated_options(cal)
                 best = placer.optimize(cg, cc, "evolution", seed=seed,
                                        time_budget=search_seconds, problem_options=options,
                                        microbatches=[m for m in (1, 2, 4) if m <= batch])

@@ -424,10 +424,7 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     if calibration is not None:
         from .contention import predict_shared
         cg, cc = calibration["graph"], calibration["cluster"]
-        prediction = predict_shared(cg, cc, plan, **{"op_overhead": calibration["op_overhead"],
-                                                     "task_overhead": calibration["task_overhead"],
-                                                     "collective_efficiency":
-                                                         calibration["collective_efficiency"],
+        prediction = predict_shared(cg, cc, plan, **{**calibrated_options(calibration),
                                                      **(problem_options or {})})
         calibration["cpu_shares"] = prediction.extra["cpu_shares"]
         merged["calibration"] = {**calibration, "graph": cg.to_dict(), "cluster": cc.to_dict()}
@@ -582,6 +579,14 @@ def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev,
             "rounds": len(every),
             "links": {f"{devs[i]}-{devs[j]}": v for (i, j), v in pairs.items()},
             "allreduce": allreduce}
+
+
+def calibrated_options(calibration: dict) -> dict:
+    """The cost model's options a ``calibrate=True`` run measured (launch
+    overhead, task overhead, all-reduce efficiency), for
+    :func:`placer.runtime.contention.predict_shared`."""
+    return {key: calibration[key]
+            for key in ("op_overhead", "task_overhead", "collective_efficiency")}
 
 
 # --------------------------------------------------------------------------
