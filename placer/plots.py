@@ -250,7 +250,8 @@ def plot_convergence(series: dict[str, list[dict]], path: PathLike, *, title: st
 
 
 _GANTT_COLORS = {"forward": "tab:blue", "backward": "tab:orange", "transfer": "tab:green",
-                 "allreduce": "tab:red", "compute": "tab:gray"}
+                 "allreduce": "tab:red", "update": "tab:purple", "messaging": "tab:olive",
+                 "compute": "tab:gray"}
 
 
 def plot_gantt(report, path: PathLike, *, title: str | None = None) -> None:

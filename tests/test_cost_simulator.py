@@ -379,3 +379,35 @@ def test_collective_efficiency_scales_the_allreduce():
         assert r.step_time == pytest.approx(full / 0.25)
     with pytest.raises(StrategyError, match="collective_efficiency"):
         problem(g, cluster(k), collective_efficiency=0.0)
+
+
+def test_the_loss_runs_whole_on_the_first_replica():
+    """An op's ``loss_flops`` run, forward and backward, on its group's first
+    device in its forward task (as the runtime's sink computes the loss),
+    not split over the replicas; both models, against hand-computed times."""
+    F, Bw, Lf, Lb = 4e9, 8e9, 1e9, 2e9
+    loss = Graph("loss", [Op("out", flops=F, bwd_flops=Bw, extra={"loss_flops": [Lf, Lb]})])
+    plain = Graph("plain", [Op("out", flops=F, bwd_flops=Bw)])
+    split = Plan({"out": ["d0", "d1"]})
+    # replica 0: (F - Lf) / 2 + Lf + Lb forward, (Bw - Lb) / 2 backward
+    first = ((F - Lf) / 2 + Lf + Lb + (Bw - Lb) / 2) / RATE
+    for model in (Simulator(), Analytical()):
+        with_loss = model.estimate(problem(loss, cluster(2)), split)
+        without = model.estimate(problem(plain, cluster(2)), split)
+        assert without.step_time == pytest.approx((F + Bw) / 2 / RATE)
+        assert with_loss.step_time == pytest.approx(first), model.name
+        # on one device the loss only moves from backward to forward
+        one = model.estimate(problem(loss, cluster(2)), Plan({"out": ["d0"]}))
+        assert one.step_time == pytest.approx((F + Bw) / RATE)
+    # the simulator's tasks say where it ran
+    events = Simulator().estimate(problem(loss, cluster(2)), split).events()
+    fwd = {e.lane: e.duration for e in events if e.category == "forward"}
+    assert fwd["d0"] == pytest.approx(((F - Lf) / 2 + Lf + Lb) / RATE)
+    assert fwd["d1"] == pytest.approx((F - Lf) / 2 / RATE)
+
+
+def test_malformed_loss_flops_name_the_node():
+    from placer.errors import GraphError
+    g = Graph("bad", [Op("out", flops=1e9, extra={"loss_flops": "lots"})])
+    with pytest.raises(GraphError, match="node 'out': loss_flops"):
+        problem(g, cluster(1))

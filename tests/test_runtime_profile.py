@@ -92,12 +92,20 @@ def test_profile_charges_the_loss_to_the_output_op():
     model, inputs = zoo.build("gpt-125m", tiny=True, batch=2)
     cluster = placer.Cluster.from_rules("one", [placer.Device("cpu", 1e11, 1e10)],
                                         default=(1e9, 1e-4))
-    graph, _ = profile(model, inputs, cluster=cluster, repeats=1, warmup=0, loss_fn=slow_loss,
-                       share=1.0)
+    graph, calibrated_cluster = profile(model, inputs, cluster=cluster, repeats=1, warmup=0,
+                                        loss_fn=slow_loss, share=1.0)
     last = graph.op(graph.topological_order()[-1])
     assert last.extra["measured"]["cpu"]["fwd"] >= 0.02
     assert all(op.extra["measured"]["cpu"]["fwd"] < 0.02 for op in graph
                if op is not last and "measured" in op.extra)
+    # the loss's share is recorded beside, and the calibrated graph states
+    # it as the op's loss_flops (the cost model runs it on one replica)
+    assert last.extra["measured"]["cpu"]["loss_fwd"] >= 0.02
+    cg = calibrated_graph(graph, calibrated_cluster, "cpu")
+    lf, lb = cg.op(last.id).extra["loss_flops"]
+    rate = calibrated_cluster.device("cpu").flops * calibrated_cluster.device("cpu").efficiency
+    assert lf / rate >= 0.02 and lf <= cg.op(last.id).flops and 0 <= lb
+    assert all("loss_flops" not in op.extra for op in cg if op.id != last.id)
     untimed, _ = profile(model, inputs, cluster=cluster, repeats=1, warmup=0, loss_fn=False,
                          share=1.0)
     assert untimed.op(last.id).extra["measured"]["cpu"]["fwd"] < 0.02

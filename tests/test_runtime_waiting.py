@@ -103,7 +103,21 @@ def test_collective_efficiency_from_measured_allreduce():
     ring = {n: 2 * lat + n / bw for n in ALLREDUCE_SIZES}
     assert collective_efficiency({n: 2 * t for n, t in ring.items()}, bw, lat, 2) == \
         pytest.approx(0.5)
-    # faster than the model never claims more than the links
-    assert collective_efficiency({n: t / 2 for n, t in ring.items()}, bw, lat, 2) == 1.0
+    # faster than the ring model (its latency overstates a collective's): above 1
+    assert collective_efficiency({n: t / 2 for n, t in ring.items()}, bw, lat, 2,
+                                 sizes=ALLREDUCE_SIZES) == pytest.approx(2.0)
+    # the geometric mean over the sizes: 0.5 at one, 2 at the other -> 1
+    a, b = ALLREDUCE_SIZES
+    assert collective_efficiency({a: 2 * ring[a], b: ring[b] / 2}, bw, lat, 2) == \
+        pytest.approx(1.0)
+    # small sizes (latency alone) are left out by default
+    assert collective_efficiency({**ring, 256: 1.0}, bw, lat, 2) == pytest.approx(1.0)
     # one rank, or no link: nothing to scale
     assert collective_efficiency(ring, float("inf"), 0.0, 1) == 1.0
+
+
+def test_allreduce_sizes_follow_the_model():
+    from placer.runtime.profile import allreduce_sizes
+    assert allreduce_sizes(8 << 20) == (2 << 20, 8 << 20)
+    assert allreduce_sizes(1000) == (64 << 10, 64 << 10)      # at least 64 KB
+    assert allreduce_sizes(1e12) == (64 << 20, 64 << 20)      # at most 64 MB

@@ -150,6 +150,10 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     else:
         lb = np.zeros_like(lf)
         cb = np.zeros_like(cf)
+    loss_fill = None
+    if training and p.has_loss and times is None:
+        d_f, d_b, loss_fill = _loss_shift(p, A, groups, m)
+        cf, cb = cf + d_f, cb + d_b
     comp = cf + cb
 
     # --- tensors crossing devices -----------------------------------------
@@ -258,6 +262,8 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
             entry = _chained_entry(p, groups, A, hr, hc, R, r_src, r_dst, inflow)
             fill = np.where(by_paths, fill, np.bincount(run_row, run_w + entry, minlength=B))
     fill = fill + ovh * phases * pre["crit_ops"]
+    if loss_fill is not None:
+        fill = fill + loss_fill
     # every op of a microbatch runs, so it takes at least any device's share
     fill = np.maximum(fill, comp.max(axis=1))
     # --- first op of each device (ops are in topological order) --------------
@@ -349,6 +355,33 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
         obj = (peak / p.memory[None, :]).max(axis=1)
     out.objective = np.where(out.feasible, obj, infeasible_objective(ratio, step))
     return out
+
+
+def _loss_shift(p: Problem, A: np.ndarray, groups, m: np.ndarray):
+    """Where the loss runs (see Problem): per plan and microbatch, the
+    change to each device's forward and backward time, and to the fill,
+    when an op's ``loss_flops`` run whole on its group's first device (in
+    its forward) instead of split over the group's replicas."""
+    B = A.shape[0]
+    D = p.n_devices
+    d_f = np.zeros((B, D))
+    d_b = np.zeros((B, D))
+    fill = np.zeros(B)
+    rows = np.arange(B)
+    for op in np.flatnonzero(p.loss_flops.any(axis=1)).tolist():
+        lf, lb = p.loss_flops[op]
+        for gid in np.unique(A[:, op]).tolist():
+            members = np.asarray(groups[gid], dtype=np.int64)
+            k = len(members)
+            on = rows[A[:, op] == gid]
+            per = 1.0 / m[on][:, None] / p.rate[members][None, :]     # (plans, k)
+            d_f[on[:, None], members[None, :]] -= lf / k * per
+            d_b[on[:, None], members[None, :]] -= lb / k * per
+            d_f[on, members[0]] += (lf + lb) * per[:, 0]
+            # on the path: the first replica's forward grows by what the
+            # others no longer do
+            fill[on] += (lf + lb) * (1.0 - 1.0 / k) * per[:, 0]
+    return d_f, d_b, fill
 
 
 def _row_prefix(B: int, runs, run_row, local, values) -> np.ndarray:

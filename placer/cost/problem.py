@@ -113,10 +113,20 @@ class Problem:
       piece: a module call, one autograd call and its own bookkeeping; see
       :mod:`placer.runtime.profile`). Default 0: plans are costed by their
       ops alone.
-    - ``collective_efficiency``: the share of its links' speed an all-reduce
-      achieves (1: the ring's bytes move at link speed; gloo on CPUs reduces
-      and copies too, and a runtime flattens the gradients first: ``placer
-      launch --calibrate`` measures it). All-reduce times are divided by it.
+    - the training loss: the runtime computes it, forward and backward, on
+      the first device of the group holding the model's output, in that
+      device's forward task, for the whole microbatch. A graph node's
+      ``loss_flops`` (``[forward, backward]``, written by ``placer profile``)
+      says how much of its FLOPs are the loss's; the simulator and the
+      analytical model charge that part there rather than spreading it over
+      the replicas (other cost models see it as the op's own).
+    - ``collective_efficiency``: the ring model's all-reduce time over the
+      real one (1: the ring's bytes move at link speed and each of its
+      steps pays the link's latency; gloo on CPUs reduces and copies too,
+      and a runtime flattens the gradients first: ``placer launch
+      --calibrate`` measures it). All-reduce times are divided by it. Above
+      1 where the cluster's latencies include delays that lone messages pay
+      and a collective does not.
     - ``nic``: ``"max_link"`` (default) gives a device without
       ``nic_bandwidth`` a network interface as fast as its fastest link, so
       fan-out from one device to many is serialised; ``"none"`` leaves such
@@ -161,8 +171,8 @@ class Problem:
                              ("task_overhead", task_overhead)):
             if not value >= 0:
                 raise StrategyError(f"{label} must be >= 0, got {value!r}")
-        if not 0 < collective_efficiency <= 1:
-            raise StrategyError(f"collective_efficiency must be in (0, 1], got "
+        if not 0 < collective_efficiency < float("inf"):
+            raise StrategyError(f"collective_efficiency must be > 0 and finite, got "
                                 f"{collective_efficiency!r}")
         if nic not in ("max_link", "none"):
             raise StrategyError(f"unknown nic mode {nic!r}", fix="use 'max_link' or 'none'")
@@ -216,6 +226,11 @@ class Problem:
         self.bwd_flops = np.array([o.bwd_flops for o in ops], dtype=float)
         self.param_bytes = np.array([o.param_bytes for o in ops], dtype=float)
         self.output_bytes = np.array([o.output_bytes for o in ops], dtype=float)
+        #: (n_ops, 2) forward and backward FLOPs of the training loss inside
+        #: each op's figures (see the class doc); zeros for most ops
+        self.loss_flops = _loss_flops(g, ops, self.flops, self.bwd_flops) if self.training \
+            else np.zeros((len(ops), 2))
+        self.has_loss = bool(self.loss_flops.any())
         edges = g.edges
         self.edge_src = np.array([self.index[e.src] for e in edges], dtype=np.int64)
         self.edge_dst = np.array([self.index[e.dst] for e in edges], dtype=np.int64)
@@ -516,6 +531,27 @@ def _measured_entry(measured, name: str, kind):
     if isinstance(entry, (int, float)):
         return {"fwd": float(entry)}
     return entry if isinstance(entry, dict) and "fwd" in entry else None
+
+
+def _loss_flops(graph, ops, flops, bwd_flops) -> np.ndarray:
+    """The ops' ``loss_flops`` ([forward, backward], at most the op's own
+    FLOPs) as an (n, 2) array; a malformed entry is a GraphError naming it."""
+    from ..errors import GraphError
+    out = np.zeros((len(ops), 2))
+    for i, op in enumerate(ops):
+        value = op.extra.get("loss_flops")
+        if value is None:
+            continue
+        try:
+            pair = [float(v) for v in value]
+        except (TypeError, ValueError):
+            pair = []
+        if len(pair) != 2 or not all(np.isfinite(v) and v >= 0 for v in pair):
+            raise GraphError(f"graph {graph.name!r}, node {op.id!r}: loss_flops must be "
+                             f"[forward, backward] FLOPs >= 0, got {value!r}",
+                             fix="write two numbers, or remove the key")
+        out[i] = min(pair[0], flops[i]), min(pair[1], bwd_flops[i])
+    return out
 
 
 def measured_times(problem: "Problem") -> Times | None:

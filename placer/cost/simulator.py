@@ -131,6 +131,7 @@ class _Build:
                                 dtype=np.int64)[g]
             frac = np.ones(n)
             op_first = inst_op
+            inst_k = np.zeros(n, dtype=np.int64)
         else:
             members = np.full((len(c.groups), int(gsize.max())), -1, dtype=np.int64)
             for gid, mem in enumerate(c.groups):
@@ -185,6 +186,15 @@ class _Build:
             head[1:] = g[1:] != g[:-1]
             task = p.task_overhead * head[inst_op]
             ft = ft + task
+        loss_f = loss_b = None
+        if training and p.has_loss and times is None:
+            # the loss runs whole, forward and backward, on the group's first
+            # device in its forward task (see Problem): not split over replicas
+            lf = p.loss_flops[inst_op, 0] / m / p.rate[inst_dev]
+            lb = p.loss_flops[inst_op, 1] / m / p.rate[inst_dev]
+            loss_f = (inst_k == 0) * (lf + lb) - lf * frac
+            loss_b = lb * frac
+            ft = ft + loss_f
         has_in = np.zeros(NI, dtype=bool)
         has_in[iv] = True
         has_out = np.zeros(NI, dtype=bool)
@@ -199,6 +209,8 @@ class _Build:
                 bt = p.op_overhead + times.backward[inst_op, inst_cls] * frac / m
             if p.task_overhead:
                 bt = bt + task
+            if loss_b is not None:
+                bt = bt - loss_b
             if p.recompute:
                 bt = bt + ft
             permB = np.lexsort((-inst_op, inst_dev))

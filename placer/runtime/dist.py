@@ -68,7 +68,7 @@ from ..errors import PlacerError, PlanError
 from .engine import Engine, Routes, device_orders
 from .run import (MeasuredReport, _as_device, build_optimizer, default_loss, join_outputs,
                   predict, prepare, sink_device)
-from .waiting import KeepAwake, Watcher, busy_poll_default, quick_handover, wait_work
+from .waiting import KeepAwake, Watcher, busy_poll_default, handover, quick_handover, wait_work
 
 _DEBUG = bool(os.environ.get("PLACER_DEBUG_COMM"))
 
@@ -188,7 +188,7 @@ class DistTransport:
             print(f"[{self.me}] send tag {tag} to {dst} {tuple(data.shape)} at "
                   f"{time.perf_counter():.6f}", flush=True)
         if self.spin:
-            os.sched_yield()
+            handover()
         self.comm_time[self.me] += time.perf_counter() - start
 
     def post(self, incoming: list[tuple]) -> None:
@@ -465,8 +465,9 @@ def _calibration_round(model, example_inputs, graph, tdev, loss_fn=None,
     between ranks, the share of a core each rank gets while all compute,
     and every op's time on this rank's device."""
     from ..cluster import Cluster, Device
-    from .profile import measure_links, profile
-    links = measure_links(dist.get_world_size(), dist.get_rank(), repeats=5, spin=spin)
+    from .profile import allreduce_sizes, measure_links, profile
+    links = measure_links(dist.get_world_size(), dist.get_rank(), repeats=5, spin=spin,
+                          allreduce_sizes=allreduce_sizes(sum(op.param_bytes for op in graph)))
     sync = _sync_delays(links["pairs"])
     name = str(tdev)
     here = Cluster.from_rules("here", [Device(name, 1e11, 1e10)], default=(1e9, 1e-4))
@@ -531,7 +532,8 @@ def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev,
     """Collective: rank 0 gets the calibrated graph and cluster (medians over
     every round of every rank: the ranks' devices are alike); None elsewhere."""
     from ..cluster import Device
-    from .profile import calibrated_graph, collective_efficiency, fit_link, ranks_cluster
+    from .profile import (allreduce_sizes, calibrated_graph, collective_efficiency, fit_link,
+                          ranks_cluster)
     gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object((rounds, list(shares)), gathered, dst=0)
     if gathered is None:
@@ -566,10 +568,12 @@ def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev,
                        "message_cpu": med(r["message_cpu"][pair] for r in rounds),
                        "sync_delay": med(r["sync_delay"][pair] for r in rounds)}
     allreduce = {n: med(r["allreduce"][n] for r in rounds) for n in rounds[0]["allreduce"]}
-    # the ring runs at the speed of its slowest link and its worst latency
+    # the ring runs at the speed of its slowest link and its worst latency,
+    # as the cluster below states them (synchronisation delay included)
     efficiency = collective_efficiency(
         allreduce, min((v["bandwidth"] for v in pairs.values()), default=float("inf")),
-        max((v["latency"] for v in pairs.values()), default=0.0), len(devs))
+        max((v["latency"] + v["sync_delay"] for v in pairs.values()), default=0.0), len(devs),
+        sizes=allreduce_sizes(sum(op.param_bytes for op in graph)))
     from ..cluster import Cluster
     one = Cluster("here", [dev], [[float("inf")]], [[0.0]])
     return {"graph": calibrated_graph(timed, one, name, overhead=ovh),

@@ -495,15 +495,18 @@ class Engine:
         per microbatch and the weighted loss (on the sink's process)."""
         st = _StepState()
         stats = StepStats()
+        self._t0 = t0 = time.perf_counter()
+        events = self.events = []
         post = getattr(self.transport, "post", None)
         if post is not None:
             post(self.incoming())
+            # posting every receive of the step is part of the step's time
+            events += [Event(d, "post receives", "messaging", 0.0, time.perf_counter() - t0)
+                       for d in self.local]
         self._inputs = inputs
         self._targets = targets
         self._offsets = batch_offsets
         count = self.count_saved and self._peak_act is None
-        self._t0 = t0 = time.perf_counter()
-        events = self.events = []
         for dev, task in self._tasks():
             kind, m, inst = task
             start = time.perf_counter()
@@ -528,7 +531,11 @@ class Engine:
             stats.compute[dev] += end - start - waited
             events.append(_task_event(dev, kind, m, inst, self.routes.sink, start - t0,
                                       end - start, waited))
+        start = time.perf_counter()
         self.transport.finish()
+        if post is not None:
+            events += [Event(d, "sends complete", "messaging", start - t0,
+                             time.perf_counter() - start) for d in self.local]
         if count:
             self._peak_act = dict(stats.peak_act)
         elif self._peak_act is not None:
@@ -905,7 +912,11 @@ class Engine:
             if keep_gradients:
                 grads = self.gradients()
             if optimizer is not None:
+                start = time.perf_counter()
                 optimizer.step()
+                took = time.perf_counter() - start
+                self.events += [Event(d, "update", "update", start - self._t0, took)
+                                for d in self.local]
         return last, grads
 
     def gradients(self) -> dict[str, torch.Tensor]:

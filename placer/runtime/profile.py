@@ -375,11 +375,15 @@ def profile(model: torch.nn.Module, example_inputs: Any, graph: Graph | None = N
             timed = {r: _time_nodes(model, inputs, gm, tdev, repeats, graph.training,
                                     rows=None if r == batch else r, loss_fn=loss_fn)
                      for r in sizes}
-            for times in timed.values():
+            loss_part = {}
+            for r, times in timed.items():
                 loss = times.pop(LOSS, None)
                 for name in outputs if loss is not None else ():
                     f, b = times.get(name, (0.0, 0.0))
-                    times[name] = (f + loss[0] / len(outputs), b + loss[1] / len(outputs))
+                    part = (loss[0] / len(outputs), loss[1] / len(outputs))
+                    times[name] = (f + part[0], b + part[1])
+                    if r == batch:
+                        loss_part[name] = part
             full, part = timed[batch], timed[half]
             totals = {r: 0.0 for r in sizes}
             phases = []
@@ -394,6 +398,11 @@ def profile(model: torch.nn.Module, example_inputs: Any, graph: Graph | None = N
                 fh, bh = part.get(name, (f, b))
                 op.extra.setdefault("measured", {})[dev.name] = {
                     "fwd": f, "bwd": b, "fwd_half": fh, "bwd_half": bh, "batch": batch}
+                if name in loss_part:
+                    # the loss's share of those figures: the runtime computes
+                    # the loss on one device, not on every replica
+                    op.extra["measured"][dev.name].update(
+                        loss_fwd=loss_part[name][0], loss_bwd=loss_part[name][1])
                 for r in sizes:
                     totals[r] += sum(timed[r].get(name, (f, b)))
                 for k in range(2 if graph.training else 1):
@@ -420,7 +429,10 @@ def calibrated_graph(graph: Graph, cluster: Cluster, device: str | None = None,
     """A copy of ``graph`` whose FLOPs take, on ``cluster``'s calibrated
     ``device`` (default: the first profiled one), the time measured for each
     op there less the per-op ``overhead`` (default: the device's fitted
-    ``op_overhead``; pass the same value as ``Problem(op_overhead=...)``)."""
+    ``op_overhead``; pass the same value as ``Problem(op_overhead=...)``).
+    Ops whose outputs the loss reads also get ``loss_flops``: the part of
+    their forward and backward FLOPs that is the loss's (see
+    :class:`placer.cost.Problem`)."""
     data = graph.to_dict()
     if device is None:
         device = next((d.name for d in cluster.devices if "op_overhead" in d.extra), None)
@@ -436,6 +448,9 @@ def calibrated_graph(graph: Graph, cluster: Cluster, device: str | None = None,
             continue
         node["flops"] = max(0.0, m["fwd"] / share - ovh) * rate
         node["bwd_flops"] = max(0.0, m["bwd"] / share - ovh) * rate if m["bwd"] > 0 else 0.0
+        if "loss_fwd" in m:
+            node["loss_flops"] = [min(node["flops"], m["loss_fwd"] / share * rate),
+                                  min(node["bwd_flops"], m["loss_bwd"] / share * rate)]
         # the FLOPs now say it all (share included); a cost model that reads
         # measured times directly must not see the raw ones beside them
         node.pop("measured", None)
@@ -531,7 +546,8 @@ def fit_link(points: dict) -> tuple[float, float]:
 
 
 def measure_links(world: int, rank: int, *, sizes=LINK_SIZES, repeats: int = 9,
-                  budget: float = 1.0, spin: bool = False) -> dict:
+                  budget: float = 1.0, spin: bool = False,
+                  allreduce_sizes=None) -> dict:
     """Collective over every rank of the default process group: a ping-pong
     between each pair of ranks at several message sizes (a size is skipped
     once one round at the previous size took over ``budget`` / ``repeats``
@@ -545,7 +561,9 @@ def measure_links(world: int, rank: int, *, sizes=LINK_SIZES, repeats: int = 9,
     for them (:mod:`placer.runtime.waiting`); the ping-pong always blocks
     (polled point-to-point waits gave no faster steps, and over a 100
     mbit ``tbf`` link they read 40 MB/s where blocking read 22-25 MB/s,
-    both with the earlier all-size fit)."""
+    both with the earlier all-size fit). ``allreduce_sizes``: the bytes
+    :func:`collective_efficiency` is fitted on (default
+    :data:`ALLREDUCE_SIZES`; :func:`allreduce_sizes` gives a model's)."""
     import torch.distributed as dist
     from .waiting import wait_work
     pairs = {}
@@ -574,7 +592,7 @@ def measure_links(world: int, rank: int, *, sizes=LINK_SIZES, repeats: int = 9,
             pairs[(i, j)] = {"bandwidth": bw, "latency": lat, "points": points,
                              "message_cpu": message_cpu}
     allreduce = {}
-    for nbytes in (*sizes[:3], *ALLREDUCE_SIZES):
+    for nbytes in sorted({*sizes[:3], *(allreduce_sizes or ALLREDUCE_SIZES)}):
         # as the runtime does it: gradients flattened into one buffer,
         # all-reduced, copied back (see Engine.allreduce)
         grads = [torch.zeros(max(1, nbytes // 4 // GRADIENTS)) for _ in range(GRADIENTS)]
@@ -596,29 +614,48 @@ def measure_links(world: int, rank: int, *, sizes=LINK_SIZES, repeats: int = 9,
 
 
 #: all-reduce sizes (bytes) that :func:`collective_efficiency` is fitted on
+#: when the model's are not known (see :func:`allreduce_sizes`)
 ALLREDUCE_SIZES = (1 << 20, 4 << 20)
 #: tensors the measured all-reduce flattens (a model's gradients are many)
 GRADIENTS = 32
 
 
+def allreduce_sizes(param_bytes: float) -> tuple[int, int]:
+    """The all-reduce sizes to calibrate for a model of ``param_bytes``
+    parameter bytes: a quarter of them and all of them (a plan's buckets
+    hold the gradients of the ops its replicated groups share), each within
+    64 KB .. 64 MB. An all-reduce's time is not linear in its size (on this
+    project's CPU machine 1 MB took 0.96 ms and 4 MB 5.2 ms), so sizes
+    far from the model's misjudge it."""
+    lo, hi = 64 << 10, 64 << 20
+    full = int(min(hi, max(lo, param_bytes)))
+    return int(min(hi, max(lo, param_bytes / 4))), full
+
+
 def collective_efficiency(allreduce: dict, bandwidth: float, latency: float,
-                          world: int) -> float:
+                          world: int, sizes=None) -> float:
     """``Problem(collective_efficiency=...)`` from :func:`measure_links`'
-    all-reduce times: the ring's time on the measured links (``2 (k - 1)``
-    latencies and ``2 (k - 1) / k`` of the bytes at ``bandwidth``) over the
-    measured time, median over :data:`ALLREDUCE_SIZES`, in (0.01, 1]."""
+    all-reduce times: the ring's time on the links as the cost model sees
+    them (``2 (k - 1)`` latencies and ``2 (k - 1) / k`` of the bytes at
+    ``bandwidth``; pass the latency the cluster file says, synchronisation
+    delay included) over the measured time, geometric mean over ``sizes``
+    (default: every measured size of at least 64 KB), in [0.01, 100]. Above
+    1 where the links' latency, measured between lone messages, overstates
+    what a collective pays for it."""
     k = max(2, world)
     if world < 2 or not math.isfinite(bandwidth) or bandwidth <= 0:
         return 1.0
+    if sizes is None:
+        sizes = [n for n in allreduce if n >= 64 << 10]
     ratios = []
-    for nbytes in ALLREDUCE_SIZES:
+    for nbytes in sizes:
         seconds = allreduce.get(nbytes)
         if seconds:
             model = 2 * (k - 1) * latency + 2 * (k - 1) / k * nbytes / bandwidth
-            ratios.append(model / seconds)
+            ratios.append(math.log(model / seconds))
     if not ratios:
         return 1.0
-    return float(min(1.0, max(0.01, statistics.median(ratios))))
+    return float(min(100.0, max(0.01, math.exp(statistics.fmean(ratios)))))
 
 
 def _chunk(a, n: int):
