@@ -383,8 +383,8 @@ def test_collective_efficiency_scales_the_allreduce():
 
 def test_the_loss_runs_whole_on_the_first_replica():
     """An op's ``loss_flops`` run, forward and backward, on its group's first
-    device in its forward task (as the runtime's sink computes the loss),
-    not split over the replicas; both models, against hand-computed times."""
+    device (as the runtime's sink computes the loss), not split over the
+    replicas; both models, against hand-computed times."""
     F, Bw, Lf, Lb = 4e9, 8e9, 1e9, 2e9
     loss = Graph("loss", [Op("out", flops=F, bwd_flops=Bw, extra={"loss_flops": [Lf, Lb]})])
     plain = Graph("plain", [Op("out", flops=F, bwd_flops=Bw)])
@@ -396,14 +396,17 @@ def test_the_loss_runs_whole_on_the_first_replica():
         without = model.estimate(problem(plain, cluster(2)), split)
         assert without.step_time == pytest.approx((F + Bw) / 2 / RATE)
         assert with_loss.step_time == pytest.approx(first), model.name
-        # on one device the loss only moves from backward to forward
+        # on one device the loss only moves between the phases
         one = model.estimate(problem(loss, cluster(2)), Plan({"out": ["d0"]}))
         assert one.step_time == pytest.approx((F + Bw) / RATE)
-    # the simulator's tasks say where it ran
+    # the simulator's tasks say where it ran: at the start of the first
+    # replica's backward
     events = Simulator().estimate(problem(loss, cluster(2)), split).events()
     fwd = {e.lane: e.duration for e in events if e.category == "forward"}
-    assert fwd["d0"] == pytest.approx(((F - Lf) / 2 + Lf + Lb) / RATE)
-    assert fwd["d1"] == pytest.approx((F - Lf) / 2 / RATE)
+    bwd = {e.lane: e.duration for e in events if e.category == "backward"}
+    assert fwd["d0"] == fwd["d1"] == pytest.approx((F - Lf) / 2 / RATE)
+    assert bwd["d0"] == pytest.approx((Lf + Lb + (Bw - Lb) / 2) / RATE)
+    assert bwd["d1"] == pytest.approx((Bw - Lb) / 2 / RATE)
 
 
 def test_malformed_loss_flops_name_the_node():
@@ -411,3 +414,22 @@ def test_malformed_loss_flops_name_the_node():
     g = Graph("bad", [Op("out", flops=1e9, extra={"loss_flops": "lots"})])
     with pytest.raises(GraphError, match="node 'out': loss_flops"):
         problem(g, cluster(1))
+
+
+def test_the_loss_waits_for_every_replica_of_the_output():
+    """The loss on the first replica reads the other replicas' rows: a slow
+    second replica (half the speed) delays it, and the gradient goes back."""
+    F, Bw, Lf, Lb = 4e9, 8e9, 1e9, 2e9
+    g = Graph("loss", [Op("out", flops=F, bwd_flops=Bw, output_bytes=1e6,
+                          extra={"loss_flops": [Lf, Lb]})])
+    devices = [Device("d0", RATE, 1e12, efficiency=1.0), Device("d1", RATE, 1e12, efficiency=0.5)]
+    c = Cluster.from_rules("slow", devices, default=(1e9, 0.0))
+    r = Simulator().estimate(problem(g, c), Plan({"out": ["d0", "d1"]}))
+    # d1's rows (0.5 MB at 1 GB/s) reach d0 after d1's forward; d0 runs the
+    # loss and sends the gradient of d1's rows back at once; d1's backward
+    # waits for it (d0's own backward runs meanwhile)
+    f1 = (F - Lf) / 2 / (RATE / 2)
+    x = 0.5e6 / 1e9
+    grad_back = f1 + x + (Lf + Lb) / RATE + x
+    b1 = (Bw - Lb) / 2 / (RATE / 2)
+    assert r.step_time == pytest.approx(grad_back + b1, rel=1e-6)

@@ -119,7 +119,9 @@ class Problem:
       ``loss_flops`` (``[forward, backward]``, written by ``placer profile``)
       says how much of its FLOPs are the loss's; the simulator and the
       analytical model charge that part there rather than spreading it over
-      the replicas (other cost models see it as the op's own).
+      the replicas (other cost models see it as the op's own). The
+      simulator also makes the loss wait for every replica's rows of the
+      output and each replica's backward for the gradient of its rows.
     - ``collective_efficiency``: the ring model's all-reduce time over the
       real one (1: the ring's bytes move at link speed and each of its
       steps pays the link's latency; gloo on CPUs reduces and copies too,

@@ -161,8 +161,24 @@ class _Build:
             pb = (eb[e_idx] * ov)[keep]
         else:
             iu, iv, pb = op_first[src], op_first[dst], eb
+        loss_dep = np.zeros(len(iu), dtype=bool)
+        if training and p.has_loss and NI > n:
+            # the loss, on the first replica, reads every replica's rows of
+            # the output; each replica's backward waits for the gradient of
+            # its rows (see Problem). The rows are consumed by the first
+            # replica's backward, where the loss is charged, so that
+            # replica's own forward does not wait for them.
+            extra = [(op_first[op] + k, op_first[op], p.output_bytes[op] / sizes[op])
+                     for op in np.flatnonzero(p.loss_flops.any(axis=1) & (sizes > 1)).tolist()
+                     for k in range(1, int(sizes[op]))]
+            if extra:
+                eu, ev, eb_ = (np.array(col) for col in zip(*extra))
+                iu = np.r_[iu, eu.astype(np.int64)]
+                iv = np.r_[iv, ev.astype(np.int64)]
+                pb = np.r_[pb, eb_.astype(float)]
+                loss_dep = np.r_[loss_dep, np.ones(len(eu), dtype=bool)]
         remote = inst_dev[iu] != inst_dev[iv]
-        iu, iv, pb = iu[remote], iv[remote], pb[remote]
+        iu, iv, pb, loss_dep = iu[remote], iv[remote], pb[remote], loss_dep[remote]
         key = iu * D + inst_dev[iv]
         uk, tinv = _unique(key, inverse=True)
         NT = len(uk)
@@ -186,15 +202,18 @@ class _Build:
             head[1:] = g[1:] != g[:-1]
             task = p.task_overhead * head[inst_op]
             ft = ft + task
-        loss_f = loss_b = None
+        loss_b = None
+        loss_w = np.zeros(NI)
         if training and p.has_loss and times is None:
             # the loss runs whole, forward and backward, on the group's first
-            # device in its forward task (see Problem): not split over replicas
+            # device (see Problem), not split over the replicas; it is
+            # charged at the start of that replica's backward, which waits
+            # for every replica's rows (below)
             lf = p.loss_flops[inst_op, 0] / m / p.rate[inst_dev]
             lb = p.loss_flops[inst_op, 1] / m / p.rate[inst_dev]
-            loss_f = (inst_k == 0) * (lf + lb) - lf * frac
-            loss_b = lb * frac
-            ft = ft + loss_f
+            ft = ft - lf * frac
+            loss_w = (inst_k == 0) * (lf + lb)
+            loss_b = lb * frac - loss_w
         has_in = np.zeros(NI, dtype=bool)
         has_in[iv] = True
         has_out = np.zeros(NI, dtype=bool)
@@ -214,7 +233,12 @@ class _Build:
             if p.recompute:
                 bt = bt + ft
             permB = np.lexsort((-inst_op, inst_dev))
-            bseg, boff, bdev, bdur = _segments(inst_dev, has_out, has_in, permB, bt, D,
+            head_b = has_out
+            if loss_dep.any():
+                # the loss's replica starts a backward segment: it waits there
+                head_b = has_out.copy()
+                head_b[iv[loss_dep]] = True
+            bseg, boff, bdev, bdur = _segments(inst_dev, head_b, has_in, permB, bt, D,
                                                p.merge)
         else:
             bseg = boff = None
@@ -246,9 +270,14 @@ class _Build:
         o_off = [foff[t_inst]]
         x_npend = np.zeros(NX, dtype=np.int64)
         x_npend[:NT] = 1
-        pairs = _unique(tinv * NF + fseg[iv]) if NT else np.zeros(0, dtype=np.int64)
+        fwd = ~loss_dep
+        pairs = _unique(tinv[fwd] * NF + fseg[iv[fwd]]) if NT else np.zeros(0, dtype=np.int64)
         c_x = [pairs // NF]
         c_s = [pairs % NF]
+        if loss_dep.any():
+            pairs = _unique(tinv[loss_dep] * NB + bseg[iv[loss_dep]])
+            c_x.append(pairs // NB)
+            c_s.append(NF + pairs % NB)
         if training:
             self.first_b, self.last_b = _ends(bdev, D, NF)
             # backward transfers: sent by every consuming segment (the last
@@ -258,7 +287,12 @@ class _Build:
                 key = tinv * NB + bseg[iv]
                 uk, first, inv = _unique(key, index=True, inverse=True)
                 off = np.full(len(uk), -1.0)
-                np.maximum.at(off, inv, boff[iv])
+                sent = boff[iv]
+                if loss_dep.any():
+                    # the gradient of the rows leaves once the loss is done,
+                    # before the loss's replica runs its own backward
+                    sent = np.where(loss_dep, sent - (bt - loss_w)[iv], sent)
+                np.maximum.at(off, inv, sent)
                 order = np.argsort(first, kind="stable")
                 uk, off = uk[order], off[order]
                 o_seg.append(NF + uk % NB)

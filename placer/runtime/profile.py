@@ -35,7 +35,7 @@ import json
 import math
 import statistics
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.fx
@@ -236,23 +236,61 @@ def cpu_share(device: torch.device, seconds: float = 0.1) -> float:
     return cpu_speed(device, seconds)[0]
 
 
-def cpu_speed(device: torch.device, seconds: float = 0.1) -> tuple[float, float]:
+def cpu_speed(device: torch.device, seconds: float = 0.1,
+              work: Callable[[], Any] | None = None) -> tuple[float, float]:
     """(:func:`cpu_share`, chunks of work done per second of wall time).
     Two ranks computing at once on cores of their own get whole cores but
     may each run slower (shared caches, memory bandwidth, clocks, a virtual
     machine's siblings): the work rate sees that, the share does not.
-    CUDA devices: (1.0, 0.0)."""
+    ``work``: one chunk (default: small matrix products); at least one
+    chunk runs. CUDA devices: (1.0, 0.0)."""
     if device.type != "cpu":
         return 1.0, 0.0
-    a = torch.randn(64, 64)
+    if work is None:
+        a = torch.randn(64, 64)
+
+        def work():
+            b = a
+            for _ in range(20):
+                b = torch.tanh(b @ b)
     chunks = 0
     wall, cpu = time.perf_counter(), time.thread_time()
-    while time.perf_counter() - wall < seconds:
-        for _ in range(20):
-            a = torch.tanh(a @ a)
+    while chunks == 0 or time.perf_counter() - wall < seconds:
+        work()
         chunks += 1
     used, spent = time.thread_time() - cpu, time.perf_counter() - wall
     return min(1.0, max(0.05, used / max(spent, 1e-9))), chunks / max(spent, 1e-9)
+
+
+def model_work(model: torch.nn.Module, example_inputs, device: torch.device,
+               budget: float = 0.02) -> Callable[[], Any] | None:
+    """A chunk of the model's own work for :func:`cpu_speed`: its forward
+    pass (no autograd) on the example inputs, on a copy of the model. Ranks
+    that share a machine slow each other down by how much their ops contend
+    for caches and memory; the default chunk (small matrix products that
+    fit a core's cache) saw 2-10% where the model's steps ran 10-60% slower
+    on this project's 2-core virtual machine. None when one pass takes more
+    than ``budget`` seconds (too slow to sample before every step) or the
+    model does not run as given."""
+    if device.type != "cpu":
+        return None
+    try:
+        copy_ = copy.deepcopy(model).to(device)
+        args = [t.to(device) if isinstance(t, torch.Tensor) else t
+                for t in (example_inputs if isinstance(example_inputs, (list, tuple))
+                          else [example_inputs])]
+
+        def work():
+            with torch.no_grad():
+                copy_(*args)
+        work()
+        start = time.perf_counter()
+        work()
+        if time.perf_counter() - start > budget:
+            return None
+    except Exception:   # noqa: BLE001 - the default chunk stands in
+        return None
+    return work
 
 
 def task_overhead(device: torch.device, repeats: int = 15) -> float:
