@@ -433,3 +433,20 @@ def test_the_loss_waits_for_every_replica_of_the_output():
     grad_back = f1 + x + (Lf + Lb) / RATE + x
     b1 = (Bw - Lb) / 2 / (RATE / 2)
     assert r.step_time == pytest.approx(grad_back + b1, rel=1e-6)
+
+
+def test_message_overhead_costs_both_ends():
+    """Each message costs its sender and its receiver ``message_overhead``
+    (per microbatch and phase): two ops on two devices, one tensor."""
+    s = 1e-3
+    for training in (False, True):
+        g = two_ops(training)
+        plan = Plan({"a": ["d0"], "b": ["d1"]})
+        for model in (Simulator(), Analytical()):
+            base = model.estimate(problem(g, cluster(2)), plan).step_time
+            more = model.estimate(problem(g, cluster(2), message_overhead=s), plan).step_time
+            # on the path: the sender's and the receiver's share, per phase
+            phases = 2 if training else 1
+            assert more - base == pytest.approx(2 * s * phases, rel=1e-6), (model.name, training)
+    with pytest.raises(StrategyError, match="message_overhead"):
+        problem(two_ops(False), cluster(2), message_overhead=-1.0)

@@ -213,6 +213,21 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
                 w_dp = np.repeat(nb[dm], reps) * gt["reg_fracs"][pos]
             # tensors crossing one link wait for each other: count them all
             x_w = nb * cost
+            if p.message_overhead:
+                # each message costs its sending and its receiving devices
+                # time (both phases when training), and the path both
+                member = gt.get("member")
+                if member is None:
+                    member = gt["member"] = np.zeros((G, D))
+                    for gid, devs in enumerate(groups):
+                        member[gid, list(devs)] = 1.0
+                msg = np.zeros((B, D))
+                np.add.at(msg, rows, member[cu] + member[cv])
+                cf = cf + msg * p.message_overhead
+                if training:
+                    cb = cb + msg * p.message_overhead
+                comp = cf + cb
+                x_lat = x_lat + 2 * p.message_overhead
             k_single = rows[single] * (D * D) + link
             w_single = nb[single]
     lk = _links(p, B, speed, per_mb[:, 0], k_single, w_single, k_dp, w_dp)

@@ -113,6 +113,11 @@ class Problem:
       piece: a module call, one autograd call and its own bookkeeping; see
       :mod:`placer.runtime.profile`). Default 0: plans are costed by their
       ops alone.
+    - ``message_overhead``: seconds of a device's own time each message
+      between devices costs it, at the sender and again at the receiver,
+      per microbatch and phase (a runtime posts the receive, hands the
+      message to its transport, wakes for it; ``placer launch --calibrate``
+      measures it). Default 0: a message costs only its link's time.
     - the training loss: the runtime computes it, forward and backward, on
       the first device of the group holding the model's output, in that
       device's forward task, for the whole microbatch. A graph node's
@@ -161,7 +166,8 @@ class Problem:
                  gradient_bytes_per_param: float = 1.0, recompute: bool = False,
                  default_efficiency: float = 0.5, op_overhead: float = 5e-6,
                  nic: str = "max_link", bucket_bytes: float = 25e6, merge: float = 0.02,
-                 task_overhead: float = 0.0, collective_efficiency: float = 1.0):
+                 task_overhead: float = 0.0, collective_efficiency: float = 1.0,
+                 message_overhead: float = 0.0):
         if objective not in OBJECTIVES:
             raise StrategyError(f"unknown objective {objective!r}",
                                 fix=f"use one of: {', '.join(OBJECTIVES)}")
@@ -170,7 +176,8 @@ class Problem:
         for label, value in (("optimizer_bytes_per_param", optimizer_bytes_per_param),
                              ("gradient_bytes_per_param", gradient_bytes_per_param),
                              ("op_overhead", op_overhead),
-                             ("task_overhead", task_overhead)):
+                             ("task_overhead", task_overhead),
+                             ("message_overhead", message_overhead)):
             if not value >= 0:
                 raise StrategyError(f"{label} must be >= 0, got {value!r}")
         if not 0 < collective_efficiency < float("inf"):
@@ -187,6 +194,7 @@ class Problem:
         self.default_efficiency = float(default_efficiency)
         self.op_overhead = float(op_overhead)
         self.task_overhead = float(task_overhead)
+        self.message_overhead = float(message_overhead)
         self.collective_efficiency = float(collective_efficiency)
         self.nic = nic
         self.bucket_bytes = float(bucket_bytes)
@@ -209,6 +217,7 @@ class Problem:
                 "op_overhead": self.op_overhead, "nic": self.nic,
                 "bucket_bytes": self.bucket_bytes, "merge": self.merge,
                 "task_overhead": self.task_overhead,
+                "message_overhead": self.message_overhead,
                 "collective_efficiency": self.collective_efficiency}
 
     def __repr__(self) -> str:

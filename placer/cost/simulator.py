@@ -312,6 +312,16 @@ class _Build:
         self.ox_off = np.concatenate(o_off)[order].astype(float)
         cons_x = np.concatenate(c_x).astype(np.int64)
         cons_s = np.concatenate(c_s).astype(np.int64)
+        if p.message_overhead:
+            # every message costs its sender's and its receiver's task time:
+            # a segment's receives before its work, each send before it
+            # leaves (a send's offset moves by those and the sends before it)
+            sends = np.bincount(seg_all, minlength=NS)
+            recvs = np.bincount(cons_s, minlength=NS)
+            seg_sorted = seg_all[order]
+            nth = np.arange(len(seg_sorted)) - self.ox_ptr[seg_sorted]
+            self.ox_off = self.ox_off + p.message_overhead * (recvs[seg_sorted] + nth + 1)
+            self.task_dur = self.task_dur + p.message_overhead * (sends + recvs)
         order = np.argsort(cons_x, kind="stable")
         self.xc_ptr = _pointers(cons_x, NX)
         self.xc_s = cons_s[order]

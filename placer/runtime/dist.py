@@ -359,7 +359,8 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
                     # rows without their targets
                     rounds.append(_calibration_round(model, example_inputs, graph, tdev,
                                                      loss_fn=loss_fn if targets is None else False,
-                                                     spin=spin, work=probe))
+                                                     spin=spin, work=probe,
+                                                     transport=transport, devs=devs))
                 torch.set_rng_state(rng)
             if calibrate and step >= warmup:
                 # the load of a shared host changes from second to second: the
@@ -472,7 +473,7 @@ CALIBRATION_ROUNDS = 3
 
 
 def _calibration_round(model, example_inputs, graph, tdev, loss_fn=None,
-                       spin: bool = False, work=None) -> dict:
+                       spin: bool = False, work=None, transport=None, devs=()) -> dict:
     """Collective: one round of microbenchmarks on every rank: the links
     between ranks, the share of a core each rank gets while all compute,
     and every op's time on this rank's device."""
@@ -481,6 +482,7 @@ def _calibration_round(model, example_inputs, graph, tdev, loss_fn=None,
     links = measure_links(dist.get_world_size(), dist.get_rank(), repeats=5, spin=spin,
                           allreduce_sizes=allreduce_sizes(sum(op.param_bytes for op in graph)))
     sync = _sync_delays(links["pairs"])
+    messages = _message_overhead(transport, list(devs)) if transport is not None else 0.0
     name = str(tdev)
     here = Cluster.from_rules("here", [Device(name, 1e11, 1e10)], default=(1e9, 1e-4))
     share_one, share_all = _shares(tdev, 0.1, work)
@@ -501,7 +503,50 @@ def _calibration_round(model, example_inputs, graph, tdev, loss_fn=None,
             "cpu_share": share_one, "cpu_share_all": share_all,
             "points": {pair: link["points"] for pair, link in links["pairs"].items()},
             "message_cpu": {pair: link["message_cpu"] for pair, link in links["pairs"].items()},
-            "sync_delay": sync, "allreduce": links["allreduce"]}
+            "sync_delay": sync, "allreduce": links["allreduce"],
+            "message_overhead": messages}
+
+
+def _message_overhead(transport: "DistTransport", devs: list[str], count: int = 16,
+                      repeats: int = 5) -> float:
+    """Collective: seconds of a rank's own time one message costs it at each
+    end, measured on the runtime's transport between ranks 0 and 1: rank 1
+    posts ``count`` receives and, once they arrived, takes them; rank 0
+    sends them. The mean of a message's receiving (posting and taking)
+    and sending times, median over ``repeats`` (``Problem(message_overhead=
+    ...)``; 0 with one rank)."""
+    rank = dist.get_rank()
+    if len(devs) < 2:
+        return 0.0
+    src, dst = devs[0], devs[1]
+    tags = [1_000_000 + i for i in range(count)]
+    data = torch.zeros(64, device=transport.device)
+    samples = []
+    for _ in range(repeats):
+        wait_work(dist.barrier(async_op=True), transport.spin)
+        spent = 0.0
+        if rank == 1:
+            start = time.perf_counter()
+            transport.post([(t, (64,), torch.float32, src, dst) for t in tags])
+            spent = time.perf_counter() - start
+            time.sleep(0.003)            # every message is here: only taking it counts
+            start = time.perf_counter()
+            for t in tags:
+                transport.recv((64,), torch.float32, src, dst, t)
+            spent += time.perf_counter() - start
+            transport.finish()
+        elif rank == 0:
+            time.sleep(0.001)            # the receives are posted
+            start = time.perf_counter()
+            for t in tags:
+                transport.send(data, src, dst, t)
+            spent = time.perf_counter() - start
+            transport.finish()
+        both = torch.tensor([spent if rank < 2 else 0.0], dtype=torch.float64)
+        dist.all_reduce(both, op=dist.ReduceOp.SUM)
+        samples.append(float(both) / (2 * count))
+    transport.comm_time.clear()
+    return statistics.median(samples)
 
 
 def _sync_delays(pairs: dict) -> dict:
@@ -565,6 +610,7 @@ def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev,
                                                          for k in rows[0]}
     ovh = med(r["op_overhead"] for r in every)
     task = med(r["task_overhead"] for r in every)
+    messages = med(r.get("message_overhead", 0.0) for r in every)
     share = med(s[0] for s in samples)
     share_all = med(s[1] for s in samples)
     # op times at a whole core; the shares stay in the ranks' devices
@@ -593,6 +639,7 @@ def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev,
     return {"graph": calibrated_graph(timed, one, name, overhead=ovh),
             "cluster": ranks_cluster(devs, shared, {"pairs": pairs}), "op_overhead": ovh,
             "task_overhead": task, "collective_efficiency": efficiency,
+            "message_overhead": messages,
             "efficiency": dev.efficiency, "cpu_share": share, "cpu_share_all": share_all,
             "rounds": len(every),
             "links": {f"{devs[i]}-{devs[j]}": v for (i, j), v in pairs.items()},
@@ -601,10 +648,11 @@ def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev,
 
 def calibrated_options(calibration: dict) -> dict:
     """The cost model's options a ``calibrate=True`` run measured (launch
-    overhead, task overhead, all-reduce efficiency), for
+    overhead, task overhead, all-reduce efficiency, message overhead), for
     :func:`placer.runtime.contention.predict_shared`."""
     return {key: calibration[key]
-            for key in ("op_overhead", "task_overhead", "collective_efficiency")}
+            for key in ("op_overhead", "task_overhead", "collective_efficiency",
+                        "message_overhead") if key in calibration}
 
 
 # --------------------------------------------------------------------------
