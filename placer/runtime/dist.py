@@ -476,7 +476,9 @@ def _calibration_round(model, example_inputs, graph, tdev, loss_fn=None,
                        spin: bool = False, work=None, transport=None, devs=()) -> dict:
     """Collective: one round of microbenchmarks on every rank: the links
     between ranks, the share of a core each rank gets while all compute,
-    and every op's time on this rank's device."""
+    every op's time on this rank's device (one rank at a time) and how much
+    slower the same ops ran with every rank timing them at once
+    (``ops_together``)."""
     from ..cluster import Cluster, Device
     from .profile import allreduce_sizes, measure_links, profile
     links = measure_links(dist.get_world_size(), dist.get_rank(), repeats=5, spin=spin,
@@ -495,7 +497,14 @@ def _calibration_round(model, example_inputs, graph, tdev, loss_fn=None,
                                  devices=[name], repeats=3, warmup=1, loss_fn=loss_fn,
                                  share=1.0)
     dist.barrier()
+    # and every rank at once: how much slower the same ops run while the
+    # others compute too (caches, memory, a virtual machine's siblings)
+    _, cal_all = profile(model, example_inputs, graph=graph, cluster=here, devices=[name],
+                         repeats=3, warmup=1, loss_fn=loss_fn, share=1.0)
+    dist.barrier()
     dev = cal.device(name)
+    together = cal_all.device(name).extra["measured_step"] / max(
+        dev.extra["measured_step"], 1e-12)
     return {"ops": {op.id: op.extra["measured"][name] for op in timed
                     if name in op.extra.get("measured", {})},
             "op_overhead": dev.extra["op_overhead"], "efficiency": dev.efficiency,
@@ -504,7 +513,7 @@ def _calibration_round(model, example_inputs, graph, tdev, loss_fn=None,
             "points": {pair: link["points"] for pair, link in links["pairs"].items()},
             "message_cpu": {pair: link["message_cpu"] for pair, link in links["pairs"].items()},
             "sync_delay": sync, "allreduce": links["allreduce"],
-            "message_overhead": messages}
+            "message_overhead": messages, "ops_together": together}
 
 
 def _message_overhead(transport: "DistTransport", devs: list[str], count: int = 16,
@@ -613,6 +622,11 @@ def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev,
     messages = med(r.get("message_overhead", 0.0) for r in every)
     share = med(s[0] for s in samples)
     share_all = med(s[1] for s in samples)
+    # the model's ops timed while every rank computes, against one rank at a
+    # time: where that slows them more than the probes say, it counts
+    together = med(r.get("ops_together", 1.0) for r in every)
+    if together > 1.0:
+        share_all = min(share_all, share / together)
     # op times at a whole core; the shares stay in the ranks' devices
     dev = Device(name, 1e11, 1e10, efficiency=med(r["efficiency"] for r in every),
                  extra={"op_overhead": ovh, "cpu_share": 1.0, "task_overhead": task})
@@ -641,6 +655,7 @@ def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev,
             "task_overhead": task, "collective_efficiency": efficiency,
             "message_overhead": messages,
             "efficiency": dev.efficiency, "cpu_share": share, "cpu_share_all": share_all,
+            "ops_together": together,
             "rounds": len(every),
             "links": {f"{devs[i]}-{devs[j]}": v for (i, j), v in pairs.items()},
             "allreduce": allreduce}
