@@ -58,6 +58,17 @@ def test_time_to_reach_compares_each_event_with_its_own_models_target():
     late = dict(hyb, trace=[(1.5, 0.99)], trace_models=["simulator"],
                 trace_evaluations=[150], objective=1.01)
     assert not _compare(evo, late, "time")["target_met"]
+    # nothing fits: the objectives carry a penalty in the billions, and a
+    # plan with the same excess 20% slower is worse, not equal within 1e-9
+    bad = {"trace": [(1.0, 2253000000.2241)], "trace_models": ["simulator"],
+           "trace_evaluations": [10], "model": "simulator", "objective": 2253000000.2241,
+           "search_model": "analytical", "search_objective": 2253000000.2241,
+           "step_time": 0.2241}
+    slower = dict(bad, trace=[(0.1, 2253000000.2697)], objective=2253000000.2697,
+                  step_time=0.2697)
+    cmp = _compare(bad, slower, "time")
+    assert cmp["hybrid_to_evolution"] is None and not cmp["no_worse"]
+    assert _compare(bad, dict(bad), "time")["no_worse"]
 
 
 def test_bench_learned_seeds_at_equal_evaluations(tmp_path):

@@ -129,18 +129,27 @@ def _targets(evo: dict) -> dict:
     return out
 
 
-def _time_to_reach(run: dict, targets: dict, axis: str = "time") -> float | None:
-    """When ``run``'s trace first reaches ``targets`` (``{model: objective}``):
-    each event is compared with the target of the model its best is of
-    (events without one are taken as the search model's); the elapsed
-    seconds (``axis="time"``) or the evaluations by then
+def _tolerance(evo: dict) -> float:
+    """How close counts as equal to evolution's figures: a billionth of its
+    step time (an infeasible plan's objective adds a penalty in the
+    billions, against which a relative tolerance would hide seconds)."""
+    scale = evo.get("step_time") or evo.get("objective") or 0.0
+    return 1e-9 * abs(scale)
+
+
+def _time_to_reach(run: dict, targets: dict, axis: str = "time",
+                   tol: float = 0.0) -> float | None:
+    """When ``run``'s trace first reaches ``targets`` (``{model: objective}``)
+    within ``tol``: each event is compared with the target of the model its
+    best is of (events without one are taken as the search model's); the
+    elapsed seconds (``axis="time"``) or the evaluations by then
     (``axis="evaluations"``); None if never."""
     models = run.get("trace_models") or [None] * len(run["trace"])
     evals = run.get("trace_evaluations") or [None] * len(run["trace"])
     default = run.get("search_model") or "analytical"
     for (elapsed, best), model, used in zip(run["trace"], models, evals):
         target = targets.get(model or default)
-        if target is not None and best <= target + 1e-9 * abs(target):
+        if target is not None and best <= target + tol:
             return elapsed if axis == "time" else used
     return None
 
@@ -149,12 +158,12 @@ def _compare(evo: dict, hyb: dict, axis: str) -> dict:
     """Hybrid against evolution on one case and seed: the time (or
     evaluations) each takes to reach evolution's final plan, the ratios of
     their final step times and objectives, and the targets met."""
-    targets = _targets(evo)
-    reach_e = _time_to_reach(evo, targets, axis)
-    reach_h = _time_to_reach(hyb, targets, axis)
+    targets, tol = _targets(evo), _tolerance(evo)
+    reach_e = _time_to_reach(evo, targets, axis, tol)
+    reach_h = _time_to_reach(hyb, targets, axis, tol)
     half = reach_e is not None and reach_h is not None and reach_h <= 0.5 * max(reach_e, 1e-9)
     eo, ho = evo.get("objective"), hyb.get("objective")
-    no_worse = eo is not None and ho is not None and ho <= eo + 1e-9 * abs(eo)
+    no_worse = eo is not None and ho is not None and ho <= eo + tol
     return {"evolution_to_final": reach_e, "hybrid_to_evolution": reach_h,
             "hybrid_vs_evolution": hyb["step_time"] / evo["step_time"],
             "hybrid_vs_evolution_objective": None if not (eo and ho) else ho / eo,
@@ -226,12 +235,15 @@ def bench_learned(graphs: Sequence[str] | None = None, clusters: Sequence[str] |
                     cmp = _compare(evo, hyb, axis)
                     if s == seed:
                         row["evolution"], row["hybrid"] = evo, hyb
-                        row["evolution_time_to_final"] = _time_to_reach(evo, _targets(evo))
-                        row["hybrid_time_to_evolution"] = _time_to_reach(hyb, _targets(evo))
+                        targets, tol = _targets(evo), _tolerance(evo)
+                        row["evolution_time_to_final"] = _time_to_reach(evo, targets, "time",
+                                                                        tol)
+                        row["hybrid_time_to_evolution"] = _time_to_reach(hyb, targets, "time",
+                                                                         tol)
                         row["evolution_evaluations_to_final"] = _time_to_reach(
-                            evo, _targets(evo), "evaluations")
+                            evo, targets, "evaluations", tol)
                         row["hybrid_evaluations_to_evolution"] = _time_to_reach(
-                            hyb, _targets(evo), "evaluations")
+                            hyb, targets, "evaluations", tol)
                         for key in ("half", "no_worse", "target_met"):
                             row[f"hybrid_{key}"] = cmp[key]
                     per_seed.append({"seed": s, **cmp, **{
@@ -279,8 +291,9 @@ def bench_learned(graphs: Sequence[str] | None = None, clusters: Sequence[str] |
 
 
 #: per-seed figures kept for evolution and hybrid (the first seed's row keeps all)
-SEED_KEYS = ("step_time", "feasible", "objective", "search_objective", "evaluations",
-             "plan_seconds", "screen", "origin")
+SEED_KEYS = ("step_time", "feasible", "objective", "model", "search_objective",
+             "search_model", "evaluations", "plan_seconds", "screen", "origin", "trace",
+             "trace_models", "trace_evaluations")
 
 
 def _median(values):
