@@ -106,6 +106,17 @@ class Evolution(Strategy):
       else none; plans never depend on it, only how many fit in the time;
     - ``coarsen_above`` (1500) / ``coarsen_to`` (400) ops;
     - ``initial_plans``: an alias of ``initial``;
+    - ``candidates``: plans that join the first population like ``initial``
+      (the best of them also competes in the final ranking) without
+      ``initial``'s guarantee, so ``finalize`` neither re-scores them nor
+      keeps evaluations for that (``hybrid`` hands its policy plans over so);
+    - ``given_slots`` (None: no limit): at most this many genomes descended
+      from the ``initial`` plans and ``candidates`` stay in the population
+      (0: they only compete in the final ranking); the search's own seeds'
+      descendants keep their ``population`` slots, so plans handed in can
+      add to the search but not take its population over (their basin,
+      when better by the screening model, is not always better by the
+      final one); the best of those own descendants joins the final ranking;
     - ``progress_bar``: draw a tqdm bar with the best step time so far;
     - ``checkpoint`` (a file path), ``checkpoint_every`` (60 s) and
       ``resume``: save the search state / continue it (see the module doc).
@@ -125,6 +136,8 @@ class Evolution(Strategy):
                  coarsen_above: int = 1500,
                  coarsen_to: int = 400, layouts: bool = True,
                  initial_plans: Plan | Sequence[Plan] | None = None,
+                 candidates: Plan | Sequence[Plan] | None = None,
+                 given_slots: int | None = None,
                  progress_bar: bool = False, checkpoint: str | os.PathLike | None = None,
                  checkpoint_every: float = 60.0, resume: bool = False, **common):
         if initial_plans is not None:
@@ -142,6 +155,12 @@ class Evolution(Strategy):
         for label, value in (("crossover", crossover), ("seed_share", seed_share)):
             if not 0 <= value <= 1:
                 raise StrategyError(f"{label} must be in [0, 1], got {value!r}", field=label)
+        if given_slots is not None and (int(given_slots) != given_slots or given_slots < 0):
+            raise StrategyError(f"given_slots must be a whole number >= 0 or None, got "
+                                f"{given_slots!r}", field="given_slots")
+        self.given_slots = None if given_slots is None else int(given_slots)
+        self.candidates: list[Plan] = [candidates] if isinstance(candidates, Plan) \
+            else list(candidates or [])
         self.population = int(population)
         self.offspring = int(offspring or population)
         self.tournament = int(tournament)
@@ -234,8 +253,12 @@ class Evolution(Strategy):
             cur = by_origin.get(g.origin)
             if cur is None or g.fitness.values[0] < cur.fitness.values[0]:
                 by_origin[g.origin] = g
+        # plans handed in first: they were chosen by someone else's search
+        # and the ranking may run out of time before the last finalists
+        if "initial" in by_origin:
+            by_origin = {"initial": by_origin.pop("initial"), **by_origin}
         seen = {g.key() for g in finalists}
-        for g in [*by_origin.values(), *list(hof)[1:]]:
+        for g in [*by_origin.values(), *self._run.get("own_best", []), *list(hof)[1:]]:
             if g.key() not in seen:
                 seen.add(g.key())
                 finalists.append(g)
@@ -371,14 +394,18 @@ class Evolution(Strategy):
                 out.append(OpGenome.from_plan(space, plan, origin=name))
             except (KeyError, PlacerError):
                 continue
-        for plan in self.initial:
+        if self.layouts or not (out or self.initial or self.candidates):
+            out.extend(layout_seeds(space))
+        # the plans handed in last: one equal to a seed of the search's own
+        # counts as that seed (``_unique`` keeps the first)
+        for plan in [*self.initial, *self.candidates]:
             try:
                 if coarse.members is not None:
                     plan = _project(plan, coarse)
                 out.append(OpGenome.from_plan(space, plan, origin="initial"))
             except (KeyError, PlacerError):
                 continue
-        if self.layouts or not out:
+        if not out:
             out.extend(layout_seeds(space))
         return out
 
@@ -449,14 +476,15 @@ class Evolution(Strategy):
                 c.origin = c.origin or "evolution"
             score(children)
             children = [c for c in children if np.isfinite(c.fitness.values[0])]
-            pop = _best(_unique(pop + children), self.population)
+            pop = self._select(pop + children)
             if self.memetic_every and gen % self.memetic_every == 0 and not budget.exhausted():
                 top = pop[0]
                 polished, s = local_search(space, evaluate, top, top.fitness.values[0], rng,
                                            rounds=self.memetic_rounds)
                 if polished is not top:
                     polished.fitness = _Fitness((s,))
-                    pop = _best(_unique([polished] + pop), self.population)
+                    pop = self._select([polished] + pop)
+            self._keep_own_best(pop)
             hof.update(pop)
             fits = [g.fitness.values[0] for g in pop]
             logbook.record(gen=gen, evals=budget.used, best=fits[0],
@@ -504,16 +532,47 @@ class Evolution(Strategy):
         not narrow what it starts from."""
         score(seeds)
         pop = _unique(seeds)
+        # under ``given_slots`` the mutants come from the search's own seeds
+        # alone: its own part of the population is the one it has without
+        # the plans handed in
+        parents = pop if self.given_slots is None else \
+            [g for g in pop if g.origin != "initial"] or pop
         fill = []
-        while len(pop) + len(fill) < self.population and pop:
-            parent = pop[int(rng.integers(len(pop)))]
+        while len(parents) + len(fill) < self.population and parents:
+            parent = parents[int(rng.integers(len(parents)))]
             fill.append(toolbox.mutate(parent.copy()))
         if fill:
             score(fill)
             pop = _unique(pop + fill)
         own = _best([g for g in pop if g.origin != "initial"], self.population)
         given = [g for g in pop if g.origin == "initial" and np.isfinite(g.fitness.values[0])]
+        if self.given_slots is not None:
+            given = _best(given, self.given_slots)
         return _best(own + given, len(own) + len(given))
+
+    def _select(self, genomes: list, k: int | None = None) -> list:
+        """The ``k`` (``population``) best distinct of ``genomes``; with
+        ``given_slots`` the descendants of the plans handed in hold at most
+        that many places besides the ``k`` best of the search's own."""
+        k = self.population if k is None else k
+        genomes = _unique(genomes)
+        if self.given_slots is None:
+            return _best(genomes, k)
+        own = _best([g for g in genomes if g.origin != "initial"], k)
+        given = _best([g for g in genomes if g.origin == "initial"], min(self.given_slots, k))
+        return _best(own + given, len(own) + len(given))
+
+    def _keep_own_best(self, pop: list) -> None:
+        """With plans handed in under ``given_slots``, remember the best of the
+        search's own descendants for the final ranking (the hall of fame may
+        hold only the others' when the screening model prefers them)."""
+        if self.given_slots is None or self._run is None:
+            return
+        own = [g for g in pop if g.origin != "initial"]
+        if own:
+            best = self._run.get("own_best")
+            if not best or own[0].fitness.values[0] < best[0].fitness.values[0]:
+                self._run["own_best"] = [own[0]]
 
     def _restart(self, space: Space, evaluate: Evaluator, pop: list, score,
                  rng: np.random.Generator) -> list:
@@ -524,15 +583,14 @@ class Evolution(Strategy):
                                    rounds=max(4 * self.memetic_rounds, 1))
         if polished is not top:
             polished.fitness = _Fitness((s,))
-        elite = _best(_unique([polished] + pop), max(2, self.population // 4))
+        elite = self._select([polished] + pop, max(2, self.population // 4))
         fill = []
         while len(elite) + len(fill) < self.population:
             parent = elite[int(rng.integers(len(elite)))].copy()
             fill.append(mutate(space, parent, rng, rate=3 * self.mutation_rate,
                                weights=self.mutation_weights))
         score(fill)
-        return _best(_unique(elite + [g for g in fill if np.isfinite(g.fitness.values[0])]),
-                     self.population)
+        return self._select(elite + [g for g in fill if np.isfinite(g.fitness.values[0])])
 
     # --- checkpoints ----------------------------------------------------------------
     def _identity(self, problem: "Problem", budget: Budget, seed: int, space: Space) -> str:
@@ -540,11 +598,12 @@ class Evolution(Strategy):
         budget, options (a sha256)."""
         options = {k: v for k, v in sorted(vars(self).items())
                    if k not in ("checkpoint", "checkpoint_every", "resume", "_run",
-                                "progress_bar", "initial", "workers")}
+                                "progress_bar", "initial", "candidates", "workers")}
         data = {"graph": problem.graph.fingerprint(), "cluster": problem.cluster.fingerprint(),
                 "seed": int(seed), "evaluations": budget.evaluations, "time": budget.time,
                 "options": repr(options),
                 "initial": [sorted(p.placement.items()) for p in self.initial],
+                "candidates": [sorted(p.placement.items()) for p in self.candidates],
                 "microbatches": space.microbatch_choices, "schedules": space.schedule_choices}
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -634,9 +693,10 @@ class Evolution(Strategy):
     def _emit(self, progress, budget: Budget, best: float, gen: int, bar) -> None:
         bar.update(best, gen)
         if progress is not None:
+            model = getattr(self._run["evaluate"].model, "name", None) if self._run else None
             progress(Progress(self.name, budget.used, budget.elapsed, float(best),
                               float(best) if best < 1e9 else None, bool(best < 1e9),
-                              f"generation {gen}"))
+                              f"generation {gen}", extra={"model": model}))
 
 
 # --- helpers -------------------------------------------------------------------------

@@ -533,7 +533,8 @@ def cmd_bench(args) -> int:
     elif args.what == "learned":
         from .bench.learned import bench_learned
         extra = {} if args.time_budget is None else {"time_budget": args.time_budget}
-        bench_learned(out=out, quick=args.quick, seed=args.seed, **extra)
+        bench_learned(out=out, quick=args.quick, seed=args.seed, seeds=args.seeds,
+                      evaluations=args.evaluations, **extra)
     elif args.what == "runtime":
         from .bench.runtime import accuracy, netns, overhead
         from ._io import atomic_write_text, dump_json
@@ -726,6 +727,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-budget", type=float, metavar="SECONDS",
                    help="search and learned: seconds per strategy and case "
                         "(default: the suite's own)")
+    p.add_argument("--seeds", type=int, nargs="+", metavar="SEED",
+                   help="learned: run evolution and hybrid once per seed and report "
+                        "per-case medians and win counts (default: --seed)")
+    p.add_argument("--evaluations", type=int, metavar="N",
+                   help="learned: give evolution and hybrid N plans scored instead of "
+                        "the time budget (deterministic, free of the machine's noise)")
     p.set_defaults(func=cmd_bench)
 
     for name, (help_text, example) in DELEGATED.items():

@@ -217,3 +217,15 @@ def test_plan_interrupted_in_a_later_method_keeps_the_best_finished(tmp_path, ti
     saved = Plan.load(ppath)
     assert saved.method == "single"
     saved.validate(tiny_graph, Cluster.preset("two-sites"))
+
+
+def test_bench_learned_passes_seeds_and_evaluations(monkeypatch, tmp_path):
+    """``placer bench learned --seeds ... --evaluations N`` reaches the
+    benchmark as ``seeds`` and ``evaluations``."""
+    import placer.bench.learned as learned
+    seen = {}
+    monkeypatch.setattr(learned, "bench_learned", lambda **kw: seen.update(kw))
+    out = str(tmp_path / "b.json")
+    assert main(["bench", "learned", "--seeds", "2", "0", "--evaluations", "500",
+                 "-o", out]) == 0
+    assert seen["seeds"] == [2, 0] and seen["evaluations"] == 500 and seen["out"] == out

@@ -166,6 +166,51 @@ def test_initial_plans_join_the_population_without_displacing_its_own_seeds(prob
     assert pop[0].origin == "initial"          # best first
 
 
+def test_given_slots_bound_the_descendants_of_plans_handed_in(problem):
+    """Under ``given_slots`` selection keeps the ``population`` best of the
+    search's own lineages and at most that many of the plans handed in
+    (and their descendants), even when those are better than all its own."""
+    from evolution.search import Evolution, _Fitness
+    own = [OpGenome(np.full(problem.n_ops, d), 1, "1f1b", origin=f"h{d}") for d in range(6)]
+    given = [OpGenome(np.arange(problem.n_ops) % (2 + d), 1, "1f1b", origin="initial")
+             for d in range(5)]
+    for g in own + given:
+        g.fitness = _Fitness((-1.0 if g.origin == "initial" else float(g.origin[1:]),))
+    capped = get_strategy("evolution", population=4, given_slots=2)
+    picked = Evolution._select(capped, own + given)
+    assert sorted(g.origin for g in picked) == ["h0", "h1", "h2", "h3"] + ["initial"] * 2
+    assert picked[0].origin == "initial"
+    # without a cap the better plans handed in take every place
+    free = get_strategy("evolution", population=4)
+    assert {g.origin for g in Evolution._select(free, own + given)} == {"initial"}
+
+
+def test_candidates_with_no_slots_leave_the_search_as_it_was(problem):
+    """``candidates`` under ``given_slots=0`` only compete in the final
+    ranking: the search's own trajectory is the one it has without them,
+    so its plan is the same unless a candidate beats it; and ``finalize``
+    does not score them again (``initial`` plans it does)."""
+    opts = dict(evaluations=100_000, seed=3, final=None, generations=6, population=12)
+    plain, _ = _run("evolution", problem, **opts)
+    # the search's own plan at another microbatch count: worse, but near
+    # enough to steer the search when it joins the population
+    model = get_cost_model("analytical")
+    worse = [placer.Plan(plain.placement, 4, plain.schedule)]
+    assert model.estimate(problem, worse[0]).objective > plain.predicted["objective"]
+    alone, b1 = _run("evolution", problem, candidates=worse, given_slots=0, **opts)
+    assert alone.placement == plain.placement and alone.microbatches == plain.microbatches
+    steered, _ = _run("evolution", problem, candidates=worse, **opts)
+    assert steered.placement != plain.placement        # without the cap it does steer
+    _, b2 = _run("evolution", problem, initial=worse, given_slots=0, **opts)
+    assert b2.used - b1.used == len(worse)
+    # a candidate better than anything the search finds is its result
+    best = [placer.Plan(plain.placement, plain.microbatches, plain.schedule)]
+    short, _ = _run("evolution", problem, candidates=best, given_slots=0,
+                    **{**opts, "generations": 1, "seed": 4})
+    assert model.estimate(problem, short).objective <= \
+        model.estimate(problem, best[0]).objective * (1 + 1e-9)
+
+
 def test_coarsened_search_expands_to_every_op():
     g = placer.datasets.random_dag(300, width=6, seed=1)
     p = Problem(g, placer.Cluster.preset("two-sites"))

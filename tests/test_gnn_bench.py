@@ -30,3 +30,71 @@ def test_bench_learned_writes_rows_and_summary(tmp_path, capsys):
         assert data["summary"]["cases"] == 1
         assert result["summary"]["zero_shot_vs_evolution_gmean"] > 0
     assert "unet.module" in capsys.readouterr().out
+
+
+def test_time_to_reach_compares_each_event_with_its_own_models_target():
+    """Evolution screening with the simulator reports simulator figures and
+    ends with the search model's: each event is compared with evolution's
+    final plan by the model of that event (comparing the simulator trace
+    with the analytical final figure would see evolution reach its own
+    final only at the end, and hybrid never)."""
+    from placer.bench.learned import _compare, _targets, _time_to_reach
+    evo = {"trace": [(1.0, 1.20), (2.0, 1.00), (3.0, 0.95)],
+           "trace_models": ["simulator", "simulator", "analytical"],
+           "trace_evaluations": [100, 200, 300], "model": "simulator", "objective": 1.00,
+           "search_model": "analytical", "search_objective": 0.95, "step_time": 1.0}
+    hyb = {"trace": [(0.5, 0.96), (0.8, 1.05), (0.9, 0.99), (3.0, 0.97)],
+           "trace_models": ["analytical", "simulator", "simulator", "analytical"],
+           "trace_evaluations": [40, 90, 110, 300], "model": "simulator", "objective": 0.99,
+           "search_model": "analytical", "search_objective": 0.97, "step_time": 0.99}
+    assert _targets(evo) == {"simulator": 1.00, "analytical": 0.95}
+    assert _time_to_reach(evo, _targets(evo)) == 2.0
+    assert _time_to_reach(hyb, _targets(evo)) == 0.9
+    assert _time_to_reach(hyb, _targets(evo), "evaluations") == 110
+    cmp = _compare(evo, hyb, "time")
+    assert cmp["half"] and cmp["no_worse"] and cmp["target_met"]
+    assert _compare(evo, hyb, "evaluations")["half"] is False       # 110 > 200 / 2
+    # a worse final and a later reach miss both targets
+    late = dict(hyb, trace=[(1.5, 0.99)], trace_models=["simulator"],
+                trace_evaluations=[150], objective=1.01)
+    assert not _compare(evo, late, "time")["target_met"]
+    # nothing fits: the objectives carry a penalty in the billions, and a
+    # plan with the same excess 20% slower is worse, not equal within 1e-9
+    bad = {"trace": [(1.0, 2253000000.2241)], "trace_models": ["simulator"],
+           "trace_evaluations": [10], "model": "simulator", "objective": 2253000000.2241,
+           "search_model": "analytical", "search_objective": 2253000000.2241,
+           "step_time": 0.2241}
+    slower = dict(bad, trace=[(0.1, 2253000000.2697)], objective=2253000000.2697,
+                  step_time=0.2697)
+    cmp = _compare(bad, slower, "time")
+    assert cmp["hybrid_to_evolution"] is None and not cmp["no_worse"]
+    assert _compare(bad, dict(bad), "time")["no_worse"]
+
+
+def test_bench_learned_seeds_at_equal_evaluations(tmp_path):
+    """With ``seeds`` and ``evaluations`` evolution and hybrid run once per
+    seed on the same number of plans scored; each row keeps every seed's
+    figures, the first seed's as the row's own, and the summary counts."""
+    from placer.bench.learned import bench_learned
+    from placer.search import strategies
+    if "evolution" not in strategies():
+        pytest.skip("evolution not installed")
+    torch.manual_seed(0)
+    save_policy(tmp_path / "p", PlacementPolicy(PolicyConfig(hidden=16, layers=1)))
+    result = bench_learned(["unet.module"], ["edge-wireless"], evaluations=600, seeds=[1, 0],
+                           finetune=0.0, checkpoint=tmp_path / "p", samples=2,
+                           out=tmp_path / "b.json", quiet=True)
+    row = result["rows"][0]
+    assert result["budget"] == "evaluations" and result["seeds"] == [1, 0]
+    assert [r["seed"] for r in row["seeds"]] == [1, 0]
+    assert row["seeds"][0]["hybrid"]["objective"] == row["hybrid"]["objective"]
+    for r in row["seeds"]:
+        for name in ("evolution", "hybrid"):
+            assert r[name]["evaluations"] <= 600
+        assert r["target_met"] == (r["half"] or r["no_worse"])
+    assert row["evolution_evaluations_to_final"] <= row["evolution"]["evaluations"]
+    summary = result["summary"]
+    assert summary["seeds"] == 2 and summary["runs"] == 2
+    assert summary["hybrid_target_met_runs"] == row["hybrid_target_met_seeds"]
+    with pytest.raises(Exception, match="distinct"):
+        bench_learned(["unet.module"], ["edge-wireless"], seeds=[0, 0], out=None)

@@ -12,14 +12,17 @@ training) it runs, per graph x cluster case, through :func:`placer.optimize`
   as candidates and refinement from the best), no fine-tuning; its plan's
   ``source`` says which won (policy, refined, polished or baseline);
 - ``fine-tuned``: ``rl`` after ``finetune`` seconds of REINFORCE on the case;
-- ``evolution`` and ``hybrid`` (policy plans seed evolution's population)
-  at the same ``time_budget``.
+- ``evolution`` and ``hybrid`` (the policy's plans, then evolution)
+  at the same ``time_budget`` (or, with ``evaluations``, the same number of
+  plans scored: deterministic, free of the machine's noise), for each of
+  ``seeds``.
 
 Each row has the simulated step time, feasibility and planning seconds
 (``plan_seconds``: the search's own wall time, from the start of the
 strategy to its final plan, without building the problem or the final
 simulation, alike for every method); for evolution and hybrid also the trace
-of the best (search-model) objective over time.
+of the best objective over time (with the cost model of each figure and the
+evaluations spent by then) and evolution's screening model.
 
 Time to produce: zero-shot's ``plan_seconds`` against both evolution's
 ``plan_seconds`` (its whole search; it stops after ``patience`` stale
@@ -28,7 +31,27 @@ the first progress event whose best objective is already evolution's final
 one (``planning_speedup`` and ``speedup_vs_time_to_final``). The summary
 gives the targets: zero-shot step time within 10% of evolution's and at least
 100x faster to produce; hybrid reaching evolution's final objective in at
-most half of evolution's time to it, or beating it at equal time budget.
+most half of evolution's time to it, or no worse at equal budget (by the
+final model's objective: feasibility first, then step time).
+
+Time to reach compares like with like: each progress event names the cost
+model its best objective is of (evolution may screen with the simulator
+and report the analytical model's figure at the end; hybrid reports its
+policy's best by the search model), and is compared with evolution's
+final plan's objective *by that model* (``search_objective`` for the
+search model, ``objective`` for the final one). Under an evaluation budget
+it is counted in evaluations (``*_evaluations_to_*``), which decide the
+half-time target there.
+
+With several ``seeds`` the rows' figures are those of the first; each row's
+``seeds`` list holds evolution's and hybrid's figures for every seed and the
+row and the summary give per-case medians and counts of seeds where hybrid
+meets the target (one time-budgeted run decides little on a loaded machine:
+evolution varies ~10% from run to run). Summary: ``hybrid_half``,
+``hybrid_no_worse`` and ``hybrid_target_met`` (either) count cases at the
+first seed; ``cases_hybrid_*_majority`` cases meeting them on more than
+half the seeds; ``hybrid_vs_evolution_median_gmean`` the geometric mean
+over cases of the median step-time ratio.
 """
 
 from __future__ import annotations
@@ -50,25 +73,40 @@ QUICK = {"graphs": ("unet.op", "inception.module"), "clusters": ("hetero-lab", "
 
 
 def _run(graph, cluster, method, seed, time_budget, **options):
+    """One search through :func:`placer.optimize`: its figures and progress
+    trace (``trace``: ``[elapsed, best]``; ``trace_models``: the cost model
+    of each ``best``; ``trace_evaluations``: plans scored by then)."""
     from ..search import optimize
     trace: list[tuple[float, float]] = []
+    models: list[str | None] = []
+    evals: list[int] = []
 
     def progress(event):
         if np.isfinite(event.best):
             trace.append((float(event.elapsed), float(event.best)))
+            models.append((event.extra or {}).get("model"))
+            evals.append(int(event.evaluations))
 
     start = time.perf_counter()
     plan = optimize(graph, cluster, method, seed=seed, time_budget=time_budget,
                     progress=progress, **options)
     total = time.perf_counter() - start
     search = plan.predicted.get("search", {})
+    info = (plan.extra or {}).get("search") or {}
     return {"step_time": plan.predicted.get("step_time"),
             "feasible": plan.predicted.get("feasible"),
+            "objective": plan.predicted.get("objective"),
+            "model": plan.predicted.get("model"),
             "search_objective": search.get("objective", search.get("step_time")),
+            "search_model": search.get("model"),
+            "evaluations": search.get("evaluations"),
             "plan_seconds": search.get("search_seconds", total),
             "total_seconds": total, "microbatches": plan.microbatches,
             "schedule": plan.schedule, "devices_used": len(plan.devices_used()),
-            "source": (plan.extra or {}).get("source"), "trace": trace}
+            "source": (plan.extra or {}).get("source"),
+            "screen": info.get("screen") if isinstance(info, dict) else None,
+            "origin": info.get("origin") if isinstance(info, dict) else None,
+            "trace": trace, "trace_models": models, "trace_evaluations": evals}
 
 
 def _warm_up(graph: str, cluster: str, checkpoint, have_evolution: bool) -> None:
@@ -81,20 +119,77 @@ def _warm_up(graph: str, cluster: str, checkpoint, have_evolution: bool) -> None
         _run(g, c, "evolution", 0, 0.5)
 
 
-def _time_to_reach(trace, target: float) -> float | None:
-    for elapsed, best in trace:
-        if best <= target * (1 + 1e-9):
-            return elapsed
+def _targets(evo: dict) -> dict:
+    """``{cost model: objective of evolution's final plan by it}``."""
+    out = {}
+    if evo.get("search_objective") is not None:
+        out[evo.get("search_model") or "analytical"] = evo["search_objective"]
+    if evo.get("objective") is not None:
+        out[evo.get("model") or "simulator"] = evo["objective"]
+    return out
+
+
+def _tolerance(evo: dict) -> float:
+    """How close counts as equal to evolution's figures: a billionth of its
+    step time (an infeasible plan's objective adds a penalty in the
+    billions, against which a relative tolerance would hide seconds)."""
+    scale = evo.get("step_time") or evo.get("objective") or 0.0
+    return 1e-9 * abs(scale)
+
+
+def _time_to_reach(run: dict, targets: dict, axis: str = "time",
+                   tol: float = 0.0) -> float | None:
+    """When ``run``'s trace first reaches ``targets`` (``{model: objective}``)
+    within ``tol``: each event is compared with the target of the model its
+    best is of (events without one are taken as the search model's); the
+    elapsed seconds (``axis="time"``) or the evaluations by then
+    (``axis="evaluations"``); None if never."""
+    models = run.get("trace_models") or [None] * len(run["trace"])
+    evals = run.get("trace_evaluations") or [None] * len(run["trace"])
+    default = run.get("search_model") or "analytical"
+    for (elapsed, best), model, used in zip(run["trace"], models, evals):
+        target = targets.get(model or default)
+        if target is not None and best <= target + tol:
+            return elapsed if axis == "time" else used
     return None
+
+
+def _compare(evo: dict, hyb: dict, axis: str) -> dict:
+    """Hybrid against evolution on one case and seed: the time (or
+    evaluations) each takes to reach evolution's final plan, the ratios of
+    their final step times and objectives, and the targets met."""
+    targets, tol = _targets(evo), _tolerance(evo)
+    reach_e = _time_to_reach(evo, targets, axis, tol)
+    reach_h = _time_to_reach(hyb, targets, axis, tol)
+    half = reach_e is not None and reach_h is not None and reach_h <= 0.5 * max(reach_e, 1e-9)
+    eo, ho = evo.get("objective"), hyb.get("objective")
+    no_worse = eo is not None and ho is not None and ho <= eo + tol
+    return {"evolution_to_final": reach_e, "hybrid_to_evolution": reach_h,
+            "hybrid_vs_evolution": hyb["step_time"] / evo["step_time"],
+            "hybrid_vs_evolution_objective": None if not (eo and ho) else ho / eo,
+            "half": bool(half), "no_worse": bool(no_worse), "target_met": bool(half or no_worse)}
 
 
 def bench_learned(graphs: Sequence[str] | None = None, clusters: Sequence[str] | None = None,
                   *, time_budget: float = 20.0, finetune: float = 5.0, seed: int = 0,
+                  seeds: Sequence[int] | None = None, evaluations: int | None = None,
                   checkpoint=None, samples: int | None = None, quick: bool = False,
                   out: PathLike | None = "bench-learned.json", quiet: bool = False) -> dict:
     """Run the benchmark (see the module doc); prints a table unless
     ``quiet`` and writes the JSON results to ``out`` atomically. ``samples``
-    (None: the strategies' defaults) is passed to ``rl`` and ``hybrid``."""
+    (None: the strategies' defaults) is passed to ``rl`` and ``hybrid``.
+    ``seeds`` (default ``[seed]``): evolution and hybrid run once per seed,
+    the other methods with the first; ``evaluations``: evolution and hybrid
+    get this many plans scored instead of ``time_budget`` seconds."""
+    from ..errors import PlacerError
+    seeds = [int(seed)] if seeds is None else [int(s) for s in seeds]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise PlacerError(f"seeds must be distinct and at least one, got {seeds!r}",
+                          field="seeds", fix="give distinct seeds, e.g. --seeds 0 1 2")
+    if evaluations is not None and (int(evaluations) != evaluations or evaluations < 1):
+        raise PlacerError(f"evaluations must be a whole number >= 1, got {evaluations!r}",
+                          field="evaluations", fix="give a positive count, e.g. 4000")
+    seed = seeds[0]
     from ..cost.warmup import warm_up
     warm_up()      # compiled kernels load before any timed search
     import placer
@@ -106,6 +201,10 @@ def bench_learned(graphs: Sequence[str] | None = None, clusters: Sequence[str] |
     graphs = list(graphs or TEST_GRAPHS)
     clusters = list(clusters or TEST_CLUSTERS)
     have_evolution = "evolution" in strategies()
+    # evolution and hybrid: the same seconds, or the same plans scored
+    search_budget = None if evaluations is not None else time_budget
+    search_limit = {} if evaluations is None else {"evaluations": int(evaluations)}
+    axis = "time" if evaluations is None else "evaluations"
     learned = {"checkpoint": None if checkpoint is None else str(checkpoint)}
     if samples is not None:   # else each learned strategy's own default
         learned["samples"] = samples
@@ -128,12 +227,36 @@ def bench_learned(graphs: Sequence[str] | None = None, clusters: Sequence[str] |
             row["fine_tuned"] = _run(graph, cluster, "rl", seed, None, finetune=finetune,
                                      **learned)
             if have_evolution:
-                row["evolution"] = _run(graph, cluster, "evolution", seed, time_budget)
-                row["hybrid"] = _run(graph, cluster, "hybrid", seed, time_budget, **learned)
+                per_seed = []
+                for s in seeds:
+                    evo = _run(graph, cluster, "evolution", s, search_budget, **search_limit)
+                    hyb = _run(graph, cluster, "hybrid", s, search_budget, **search_limit,
+                               **learned)
+                    cmp = _compare(evo, hyb, axis)
+                    if s == seed:
+                        row["evolution"], row["hybrid"] = evo, hyb
+                        targets, tol = _targets(evo), _tolerance(evo)
+                        row["evolution_time_to_final"] = _time_to_reach(evo, targets, "time",
+                                                                        tol)
+                        row["hybrid_time_to_evolution"] = _time_to_reach(hyb, targets, "time",
+                                                                         tol)
+                        row["evolution_evaluations_to_final"] = _time_to_reach(
+                            evo, targets, "evaluations", tol)
+                        row["hybrid_evaluations_to_evolution"] = _time_to_reach(
+                            hyb, targets, "evaluations", tol)
+                        for key in ("half", "no_worse", "target_met"):
+                            row[f"hybrid_{key}"] = cmp[key]
+                    per_seed.append({"seed": s, **cmp, **{
+                        name: {k: run[k] for k in SEED_KEYS}
+                        for name, run in (("evolution", evo), ("hybrid", hyb))}})
+                row["seeds"] = per_seed
+                row["hybrid_vs_evolution_median"] = float(np.median(
+                    [r["hybrid_vs_evolution"] for r in per_seed]))
+                row["hybrid_vs_evolution_objective_median"] = _median(
+                    [r["hybrid_vs_evolution_objective"] for r in per_seed])
+                for key in ("half", "no_worse", "target_met"):
+                    row[f"hybrid_{key}_seeds"] = int(sum(r[key] for r in per_seed))
                 evo, hyb = row["evolution"], row["hybrid"]
-                target = evo["search_objective"]
-                row["evolution_time_to_final"] = _time_to_reach(evo["trace"], target)
-                row["hybrid_time_to_evolution"] = _time_to_reach(hyb["trace"], target)
                 z = row["zero_shot"]
                 row["zero_shot_vs_evolution"] = z["step_time"] / evo["step_time"]
                 row["hybrid_vs_evolution"] = hyb["step_time"] / evo["step_time"]
@@ -151,19 +274,31 @@ def bench_learned(graphs: Sequence[str] | None = None, clusters: Sequence[str] |
                 print(_line(row), flush=True)
     summary = _summary(rows) if have_evolution else {"note": "evolution strategy unavailable"}
     result = {"benchmark": "learned", "time_budget": time_budget, "finetune": finetune,
-              "samples": samples,
-              "seed": seed, "graphs": graphs, "clusters": clusters,
+              "samples": samples, "evaluations": evaluations,
+              "budget": "time" if evaluations is None else "evaluations",
+              "seed": seed, "seeds": seeds, "graphs": graphs, "clusters": clusters,
               "machine": {"python": platform.python_version(), "cpu": platform.processor()
                           or platform.machine()},
               "rows": rows, "summary": summary,
               "bench_seconds": round(time.perf_counter() - start, 1)}
     if not quiet:
-        print(_table(rows))
+        print(_table(rows, axis))
         for k, v in summary.items():
             print(f"{k}: {v}")
     if out is not None:
         atomic_write_text(out, dump_json(_clean(result)))
     return result
+
+
+#: per-seed figures kept for evolution and hybrid (the first seed's row keeps all)
+SEED_KEYS = ("step_time", "feasible", "objective", "model", "search_objective",
+             "search_model", "evaluations", "plan_seconds", "screen", "origin", "trace",
+             "trace_models", "trace_evaluations")
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return float(np.median(values)) if values else None
 
 
 def _summary(rows) -> dict:
@@ -213,6 +348,25 @@ def _summary(rows) -> dict:
         "hybrid_beats_evolution": int(sum(r["hybrid_vs_evolution"] < 1.0 - 1e-9
                                           for r in rows)),
         "hybrid_reaches_evolution_in_half_time": int(sum(half)),
+        # the first seed, by the final objective and the budget's own axis
+        "hybrid_no_worse": int(sum(r["hybrid_no_worse"] for r in rows)),
+        "hybrid_half": int(sum(r["hybrid_half"] for r in rows)),
+        "hybrid_target_met": int(sum(r["hybrid_target_met"] for r in rows)),
+        # every seed: per-case medians and majorities
+        "seeds": len(rows[0]["seeds"]) if rows else 0,
+        "hybrid_vs_evolution_median_gmean": gmean([r["hybrid_vs_evolution_median"]
+                                                   for r in rows]),
+        "cases_hybrid_median_no_worse": int(sum(
+            (r["hybrid_vs_evolution_objective_median"] or np.inf) <= 1 + 1e-9 for r in rows)),
+        "cases_hybrid_no_worse_majority": int(sum(
+            2 * r["hybrid_no_worse_seeds"] > len(r["seeds"]) for r in rows)),
+        "cases_hybrid_half_majority": int(sum(
+            2 * r["hybrid_half_seeds"] > len(r["seeds"]) for r in rows)),
+        "cases_hybrid_target_majority": int(sum(
+            2 * r["hybrid_target_met_seeds"] > len(r["seeds"]) for r in rows)),
+        "hybrid_target_met_runs": int(sum(r["hybrid_target_met_seeds"] for r in rows)),
+        "hybrid_no_worse_runs": int(sum(r["hybrid_no_worse_seeds"] for r in rows)),
+        "runs": int(sum(len(r["seeds"]) for r in rows)),
     }
 
 
@@ -232,9 +386,15 @@ def _line(row) -> str:
     return text
 
 
-def _table(rows) -> str:
+def _table(rows, axis: str = "time") -> str:
+    """The results as a text table (times to reach in seconds, or in
+    evaluations under an evaluation budget)."""
+    reach_h, reach_e = (("hybrid_time_to_evolution", "evolution_time_to_final") if axis == "time"
+                        else ("hybrid_evaluations_to_evolution",
+                              "evolution_evaluations_to_final"))
     head = ["graph", "cluster", "greedy", "plan s", "zero-shot", "plan s", "src", "fine-tuned",
-            "evolution", "plan s", "hybrid", "zs/evo", "hyb/evo", "hyb reach s", "evo final s"]
+            "evolution", "plan s", "hybrid", "zs/evo", "hyb/evo", "hyb reach", "evo final",
+            "med hyb/evo", "met"]
     lines = [head]
     for r in rows:
         evo = r.get("evolution")
@@ -249,10 +409,10 @@ def _table(rows) -> str:
             _fmt(hyb["step_time"]) if hyb else "-",
             f"{r['zero_shot_vs_evolution']:.3f}" if evo else "-",
             f"{r['hybrid_vs_evolution']:.3f}" if evo else "-",
-            "-" if r.get("hybrid_time_to_evolution") is None
-            else f"{r['hybrid_time_to_evolution']:.3g}",
-            "-" if r.get("evolution_time_to_final") is None
-            else f"{r['evolution_time_to_final']:.3g}"])
+            "-" if r.get(reach_h) is None else f"{r[reach_h]:.3g}",
+            "-" if r.get(reach_e) is None else f"{r[reach_e]:.3g}",
+            f"{r['hybrid_vs_evolution_median']:.3f}" if evo else "-",
+            f"{r['hybrid_target_met_seeds']}/{len(r['seeds'])}" if evo else "-"])
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(head))]
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths)) for line in lines)
 

@@ -196,6 +196,9 @@ class Progress:
 
     ``best`` is the best objective so far (lower is better), ``step_time``
     and ``feasible`` describe that plan; ``done`` is True on the last call.
+    ``extra["model"]``, where a strategy sets it, names the cost model whose
+    objective ``best`` is (a search may screen with one model and report
+    with another: compare ``best`` only with figures of that model).
     """
 
     strategy: str
@@ -356,7 +359,8 @@ class Strategy(ABC):
         if progress is None:
             return
         progress(Progress(self.name, budget.used, budget.elapsed, float(report.objective),
-                          float(report.step_time), bool(report.feasible), message, done))
+                          float(report.step_time), bool(report.feasible), message, done,
+                          extra={"model": report.model or None}))
 
     def finalize(self, problem: "Problem", cost_model: CostModel, budget: Budget,
                  plan: Plan, report: "Report | None" = None, *,
