@@ -216,11 +216,7 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
             if p.message_overhead:
                 # each message costs its sending and its receiving devices
                 # time (both phases when training), and the path both
-                member = gt.get("member")
-                if member is None:
-                    member = gt["member"] = np.zeros((G, D))
-                    for gid, devs in enumerate(groups):
-                        member[gid, list(devs)] = 1.0
+                member = gt["member"]
                 msg = np.zeros((B, D))
                 np.add.at(msg, rows, member[cu] + member[cv])
                 cf = cf + msg * p.message_overhead
