@@ -517,7 +517,7 @@ class Hybrid(_Learned):
     1.014 with none (55/60, gmean 1.000; the losses are the evaluations the
     policy spent). Session 5's hybrid (the 8 plans free to fill the
     population) was 1.03-1.05x on dlrm@hetero-lab in 4 of 5 seeds: the
-    policy's basin is better by the analytical model, worse by the simulator. Without them hybrid's evolution is evolution's own search on
+    policy's basin is as good by the analytical model, worse by the simulator. Without them hybrid's evolution is evolution's own search on
     what the policy left (a few hundred evaluations, ~1% of a time budget)
     and the best policy plan competes in its final ranking.
     """
