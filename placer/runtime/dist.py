@@ -500,7 +500,7 @@ def _calibration_round(model, example_inputs, graph, tdev, loss_fn=None,
     # and every rank at once: how much slower the same ops run while the
     # others compute too (caches, memory, a virtual machine's siblings)
     _, cal_all = profile(model, example_inputs, graph=graph, cluster=here, devices=[name],
-                         repeats=3, warmup=1, loss_fn=loss_fn, share=1.0)
+                         repeats=3, warmup=1, loss_fn=loss_fn, share=1.0, tasks=False)
     dist.barrier()
     dev = cal.device(name)
     together = cal_all.device(name).extra["measured_step"] / max(

@@ -364,7 +364,7 @@ def _fit_launch(phases: list[dict], batch: int) -> float:
 def profile(model: torch.nn.Module, example_inputs: Any, graph: Graph | None = None,
             cluster: Cluster | None = None, *, devices: list[str] | None = None,
             repeats: int = 5, warmup: int = 1, loss_fn=None,
-            share: float | None = None) -> tuple[Graph, Cluster]:
+            share: float | None = None, tasks: bool = True) -> tuple[Graph, Cluster]:
     """Measure every op of ``graph`` (default: traced here) on each local
     device and return ``(graph, cluster)`` with the measurements and the
     fitted efficiencies (copies; the inputs are not modified).
@@ -379,7 +379,8 @@ def profile(model: torch.nn.Module, example_inputs: Any, graph: Graph | None = N
     beside them; the graph has no op for it); ``loss_fn=False`` times none.
     ``share``: the share of a core the steps will get (default: measured
     here, :func:`cpu_share`); ranks that share a host's cores measure it
-    while all of them are busy."""
+    while all of them are busy. ``tasks``: also measure :func:`task_overhead`
+    (``extra["task_overhead"]``); False where only the op times are wanted."""
     from ..trace import trace
     from .run import _as_device
     if graph is None:
@@ -455,7 +456,9 @@ def profile(model: torch.nn.Module, example_inputs: Any, graph: Graph | None = N
             rate = flops / work if flops > 0 else dev.flops
             dev.efficiency = min(1.0, max(1e-6, rate / dev.flops))
             dev.extra = dict(dev.extra, op_overhead=overhead, measured_step=totals[batch],
-                             cpu_share=share, task_overhead=task_overhead(tdev) / share)
+                             cpu_share=share)
+            if tasks:
+                dev.extra["task_overhead"] = task_overhead(tdev) / share
         devices_out.append(dev)
     out_cluster = Cluster(cluster.name, devices_out, cluster.bandwidth, cluster.latency,
                           meta=getattr(cluster, "meta", None))
