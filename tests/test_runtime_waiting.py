@@ -7,7 +7,8 @@ import time
 import pytest
 import torch
 
-from placer.runtime.waiting import KeepAwake, Watcher, busy_poll_default, quick_handover
+from placer.runtime.waiting import (KeepAwake, Watcher, busy_poll_default, demote_threads,
+                                    quick_handover)
 
 
 class FakeWork:
@@ -80,6 +81,40 @@ def test_keep_awake_runs_idle_priority_spinners_and_stops_them():
         assert os.sched_getscheduler(proc.pid) == os.SCHED_IDLE
         assert os.sched_getaffinity(proc.pid) == set(cores)
     assert proc.poll() is not None
+
+
+@pytest.mark.skipif(not (hasattr(os, "SCHED_IDLE") and os.path.isdir("/proc/self/task")),
+                    reason="needs Linux scheduling policies")
+def test_demote_threads_gives_named_threads_the_idle_policy_only():
+    started, stop = threading.Event(), threading.Event()
+    tids = {}
+
+    def run(name):
+        tids[name] = threading.get_native_id()
+        with open(f"/proc/self/task/{tids[name]}/comm", "w") as f:   # the OS thread name
+            f.write(name)
+        started.set()
+        stop.wait(10)
+
+    threads = []
+    for name in ("test_loop_a", "other_thread"):
+        started.clear()
+        threads.append(threading.Thread(target=run, args=(name,), daemon=True))
+        threads[-1].start()
+        assert started.wait(5)
+    try:
+        assert demote_threads(("test_loop",), policy="normal") == []
+        assert os.sched_getscheduler(tids["test_loop_a"]) == os.SCHED_OTHER
+        assert demote_threads(("test_loop",), policy="idle") == [tids["test_loop_a"]]
+        assert os.sched_getscheduler(tids["test_loop_a"]) == os.SCHED_IDLE
+        assert os.sched_getscheduler(tids["other_thread"]) == os.SCHED_OTHER
+        assert os.sched_getscheduler(threading.get_native_id()) == os.SCHED_OTHER
+        with pytest.raises(ValueError, match="PLACER_TRANSPORT_THREADS"):
+            demote_threads(("test_loop",), policy="fast")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
 
 
 def test_quick_handover_restores_the_switch_interval():

@@ -68,7 +68,8 @@ from ..errors import PlacerError, PlanError
 from .engine import Engine, Routes, device_orders
 from .run import (MeasuredReport, _as_device, build_optimizer, default_loss, join_outputs,
                   predict, prepare, sink_device)
-from .waiting import KeepAwake, Watcher, busy_poll_default, handover, quick_handover, wait_work
+from .waiting import (TRANSPORT_THREADS, KeepAwake, Watcher, busy_poll_default, demote_threads,
+                      handover, quick_handover, wait_work)
 
 _DEBUG = bool(os.environ.get("PLACER_DEBUG_COMM"))
 
@@ -329,6 +330,10 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
                     loss_fn=loss_fn or default_loss, loss_weights=weights, order=order,
                     model=model, seed=seed, schedule=used)
     transport.make_groups(engine.holders.values())
+    if spin:
+        # gloo's socket threads must not take the core from the rank while the
+        # rank holds a pair's lock (see waiting.demote_threads)
+        demote_threads(TRANSPORT_THREADS)
     opt = build_optimizer(optimizer, engine.parameters()) if training else None
     params = engine.parameters()
     calibration = None

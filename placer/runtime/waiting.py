@@ -31,7 +31,10 @@ import sys
 import threading
 
 __all__ = ["Handle", "Watcher", "wait_work", "handover", "KeepAwake", "busy_poll_default",
-           "quick_handover"]
+           "quick_handover", "demote_threads", "TRANSPORT_THREADS"]
+
+#: name prefixes of the transport's socket threads (gloo's TCP event loop)
+TRANSPORT_THREADS = ("gloo_tcp_loop",)
 
 
 class Handle:
@@ -117,8 +120,8 @@ def handover() -> None:
     Measured against a 10 us sleep, polling a 1.3 MB all-reduce between two
     pinned ranks next to :class:`KeepAwake` spinners: median 0.60-0.72 ms
     and 90th percentile 2.1-3.3 ms yielding, 0.69-0.98 and 5.9-6.4 ms
-    sleeping (blocking: 0.74, 5.8-5.9). A yield can still hand the core to
-    the spinner until the next tick (one of 2000 yields took 5 ms)."""
+    sleeping (blocking: 0.74, 5.8-5.9). The :class:`KeepAwake` spinner
+    yields in turn, so a rank's yield does not lose its core for a tick."""
     os.sched_yield()
 
 
@@ -128,7 +131,7 @@ parent = int(sys.argv[1])
 os.sched_setaffinity(0, [int(c) for c in sys.argv[2].split(",")])
 os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 while os.getppid() == parent:
-    pass
+    os.sched_yield()
 """
 
 
@@ -137,7 +140,11 @@ class KeepAwake:
     of ``cores`` that spins while nothing else runs there, so the core never
     halts and a wake-up of the rank is a context switch, not a trip through
     the hypervisor. The process yields to any normal thread at once and ends
-    with its parent (also when the parent is killed). A no-op where the OS
+    with its parent (also when the parent is killed). It spins on
+    ``sched_yield``: a rank that yields (polling) may be handed the core's
+    spinner, and a spinner that merely loops kept the core until the next
+    tick (measured: 26 of 20,000 yields took 3-4 ms; a yielding spinner,
+    none over 42 us). A no-op where the OS
     has no ``SCHED_IDLE`` or affinity."""
 
     def __init__(self, cores):
@@ -188,3 +195,39 @@ class quick_handover:
     def __exit__(self, *exc):
         sys.setswitchinterval(self.old)
         return False
+
+
+def demote_threads(prefixes=TRANSPORT_THREADS, policy: str | None = None) -> list[int]:
+    """Give this process's threads whose names start with ``prefixes`` the
+    idle scheduling policy (``SCHED_IDLE``: they run only while the rank's
+    own threads wait); returns their thread ids.
+
+    Why: gloo's event-loop thread handles a socket's events only if it gets
+    the pair's lock at once (``try_lock``); otherwise it returns to
+    ``epoll_wait``, which reports the same unread data again at once. When
+    data arrives while the rank is inside a send or a receive call (holding
+    that lock), the woken loop thread preempts the rank on its one pinned
+    core and spins until the scheduler's slice ends: measured on this
+    project's 2-core VM with ``perf sched`` traces, posting one receive took
+    1.5-5.4 ms instead of 30 us, in most steps. ``policy`` ("idle", "batch":
+    no wake-up preemption, "normal": leave them) defaults to the
+    ``PLACER_TRANSPORT_THREADS`` environment variable, else "idle"."""
+    policy = policy or os.environ.get("PLACER_TRANSPORT_THREADS", "idle")
+    kinds = {"idle": getattr(os, "SCHED_IDLE", None), "batch": getattr(os, "SCHED_BATCH", None),
+             "normal": None}
+    if policy not in kinds:
+        raise ValueError(f"PLACER_TRANSPORT_THREADS={policy!r}: use one of {sorted(kinds)}")
+    kind = kinds[policy]
+    if kind is None or not os.path.isdir("/proc/self/task"):
+        return []
+    done = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            if name.startswith(tuple(prefixes)):
+                os.sched_setscheduler(int(tid), kind, os.sched_param(0))
+                done.append(int(tid))
+        except (OSError, ValueError):   # a thread that ended meanwhile
+            continue
+    return done
