@@ -516,7 +516,6 @@ def _calibration_round(model, example_inputs, graph, tdev, loss_fn=None,
             "task_overhead": dev.extra["task_overhead"],
             "cpu_share": share_one, "cpu_share_all": share_all,
             "points": {pair: link["points"] for pair, link in links["pairs"].items()},
-            "message_cpu": {pair: link["message_cpu"] for pair, link in links["pairs"].items()},
             "sync_delay": sync, "allreduce": links["allreduce"],
             "message_overhead": messages, "ops_together": together}
 
@@ -644,7 +643,6 @@ def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev,
         points = {n: med(r["points"][pair][n] for r in rounds) for n in sizes}
         bw, lat = fit_link(points)
         pairs[pair] = {"bandwidth": bw, "latency": lat, "points": points,
-                       "message_cpu": med(r["message_cpu"][pair] for r in rounds),
                        "sync_delay": med(r["sync_delay"][pair] for r in rounds)}
     allreduce = {n: med(r["allreduce"][n] for r in rounds) for n in rounds[0]["allreduce"]}
     # the ring runs at the speed of its slowest link and its worst latency,

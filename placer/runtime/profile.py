@@ -594,11 +594,10 @@ def measure_links(world: int, rank: int, *, sizes=LINK_SIZES, repeats: int = 9,
     once one round at the previous size took over ``budget`` / ``repeats``
     seconds, so a slow link is measured in about ``budget`` seconds) and an
     all-reduce over all ranks. Returns, identically on every rank,
-    ``{"pairs": {(i, j): {"bandwidth", "latency", "points", "message_cpu"}},
-    "allreduce": {bytes: seconds}}``; ``message_cpu`` is the CPU time (all
-    of a rank's threads) one small message costs a rank, sending or
-    receiving: on cores shared by ranks it is taken from their compute.
-    ``spin``: the all-reduces are waited for as a busy-polling rank waits
+    ``{"pairs": {(i, j): {"bandwidth", "latency", "points"}},
+    "allreduce": {bytes: seconds}}`` (what a message costs the ranks' CPUs
+    is measured on the runtime's own transport, see
+    :func:`placer.runtime.dist.run_rank`'s calibration). ``spin``: the all-reduces are waited for as a busy-polling rank waits
     for them (:mod:`placer.runtime.waiting`); the ping-pong always blocks
     (polled point-to-point waits gave no faster steps, and over a 100
     mbit ``tbf`` link they read 40 MB/s where blocking read 22-25 MB/s,
@@ -613,25 +612,19 @@ def measure_links(world: int, rank: int, *, sizes=LINK_SIZES, repeats: int = 9,
             points = {}
             for nbytes in sizes:
                 dist.barrier()
-                cpu = 0.0
                 if rank in (i, j):
                     _pingpong(j if rank == i else i, rank == i, nbytes, 2)   # warm-up
-                    used = time.process_time()
                     t = _pingpong(j if rank == i else i, rank == i, nbytes, repeats)
-                    cpu = (time.process_time() - used) / (2 * repeats)
                 else:
                     t = 0.0
                 # both ends agree on every figure (and on when to stop)
-                shared = torch.tensor([t, cpu], dtype=torch.float64)
+                shared = torch.tensor([t], dtype=torch.float64)
                 dist.all_reduce(shared, op=dist.ReduceOp.MAX)
                 points[nbytes] = float(shared[0])
-                if nbytes == sizes[0]:
-                    message_cpu = float(shared[1])
                 if points[nbytes] * 2 * repeats > budget:
                     break
             bw, lat = fit_link(points)
-            pairs[(i, j)] = {"bandwidth": bw, "latency": lat, "points": points,
-                             "message_cpu": message_cpu}
+            pairs[(i, j)] = {"bandwidth": bw, "latency": lat, "points": points}
     allreduce = {}
     for nbytes in sorted({*sizes[:3], *(allreduce_sizes or ALLREDUCE_SIZES)}):
         # as the runtime does it: gradients flattened into one buffer,
