@@ -155,7 +155,7 @@ def crossing_bytes(problem) -> np.ndarray:
     return np.cumsum(c)
 
 
-def cheap_cuts(problem, rows: np.ndarray, variants: int = 3) -> np.ndarray:
+def cheap_cuts(problem, rows: np.ndarray, variants: int = 1) -> np.ndarray:
     """Pipelines (device per op rows) with each stage boundary moved to a
     cheap cut within half of each neighbouring stage, the stages' devices
     and order kept: variant ``r`` (of ``variants`` per row) takes each
