@@ -236,6 +236,8 @@ class Evolution(Strategy):
                 self._run["seeds"] = seeds
                 best, hof, logbook = self._evolve(space, evaluate, seeds, rng, budget,
                                                   progress, bar, state)
+                if evaluate.switches:       # the simulator proved too slow to screen with
+                    screen = evaluate.model
         except SearchInterrupted:
             raise
         except KeyboardInterrupt:
@@ -298,6 +300,7 @@ class Evolution(Strategy):
         report = cost_model.estimate(problem, plan)
         plan.extra["search"] = {"generations": len(logbook), "origin": origins[i],
                                 "screen": getattr(screen, "name", None),
+                                "screen_fallbacks": evaluate.switches,
                                 "coarsened": coarse.members is not None}
         return self.finalize(problem, cost_model, budget, plan, report, progress=progress)
 
@@ -325,7 +328,8 @@ class Evolution(Strategy):
         if self.screen != "auto" or not seeds:
             return screen
         plans = [g.to_plan(space, self.name) for g in seeds[:3]]
-        return screen_exactly(space.problem, evaluate, screen, plans, budget, self.final)
+        return screen_exactly(space.problem, evaluate, screen, plans, budget, self.final,
+                              fallback=True)
 
     def _rank_share(self, cost_model) -> float:
         """Share of the time kept for ranking the finalists by a final model
@@ -427,11 +431,30 @@ class Evolution(Strategy):
                 g.fitness = _Fitness((v,))
             return values
 
+        epoch = evaluate.switches
+
+        def resync(pop: list) -> list:
+            """After the evaluator fell back to another model (the simulator
+            proved too slow): every score kept re-taken by it; the population
+            re-sorted, the hall of fame rebuilt, staleness reset."""
+            nonlocal epoch, best, stale
+            if evaluate.switches == epoch:
+                return pop
+            epoch = evaluate.switches
+            held = list(hof) + self._run.get("champions", []) + self._run.get("own_best", [])
+            _rescore(evaluate, pop + seeds + held)
+            pop = self._select(pop)
+            hof.clear()
+            hof.update(pop + held)
+            best, stale = pop[0].fitness.values[0], 0
+            return pop
+
         if state is None:
             pop = self._populate(seeds, score, rng, toolbox)
             hof.update(pop)
             best = pop[0].fitness.values[0]
             stale = 0
+            pop = resync(pop)
             gen = 0
             restarts = 0
             starts = 0
@@ -462,6 +485,7 @@ class Evolution(Strategy):
                 stale = 0
                 if pop[0].fitness.values[0] < best * (1 - 1e-6):
                     best = pop[0].fitness.values[0]
+                pop = resync(pop)
             fits = np.array([g.fitness.values[0] for g in pop])
             children = []
             while len(children) < self.offspring:
@@ -486,6 +510,7 @@ class Evolution(Strategy):
                     pop = self._select([polished] + pop)
             self._keep_own_best(pop)
             hof.update(pop)
+            pop = resync(pop)
             fits = [g.fitness.values[0] for g in pop]
             logbook.record(gen=gen, evals=budget.used, best=fits[0],
                            median=float(np.median(fits)))
@@ -510,6 +535,7 @@ class Evolution(Strategy):
                 hof.update(pop)
                 restarts = stale = 0
                 best = pop[0].fitness.values[0]     # this run's best, for staleness
+                pop = resync(pop)
                 self._run["restarts"] = restarts
         return hof[0] if len(hof) else pop[0], hof, logbook
 
@@ -530,6 +556,7 @@ class Evolution(Strategy):
         than displace them (the first generation may be that much larger):
         plans handed in (a policy's, hybrid's) add to the search, they do
         not narrow what it starts from."""
+        epoch = self._switches()
         score(seeds)
         pop = _unique(seeds)
         # under ``given_slots`` the mutants come from the search's own seeds
@@ -544,6 +571,8 @@ class Evolution(Strategy):
         if fill:
             score(fill)
             pop = _unique(pop + fill)
+        if self._switches() != epoch:       # the seeds were scored by the model replaced
+            _rescore(self._run["evaluate"], pop)
         own = _best([g for g in pop if g.origin != "initial"], self.population)
         given = [g for g in pop if g.origin == "initial" and np.isfinite(g.fitness.values[0])]
         if self.given_slots is not None:
@@ -562,6 +591,10 @@ class Evolution(Strategy):
         given = _best([g for g in genomes if g.origin == "initial"], min(self.given_slots, k))
         return _best(own + given, len(own) + len(given))
 
+    def _switches(self) -> int:
+        """How often the running search's evaluator fell back to another model."""
+        return self._run["evaluate"].switches if self._run else 0
+
     def _keep_own_best(self, pop: list) -> None:
         """With plans handed in under ``given_slots``, remember the best of the
         search's own descendants for the final ranking (the hall of fame may
@@ -578,6 +611,7 @@ class Evolution(Strategy):
                  rng: np.random.Generator) -> list:
         """A converged population -> the best polished to a local optimum,
         the best quarter, and heavy mutants of them (scored)."""
+        epoch = evaluate.switches
         top = pop[0]
         polished, s = local_search(space, evaluate, top, top.fitness.values[0], rng,
                                    rounds=max(4 * self.memetic_rounds, 1))
@@ -590,6 +624,8 @@ class Evolution(Strategy):
             fill.append(mutate(space, parent, rng, rate=3 * self.mutation_rate,
                                weights=self.mutation_weights))
         score(fill)
+        if evaluate.switches != epoch:      # the elite was scored by the model replaced
+            _rescore(evaluate, elite)
         return self._select(elite + [g for g in fill if np.isfinite(g.fitness.values[0])])
 
     # --- checkpoints ----------------------------------------------------------------
@@ -785,7 +821,7 @@ class reserve:
 
 def screen_exactly(problem: "Problem", evaluate: Evaluator, screen, plans: list[Plan],
                    budget: Budget, final: str | None, evals: int | None = None,
-                   repeats: int = 1):
+                   repeats: int = 1, fallback: bool = False):
     """With a time budget only (an evaluation budget asks for a result that
     does not depend on the machine's speed) and the simulator as the final
     model, screen with the simulator itself when it is cheap enough here: it
@@ -795,7 +831,11 @@ def screen_exactly(problem: "Problem", evaluate: Evaluator, screen, plans: list[
     hiccup of a loaded machine does not decide; ``evaluate`` then scores
     with it, its cache cleared). Small graphs (module level) then search on
     the figures they are ranked by, and the analytical model's disagreements
-    stop steering them. Returns the screening model."""
+    stop steering them. With ``fallback`` the evaluator goes back to
+    ``screen`` if the plans it meets turn out so much slower to simulate
+    than these that a batch of them would not finish in the time left (see
+    :meth:`~evolution.evaluate.Evaluator.use`): its ``switches`` then goes
+    up. Returns the screening model."""
     if (budget.time is None or budget.evaluations is not None or final != "simulator"
             or getattr(screen, "name", None) == "simulator" or not plans):
         return screen
@@ -815,9 +855,8 @@ def screen_exactly(problem: "Problem", evaluate: Evaluator, screen, plans: list[
         slowest = max(slowest, took)
         if slowest * evals > budget.remaining_time:
             return screen
-    evaluate.seconds_per_estimate = slowest
-    evaluate.model = budget.meter(exact)
-    evaluate.cache.clear()
+    evaluate.use(budget.meter(exact), seconds=slowest,
+                 fallback=evaluate.model if fallback else None)
     return exact
 
 
@@ -848,21 +887,32 @@ def rank(model, problem: "Problem", plans: list[Plan], budget: Budget | None = N
     """Index of the best of ``plans`` by ``model`` (the first on ties).
 
     With a ``budget`` that has a time limit the plans are scored one by one
-    in the order given (put the likeliest first) until its time is spent,
-    at least the first: a final ranking by a slow model (the simulator on a
-    big graph and cluster can take seconds per plan) must not overrun the
-    search's time budget. Without one, all are scored."""
+    in the order given (put the likeliest first), at least the first, while
+    the time left exceeds the longest estimate so far: a final ranking by a
+    slow model (the simulator on a big graph and cluster can take seconds
+    per plan) must not overrun the search's time budget. Without one, all
+    are scored."""
     if len(plans) == 1:
         return 0
     if budget is None or budget.time is None:
         reports = model.estimate_many(problem, plans)
         return int(np.argmin([r.objective for r in reports]))
     values: list[float] = []
+    longest = 0.0
     for plan in plans:
-        if values and budget.remaining_time <= 0:
+        if values and budget.remaining_time <= longest:
             break
+        start = _time.perf_counter()
         values.append(model.estimate(problem, plan).objective)
+        longest = max(longest, _time.perf_counter() - start)
     return int(np.argmin(values))
+
+
+def _rescore(evaluate: Evaluator, genomes: list[OpGenome]) -> None:
+    """Score ``genomes`` again by ``evaluate``'s model whatever the time left
+    (see :meth:`~evolution.evaluate.Evaluator.rescore`)."""
+    for g, v in zip(genomes, evaluate.rescore(genomes).tolist()):
+        g.fitness = _Fitness((v,))
 
 
 def _tournament(fits: np.ndarray, rng: np.random.Generator, k: int) -> int:

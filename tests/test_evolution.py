@@ -278,3 +278,82 @@ def test_neighbourhood_shifts_chains_of_boundaries(problem):
              for c in neighbourhood(space, g, np.random.default_rng(0), limit=10_000)}
     n = space.n_ops
     assert (11, 10, n - 21) in sizes and (9, 10, n - 19) in sizes
+
+
+class _SlowRows:
+    """A cost model scoring row by row that takes ``delay`` seconds per row."""
+
+    name = "slow"
+    batched = False
+
+    def __init__(self, delay):
+        self.delay = delay
+        self.rows = 0
+
+    def step_times(self, problem, assignments, **kwargs):
+        import time
+        rows = np.atleast_2d(assignments)
+        self.rows += len(rows)
+        time.sleep(self.delay * len(rows))
+        return rows.sum(axis=1).astype(float)
+
+
+def test_a_batch_stops_at_the_deadline_and_keeps_the_rest_unscored(problem):
+    import time
+    space = Space(problem, [1])
+    rng = np.random.default_rng(5)
+    base = LayoutGenome.balanced(space, [(0,), (1,), (2,)], 1).decode(space)
+    genomes = [mutate(space, base.copy(), rng, rate=3) for _ in range(40)]
+    model = _SlowRows(0.02)
+    budget = Budget(time=0.2)
+    ev = Evaluator(space, budget.meter(model), budget)
+    start = time.perf_counter()
+    values = ev(genomes)
+    took = time.perf_counter() - start
+    assert took < 0.2 + 0.02 + 0.15            # the budget, one row, some slack
+    scored = np.isfinite(values)
+    assert 0 < scored.sum() < len(genomes) and model.rows == scored.sum() == budget.used
+    assert len(ev.cache) == scored.sum()       # the rows left were not cached as inf
+    # an evaluation budget scores the whole batch, as before
+    counted = Evaluator(space, _SlowRows(0.0), Budget(evaluations=1000))(genomes)
+    assert np.isfinite(counted).all()
+
+
+@pytest.mark.parametrize("screen", ["auto", "simulator"])
+def test_time_budget_holds_when_some_plans_are_slow_to_simulate(monkeypatch, screen):
+    # plans holding a data-parallel op take 0.4 s to simulate here, the
+    # first seeds (one device per op) are cheap: "auto" picks the simulator
+    # on those, then falls back to the analytical model; an explicit
+    # simulator screen is stopped by the deadline alone
+    import time
+    import evolution.search as es
+    from placer.cost.simulator import Simulator
+    delay = 0.4
+    step_times, estimate = Simulator.step_times, Simulator.estimate
+
+    def slow_step_times(self, problem, assignments, *, groups=(), **kw):
+        rows = np.atleast_2d(assignments)
+        time.sleep(delay * int((rows >= problem.n_devices).any(axis=1).sum()))
+        return step_times(self, problem, rows, groups=groups, **kw)
+
+    def slow_estimate(self, problem, plan):
+        if any(len(d) > 1 for d in plan.placement.values()):
+            time.sleep(delay)
+        return estimate(self, problem, plan)
+
+    monkeypatch.setattr(Simulator, "step_times", slow_step_times)
+    monkeypatch.setattr(Simulator, "estimate", slow_estimate)
+    monkeypatch.setattr(es, "EXACT_SCREEN_EVALS", 20)
+    g = placer.datasets.layered(60, width=4, seed=2)
+    c = placer.Cluster.preset("hetero-lab")
+    budget = 3.0
+    start = time.perf_counter()
+    plan = placer.optimize(g, c, "evolution", seed=0, time_budget=budget, screen=screen,
+                           final_cost_model="analytical")
+    took = time.perf_counter() - start
+    assert took <= 1.1 * budget + delay + 0.3
+    search = plan.extra["search"]
+    if screen == "auto":
+        assert search["screen"] == "analytical" and search["screen_fallbacks"] == 1
+    else:
+        assert search["screen"] == "simulator" and search["screen_fallbacks"] == 0

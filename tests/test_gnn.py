@@ -481,3 +481,25 @@ def test_policy_plans_polish_adds_finalists_from_the_policy_best(monkeypatch):
     assert [c.assign.tolist() for c in plans(3)] == [c.assign.tolist() for c in polished]
     monkeypatch.setattr(strategies, "POLISH_GAP", 0.5)
     assert [c.source for c in plans(3)] == [c.source for c in plain]
+
+
+def test_cheap_cuts_move_a_boundary_off_a_fat_edge():
+    """A work-balanced boundary inside a block with fat activations moves
+    to the cheap cut nearby (within half a stage), devices and order kept."""
+    from placer.graph import Edge, Graph, Op
+    from gnn.problems import cheap_cuts, crossing_bytes
+    n = 12
+    ops = [Op(f"o{i}", flops=1e9, param_bytes=1e6) for i in range(n)]
+    # fat activations between ops 4..7, thin elsewhere
+    edges = [Edge(f"o{i}", f"o{i + 1}", 1e9 if 4 <= i < 7 else 1e5) for i in range(n - 1)]
+    problem = Problem(Graph("fat", ops, edges), Cluster.preset("hetero-lab"))
+    cross = crossing_bytes(problem)
+    assert cross[6] == 1e9 and cross[4] == 1e5 and cross[0] == cross[n] == 0
+    row = np.array([2] * 6 + [3] * 6)             # the balanced cut crosses 1 GB
+    cuts = cheap_cuts(problem, row[None], variants=2)
+    assert cuts[0].tolist() == [2] * 4 + [3] * 8  # the nearest thin cut
+    assert len(cuts) == 2 and cross[int(np.argmax(cuts[1] == 3))] == 1e5
+    # a cut is never moved past half of a neighbouring stage
+    far = np.array([2] * 6 + [3] * 2 + [4] * 4)
+    for c in cheap_cuts(problem, far[None]):
+        assert list(dict.fromkeys(c.tolist())) == [2, 3, 4] and (c == 3).sum() >= 1

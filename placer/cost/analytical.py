@@ -862,6 +862,7 @@ class Analytical(CostModel):
     """
 
     name = "analytical"
+    batched = True
 
     def estimate(self, problem: Problem, plan: "Plan") -> Report:
         return self.estimate_many(problem, [plan])[0]

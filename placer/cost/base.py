@@ -53,6 +53,10 @@ class CostModel(ABC):
     """
 
     name: str = ""
+    #: whether :meth:`step_times` scores its rows together (vectorised), so
+    #: one call of many rows costs far less than many calls of one; a search
+    #: scoring under a deadline slices a batch by time then, else row by row
+    batched: bool = False
 
     @abstractmethod
     def estimate(self, problem: "Problem", plan: "Plan") -> "Report":

@@ -129,7 +129,7 @@ class Budget:
     def allow(self, n: int) -> int:
         """How many of ``n`` further evaluations fit: ``n`` within the budget,
         0 once spent, but 1 while nothing has been scored yet."""
-        if self._stopped or self.remaining_time <= 0:
+        if self.out_of_time():
             return 1 if self.used == 0 and n > 0 else 0
         left = self.remaining_evaluations
         k = int(min(n, left))
@@ -137,8 +137,12 @@ class Budget:
 
     def exhausted(self) -> bool:
         """True once the time or the evaluations are spent, or after :meth:`stop`."""
-        return (self._stopped or self.remaining_time <= 0
-                or self.remaining_evaluations <= 0)
+        return self.out_of_time() or self.remaining_evaluations <= 0
+
+    def out_of_time(self) -> bool:
+        """True once the time is spent or after :meth:`stop` (whatever the
+        evaluations left): a search scoring a batch stops there."""
+        return self._stopped or self.remaining_time <= 0
 
     def stop(self) -> None:
         """Ask the search to stop at its next check (e.g. from a progress callback)."""
@@ -166,6 +170,7 @@ class MeteredCostModel(CostModel):
         self.inner = inner.inner if isinstance(inner, MeteredCostModel) else inner
         self.budget = budget
         self.name = self.inner.name
+        self.batched = getattr(self.inner, "batched", False)
 
     def estimate(self, problem, plan):
         self.budget.charge(1)
