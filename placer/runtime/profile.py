@@ -597,8 +597,8 @@ def measure_links(world: int, rank: int, *, sizes=LINK_SIZES, repeats: int = 9,
     ``{"pairs": {(i, j): {"bandwidth", "latency", "points"}},
     "allreduce": {bytes: seconds}}`` (what a message costs the ranks' CPUs
     is measured on the runtime's own transport, see
-    :func:`placer.runtime.dist.run_rank`'s calibration). ``spin``: the all-reduces are waited for as a busy-polling rank waits
-    for them (:mod:`placer.runtime.waiting`); the ping-pong always blocks
+    :func:`placer.runtime.dist.run_rank`'s calibration). ``spin``: the
+    all-reduces are waited for as a busy-polling rank waits for them (:mod:`placer.runtime.waiting`); the ping-pong always blocks
     (polled point-to-point waits gave no faster steps, and over a 100
     mbit ``tbf`` link they read 40 MB/s where blocking read 22-25 MB/s,
     both with the earlier all-size fit). ``allreduce_sizes``: the bytes

@@ -209,8 +209,13 @@ def demote_threads(prefixes=TRANSPORT_THREADS, policy: str | None = None) -> lis
     that lock), the woken loop thread preempts the rank on its one pinned
     core and spins until the scheduler's slice ends: measured on this
     project's 2-core VM with ``perf sched`` traces, posting one receive took
-    1.5-5.4 ms instead of 30 us, in most steps. ``policy`` ("idle", "batch":
-    no wake-up preemption, "normal": leave them) defaults to the
+    1.5-5.4 ms instead of 30 us, in most steps. The price: a message is
+    read (and a peer's receive notice seen) only when the rank next waits,
+    so the send-to-arrival median rose from 0.2-0.3 to 0.3-1.0 ms; steps
+    were still faster (median step lower in 10 of 14 interleaved pairs).
+    Only for ranks that own their cores (pinned): on cores shared with
+    other busy work an idle thread would barely run. ``policy`` ("idle",
+    "batch": no wake-up preemption, "normal": leave them) defaults to the
     ``PLACER_TRANSPORT_THREADS`` environment variable, else "idle"."""
     policy = policy or os.environ.get("PLACER_TRANSPORT_THREADS", "idle")
     kinds = {"idle": getattr(os, "SCHED_IDLE", None), "batch": getattr(os, "SCHED_BATCH", None),
