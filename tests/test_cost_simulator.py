@@ -409,6 +409,31 @@ def test_the_loss_runs_whole_on_the_first_replica():
     assert bwd["d1"] == pytest.approx((Bw - Lb) / 2 / RATE)
 
 
+def test_the_loss_fixed_part_is_paid_by_every_microbatch():
+    """``loss_fixed`` (part of ``loss_flops``) does not shrink with a
+    microbatch's rows: with m microbatches on one device the step pays it
+    m times, once more per extra microbatch than the rows-scaled loss."""
+    F, Bw, Lf, Lb, Xf, Xb = 4e9, 8e9, 1e9, 2e9, 0.5e9, 1e9
+    fixed = Graph("fixed", [Op("out", flops=F, bwd_flops=Bw,
+                               extra={"loss_flops": [Lf, Lb], "loss_fixed": [Xf, Xb]})])
+    scaled = Graph("scaled", [Op("out", flops=F, bwd_flops=Bw, extra={"loss_flops": [Lf, Lb]})])
+    for model in (Simulator(), Analytical()):
+        for m in (1, 2, 4):
+            plan = Plan({"out": ["d0"]}, microbatches=m)
+            base = model.estimate(problem(scaled, cluster(1)), plan).step_time
+            assert base == pytest.approx((F + Bw) / RATE), model.name
+            more = model.estimate(problem(fixed, cluster(1)), plan).step_time
+            assert more == pytest.approx((F + Bw + (Xf + Xb) * (m - 1)) / RATE), (model.name, m)
+    # at most the loss itself; malformed entries name the node and the key
+    over = Graph("over", [Op("out", flops=F, bwd_flops=Bw,
+                             extra={"loss_flops": [Lf, Lb], "loss_fixed": [9e9, 9e9]})])
+    assert problem(over, cluster(1)).loss_fixed[0].tolist() == [Lf, Lb]
+    from placer.errors import GraphError
+    bad = Graph("bad", [Op("out", flops=F, extra={"loss_flops": [Lf, 0], "loss_fixed": "x"})])
+    with pytest.raises(GraphError, match="node 'out': loss_fixed"):
+        problem(bad, cluster(1))
+
+
 def test_malformed_loss_flops_name_the_node():
     from placer.errors import GraphError
     g = Graph("bad", [Op("out", flops=1e9, extra={"loss_flops": "lots"})])

@@ -106,6 +106,20 @@ def test_profile_charges_the_loss_to_the_output_op():
     rate = calibrated_cluster.device("cpu").flops * calibrated_cluster.device("cpu").efficiency
     assert lf / rate >= 0.02 and lf <= cg.op(last.id).flops and 0 <= lb
     assert all("loss_flops" not in op.extra for op in cg if op.id != last.id)
+    # a sleep does not shrink with the rows: it is the loss's fixed part
+    assert 0.015 <= last.extra["measured"]["cpu"]["loss_fwd_fixed"] \
+        <= last.extra["measured"]["cpu"]["loss_fwd"]
+    xf, xb = cg.op(last.id).extra["loss_fixed"]
+    assert 0.015 <= xf / rate and xf <= lf and 0 <= xb <= lb
     untimed, _ = profile(model, inputs, cluster=cluster, repeats=1, warmup=0, loss_fn=False,
                          share=1.0)
     assert untimed.op(last.id).extra["measured"]["cpu"]["fwd"] < 0.02
+
+
+def test_loss_fixed_is_the_intercept_over_rows_within_bounds():
+    from placer.runtime.profile import _loss_fixed
+    line = {r: (0.002 + 0.001 * r, 0.004 + 0.0005 * r) for r in (8, 4, 2)}
+    assert _loss_fixed(line, 8) == pytest.approx((0.002, 0.004))
+    # a loss that grows faster than its rows has no fixed part
+    assert _loss_fixed({8: (0.008, 0.0), 4: (0.002, 0.0)}, 8) == (0.0, 0.0)
+    assert _loss_fixed({8: (0.01, 0.02)}, 8) == (0.0, 0.0)     # one row count: unknown

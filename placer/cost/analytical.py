@@ -381,17 +381,20 @@ def _loss_shift(p: Problem, A: np.ndarray, groups, m: np.ndarray):
     rows = np.arange(B)
     for op in np.flatnonzero(p.loss_flops.any(axis=1)).tolist():
         lf, lb = p.loss_flops[op]
+        fx = p.loss_fixed[op].sum()
         for gid in np.unique(A[:, op]).tolist():
             members = np.asarray(groups[gid], dtype=np.int64)
             k = len(members)
             on = rows[A[:, op] == gid]
             per = 1.0 / m[on][:, None] / p.rate[members][None, :]     # (plans, k)
+            # the loss's fixed part is paid whole by every microbatch
+            fixed = fx * (1.0 - 1.0 / m[on]) / p.rate[members[0]]
             d_f[on[:, None], members[None, :]] -= lf / k * per
             d_b[on[:, None], members[None, :]] -= lb / k * per
-            d_f[on, members[0]] += (lf + lb) * per[:, 0]
+            d_f[on, members[0]] += (lf + lb) * per[:, 0] + fixed
             # on the path: the first replica's forward grows by what the
             # others no longer do
-            fill[on] += (lf + lb) * (1.0 - 1.0 / k) * per[:, 0]
+            fill[on] += (lf + lb) * (1.0 - 1.0 / k) * per[:, 0] + fixed
     return d_f, d_b, fill
 
 

@@ -127,6 +127,10 @@ class Problem:
       the replicas (other cost models see it as the op's own). The
       simulator also makes the loss wait for every replica's rows of the
       output and each replica's backward for the gradient of its rows.
+      ``loss_fixed`` (``[forward, backward]`` FLOPs, part of
+      ``loss_flops``) is what the loss costs whatever a microbatch's rows
+      (its launches, the runtime's loss task): both models charge it whole
+      to every microbatch instead of scaling it by the rows.
     - ``collective_efficiency``: the ring model's all-reduce time over the
       real one (1: the ring's bytes move at link speed and each of its
       steps pays the link's latency; gloo on CPUs reduces and copies too,
@@ -242,6 +246,10 @@ class Problem:
         self.loss_flops = _loss_flops(g, ops, self.flops, self.bwd_flops) if self.training \
             else np.zeros((len(ops), 2))
         self.has_loss = bool(self.loss_flops.any())
+        #: (n_ops, 2) the part of ``loss_flops`` each microbatch pays whole
+        self.loss_fixed = _loss_flops(g, ops, self.loss_flops[:, 0], self.loss_flops[:, 1],
+                                      key="loss_fixed") if self.has_loss \
+            else np.zeros((len(ops), 2))
         edges = g.edges
         self.edge_src = np.array([self.index[e.src] for e in edges], dtype=np.int64)
         self.edge_dst = np.array([self.index[e.dst] for e in edges], dtype=np.int64)
@@ -544,13 +552,14 @@ def _measured_entry(measured, name: str, kind):
     return entry if isinstance(entry, dict) and "fwd" in entry else None
 
 
-def _loss_flops(graph, ops, flops, bwd_flops) -> np.ndarray:
-    """The ops' ``loss_flops`` ([forward, backward], at most the op's own
-    FLOPs) as an (n, 2) array; a malformed entry is a GraphError naming it."""
+def _loss_flops(graph, ops, flops, bwd_flops, key: str = "loss_flops") -> np.ndarray:
+    """The ops' ``loss_flops`` (or another node ``key`` of the same form:
+    [forward, backward], at most ``flops``/``bwd_flops``) as an (n, 2)
+    array; a malformed entry is a GraphError naming it."""
     from ..errors import GraphError
     out = np.zeros((len(ops), 2))
     for i, op in enumerate(ops):
-        value = op.extra.get("loss_flops")
+        value = op.extra.get(key)
         if value is None:
             continue
         try:
@@ -558,7 +567,7 @@ def _loss_flops(graph, ops, flops, bwd_flops) -> np.ndarray:
         except (TypeError, ValueError):
             pair = []
         if len(pair) != 2 or not all(np.isfinite(v) and v >= 0 for v in pair):
-            raise GraphError(f"graph {graph.name!r}, node {op.id!r}: loss_flops must be "
+            raise GraphError(f"graph {graph.name!r}, node {op.id!r}: {key} must be "
                              f"[forward, backward] FLOPs >= 0, got {value!r}",
                              fix="write two numbers, or remove the key")
         out[i] = min(pair[0], flops[i]), min(pair[1], bwd_flops[i])

@@ -211,8 +211,10 @@ class _Build:
             # for every replica's rows (below)
             lf = p.loss_flops[inst_op, 0] / m / p.rate[inst_dev]
             lb = p.loss_flops[inst_op, 1] / m / p.rate[inst_dev]
+            # the part that does not shrink with the rows, whole per microbatch
+            fixed = p.loss_fixed[inst_op].sum(axis=1) * (1.0 - 1.0 / m) / p.rate[inst_dev]
             ft = ft - lf * frac
-            loss_w = (inst_k == 0) * (lf + lb)
+            loss_w = (inst_k == 0) * (lf + lb + fixed)
             loss_b = lb * frac - loss_w
         has_in = np.zeros(NI, dtype=bool)
         has_in[iv] = True

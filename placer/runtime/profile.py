@@ -205,6 +205,23 @@ def _time_loss(outputs, loss_fn, device, repeats: int) -> tuple[float, float]:
     return _typical(fwd), (_typical(bwd) if bwd else 0.0)
 
 
+def _loss_fixed(losses: dict, batch: int) -> tuple[float, float]:
+    """The loss's forward and backward seconds that do not shrink with the
+    rows (the intercept of a line through its times at the measured row
+    counts, ``{rows: (fwd, bwd)}``), within [0, its time at ``batch``]: a
+    microbatch pays them whole (launches, the runtime's loss task)."""
+    import numpy as np
+    if len(losses) < 2 or batch not in losses:
+        return 0.0, 0.0
+    rows = np.array(sorted(losses), dtype=float)
+    out = []
+    for k in range(2):
+        times = np.array([losses[int(r)][k] for r in rows])
+        slope, intercept = np.polyfit(rows, times, 1)
+        out.append(float(min(max(intercept, 0.0), losses[batch][k])))
+    return out[0], out[1]
+
+
 #: how the repeats of one op's timing are summarised (see _Timer.run_node)
 OP_STATISTIC = "median"
 
@@ -414,15 +431,18 @@ def profile(model: torch.nn.Module, example_inputs: Any, graph: Graph | None = N
             timed = {r: _time_nodes(model, inputs, gm, tdev, repeats, graph.training,
                                     rows=None if r == batch else r, loss_fn=loss_fn)
                      for r in sizes}
-            loss_part = {}
+            loss_part, losses = {}, {}
             for r, times in timed.items():
                 loss = times.pop(LOSS, None)
+                if loss is not None:
+                    losses[r] = loss
                 for name in outputs if loss is not None else ():
                     f, b = times.get(name, (0.0, 0.0))
                     part = (loss[0] / len(outputs), loss[1] / len(outputs))
                     times[name] = (f + part[0], b + part[1])
                     if r == batch:
                         loss_part[name] = part
+            fixed = _loss_fixed(losses, batch)
             full, part = timed[batch], timed[half]
             totals = {r: 0.0 for r in sizes}
             phases = []
@@ -441,7 +461,9 @@ def profile(model: torch.nn.Module, example_inputs: Any, graph: Graph | None = N
                     # the loss's share of those figures: the runtime computes
                     # the loss on one device, not on every replica
                     op.extra["measured"][dev.name].update(
-                        loss_fwd=loss_part[name][0], loss_bwd=loss_part[name][1])
+                        loss_fwd=loss_part[name][0], loss_bwd=loss_part[name][1],
+                        loss_fwd_fixed=fixed[0] / len(outputs),
+                        loss_bwd_fixed=fixed[1] / len(outputs))
                 for r in sizes:
                     totals[r] += sum(timed[r].get(name, (f, b)))
                 for k in range(2 if graph.training else 1):
@@ -472,7 +494,8 @@ def calibrated_graph(graph: Graph, cluster: Cluster, device: str | None = None,
     op there less the per-op ``overhead`` (default: the device's fitted
     ``op_overhead``; pass the same value as ``Problem(op_overhead=...)``).
     Ops whose outputs the loss reads also get ``loss_flops``: the part of
-    their forward and backward FLOPs that is the loss's (see
+    their forward and backward FLOPs that is the loss's, and ``loss_fixed``:
+    the part of that which does not shrink with a microbatch's rows (see
     :class:`placer.cost.Problem`)."""
     data = graph.to_dict()
     if device is None:
@@ -492,6 +515,10 @@ def calibrated_graph(graph: Graph, cluster: Cluster, device: str | None = None,
         if "loss_fwd" in m:
             node["loss_flops"] = [min(node["flops"], m["loss_fwd"] / share * rate),
                                   min(node["bwd_flops"], m["loss_bwd"] / share * rate)]
+            if "loss_fwd_fixed" in m:
+                lf, lb = node["loss_flops"]
+                node["loss_fixed"] = [min(lf, m["loss_fwd_fixed"] / share * rate),
+                                      min(lb, m["loss_bwd_fixed"] / share * rate)]
         # the FLOPs now say it all (share included); a cost model that reads
         # measured times directly must not see the raw ones beside them
         node.pop("measured", None)
