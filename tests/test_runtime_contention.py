@@ -119,3 +119,41 @@ def test_pipeline_stages_that_take_turns_keep_their_core():
     plan = placer.Plan({"x": ["a"], "y": ["b"]})   # one microbatch: b waits for a
     report = predict_shared(g, c, plan, op_overhead=0.0)
     assert report.extra["cpu_shares"] == {"a": 1.0, "b": 1.0}
+
+
+def test_a_rank_runs_the_piece_that_continues_its_last_task_next():
+    # a, (a, b), a: the middle piece is data-parallel, its replica on a fed
+    # by a's first piece only. The simulator runs the two as one segment;
+    # the rank must too, even when an earlier microbatch's task (the last
+    # piece, waiting for b's half) becomes ready in between.
+    model, inputs = zoo.build("gpt-125m", tiny=True, batch=4)
+    graph = placer.trace(model, inputs)
+    order = graph.topological_order()
+    third = len(order) // 3
+    where = [["a"] if i < third or i >= 2 * third else ["a", "b"] for i in range(len(order))]
+    plan = placer.Plan(dict(zip(order, where)), microbatches=2, schedule="1f1b")
+    for members in graph.colocation_groups().values():
+        for op in members[1:]:
+            plan.placement[op] = list(plan.placement[members[0]])
+    graph, plan, sp, inputs, rows = prepare(model, plan, inputs, graph=graph)
+    routes = Routes(sp, rows, sink_device(sp))
+    orders, used = device_orders(routes, plan.schedule, True)
+    assert used == "1f1b"
+    transport = _Transport("a", set())
+    engine = Engine(sp, routes, {d: torch.device("cpu") for d in routes.devices()}, ["a"],
+                    transport, training=True, loss_fn=default_loss, loss_weights=[0.5, 0.5],
+                    order=[("a", t) for t in orders["a"]], schedule=used)
+    needs = engine._needs()
+    every = {tag for _, t in engine.order for tag in needs[t][1]}
+    ran = []
+    for _dev, task in engine._tasks():
+        ran.append(task)
+        if len(ran) == 3:
+            # b's half of microbatch 0 arrives while a runs microbatch 1's first piece
+            assert [t[:2] for t in ran] == [("F", 0), ("F", 0), ("F", 1)]
+            transport.ok = every
+    pieces = sorted({t[2].piece for t in ran if t[2] != routes.sink})
+    first, middle = pieces[0], pieces[1]
+    assert ran[3][:2] == ("F", 1) and ran[3][2].piece == middle   # not ("F", 0, last piece)
+    assert ran[2][2].piece == first
+    assert sorted(map(str, ran)) == sorted(str(t) for _, t in engine.order)   # each once

@@ -593,9 +593,10 @@ class Engine:
         owed = {d: dict(per_m) for d, per_m in backwards.items()}   # device -> m -> left
         started: dict = defaultdict(set)
         done: set = set()
+        last = None
         while pending:
-            pick, waiting = None, []
-            for i, (dev, task) in enumerate(pending):
+            pick, waiting = self._continuation(pending, last, needs, done), []
+            for i, (dev, task) in enumerate(pending if pick is None else ()):
                 kind, m, _inst = task
                 if kind == "F" and one_f_one_b and m not in started[dev] and sum(
                         1 for k in started[dev] if owed.get(dev, {}).get(k, 0) > 0
@@ -621,11 +622,34 @@ class Engine:
             yield dev, task
             kind, m, _inst = task
             done.add(task)
+            last = (dev, task)
             if kind == "F":
                 forwards_left[dev] -= 1
                 started[dev].add(m)
             else:
                 owed[dev][m] -= 1
+
+    @staticmethod
+    def _continuation(pending: list, last, needs: dict, done: set) -> int | None:
+        """Index in ``pending`` of the task that continues ``last`` (same
+        device, kind and microbatch, waiting for ``last`` and for nothing
+        from another process), else None. The simulator runs such a piece
+        in one segment with the one before it (it receives nothing, see
+        :func:`placer.cost.simulator._segments`), so the rank runs it next
+        whatever the priorities say: otherwise a data-parallel piece's
+        replica here (fed by the piece before it on this device) could wait
+        behind other microbatches' tasks while its partner replicas and the
+        pieces after them wait for it."""
+        if last is None:
+            return None
+        last_dev, (kind, m, _inst) = last
+        for i, (dev, task) in enumerate(pending):
+            if dev != last_dev or task[0] != kind or task[1] != m:
+                continue
+            local, tags, _ = needs[task]
+            if not tags and last[1] in local and all(t in done for t in local):
+                return i
+        return None
 
     def _dispatch_tables(self) -> tuple:
         """What :meth:`_dispatch` needs of the order, the same every step:
