@@ -475,3 +475,30 @@ def test_message_overhead_costs_both_ends():
             assert more - base == pytest.approx(2 * s * phases, rel=1e-6), (model.name, training)
     with pytest.raises(StrategyError, match="message_overhead"):
         problem(two_ops(False), cluster(2), message_overhead=-1.0)
+
+
+def test_allreduce_overlap_off_starts_after_each_members_last_task():
+    # x on d0, then y data-parallel on d0 and d1: y's gradients are ready
+    # before d0 runs x's backward. Overlapping (DDP), the all-reduce runs
+    # beside that backward; not overlapping (placer's runtime), after it.
+    P, bw = 1.5e6, 1e9
+    g = Graph("g", [Op("x", flops=1e9), Op("y", flops=1e9, param_bytes=P)],
+              [Edge("x", "y", 1e3)])
+    plan = Plan({"x": ["d0"], "y": ["d0", "d1"]})
+    reports = {flag: sim(g, cluster(2, bw=bw), plan, bucket_bytes=1e12,
+                         allreduce_overlap=flag) for flag in (True, False)}
+    seconds = P / bw                      # a ring of two moves P each way
+    for flag, r in reports.items():
+        events = r.events()
+        ar = [e for e in events if e.category == "allreduce"]
+        assert ar and all(e.duration == pytest.approx(seconds) for e in ar)
+        last_end = {d: max(e.start + e.duration for e in events
+                           if e.lane == d and e.category in ("forward", "backward"))
+                    for d in ("d0", "d1")}
+        if flag:
+            assert min(e.start for e in ar) < last_end["d0"]
+        else:
+            assert min(e.start for e in ar) == pytest.approx(max(last_end.values()))
+            assert r.step_time == pytest.approx(max(last_end.values()) + seconds)
+    assert reports[False].step_time > reports[True].step_time
+    assert Problem(g, cluster(2), allreduce_overlap=False).options["allreduce_overlap"] is False

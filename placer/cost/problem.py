@@ -118,6 +118,14 @@ class Problem:
       per microbatch and phase (a runtime posts the receive, hands the
       message to its transport, wakes for it; ``placer launch --calibrate``
       measures it). Default 0: a message costs only its link's time.
+    - ``allreduce_overlap``: True (default), a bucket's all-reduce starts as
+      soon as every replica finished the backward holding its last byte, so
+      it overlaps the rest of the backward (as DDP does); False, a device's
+      all-reduces start only once it has run every task of the step, as
+      placer's runtime does (it reduces after the last backward; on CPU
+      ranks gloo's socket threads, at idle priority, would not move the
+      data while the rank computes anyway). The simulator honours it; the
+      analytical model always overlaps.
     - the training loss: the runtime computes it, forward and backward, on
       the first device of the group holding the model's output, in that
       device's forward task, for the whole microbatch. A graph node's
@@ -171,7 +179,7 @@ class Problem:
                  default_efficiency: float = 0.5, op_overhead: float = 5e-6,
                  nic: str = "max_link", bucket_bytes: float = 25e6, merge: float = 0.02,
                  task_overhead: float = 0.0, collective_efficiency: float = 1.0,
-                 message_overhead: float = 0.0):
+                 message_overhead: float = 0.0, allreduce_overlap: bool = True):
         if objective not in OBJECTIVES:
             raise StrategyError(f"unknown objective {objective!r}",
                                 fix=f"use one of: {', '.join(OBJECTIVES)}")
@@ -199,6 +207,7 @@ class Problem:
         self.op_overhead = float(op_overhead)
         self.task_overhead = float(task_overhead)
         self.message_overhead = float(message_overhead)
+        self.allreduce_overlap = bool(allreduce_overlap)
         self.collective_efficiency = float(collective_efficiency)
         self.nic = nic
         self.bucket_bytes = float(bucket_bytes)
@@ -222,7 +231,8 @@ class Problem:
                 "bucket_bytes": self.bucket_bytes, "merge": self.merge,
                 "task_overhead": self.task_overhead,
                 "message_overhead": self.message_overhead,
-                "collective_efficiency": self.collective_efficiency}
+                "collective_efficiency": self.collective_efficiency,
+                "allreduce_overlap": self.allreduce_overlap}
 
     def __repr__(self) -> str:
         return (f"Problem(graph={self.graph.name!r}, cluster={self.cluster.name!r}, "

@@ -379,8 +379,12 @@ class _Build:
                     last = back[last_i]
                     sources = []
                     for k in range(len(mem)):
-                        i = op_first[last] + k
-                        sources.append((NF + int(bseg[i]), float(boff[i])))
+                        if p.allreduce_overlap:
+                            i = op_first[last] + k
+                            sources.append((NF + int(bseg[i]), float(boff[i])))
+                        else:   # after the member's last task of the step
+                            t = int(self.last_b[mem[k]])
+                            sources.append((t, float(self.task_dur[t])))
                     seconds, links, algo = _allreduce(p, mem, nbytes)
                     self.ar.append((sources, list(mem), seconds, links, algo, nbytes))
 

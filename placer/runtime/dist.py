@@ -47,6 +47,7 @@ the longest single op's compute time.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import datetime
 import functools
@@ -66,8 +67,8 @@ import torch.distributed as dist
 
 from ..errors import PlacerError, PlanError
 from .engine import Engine, Routes, device_orders
-from .run import (MeasuredReport, _as_device, build_optimizer, default_loss, join_outputs,
-                  predict, prepare, sink_device)
+from .run import (RUNTIME_OPTIONS, MeasuredReport, _as_device, build_optimizer, default_loss,
+                  join_outputs, predict, prepare, sink_device)
 from .waiting import (TRANSPORT_THREADS, KeepAwake, Watcher, busy_poll_default, demote_threads,
                       handover, quick_handover, wait_work)
 
@@ -337,6 +338,10 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     opt = build_optimizer(optimizer, engine.parameters()) if training else None
     params = engine.parameters()
     calibration = None
+    reference = (Reference.build(model, example_inputs, graph, plan, devs, me, tdev, transport,
+                                 loss_fn=loss_fn or default_loss,
+                                 loss_reduction=loss_reduction, seed=seed)
+                 if calibrate and training and world > 1 else None)
     rounds, shares = [], []
     # calibration rounds interleaved with the measured steps, so both sample
     # the same load of a shared machine
@@ -366,6 +371,8 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
                                                      loss_fn=loss_fn if targets is None else False,
                                                      spin=spin, work=probe,
                                                      transport=transport, devs=devs))
+                    if reference is not None:
+                        rounds[-1]["reference"] = reference.run(REFERENCE_STEPS, spin, targets)
                 torch.set_rng_state(rng)
             if calibrate and step >= warmup:
                 # the load of a shared host changes from second to second: the
@@ -380,9 +387,17 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
             if tdev.type == "cuda":
                 torch.cuda.synchronize(tdev)
                 torch.cuda.reset_peak_memory_stats(tdev)
+            cpu_post = time.process_time()
+            posted = engine.post_receives()
+            cpu_post = time.process_time() - cpu_post
             with _STATUS.wait(None, "the step barrier"):
                 wait_work(dist.barrier(async_op=True), spin)
-            start, cpu_start = time.perf_counter(), time.process_time()
+            if spin and posted:
+                # the socket threads handle the peers' receive notices (see
+                # Engine.post_receives) while this rank sleeps, not in the step
+                time.sleep(NOTICE_WAIT)
+            start = time.perf_counter() - posted
+            cpu_start = time.process_time() - cpu_post
             last, kept = engine.train_step(inputs, targets, offsets, training=training,
                                            optimizer=opt,
                                            keep_gradients=step == steps + warmup - 1)
@@ -442,8 +457,10 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     if calibration is not None:
         from .contention import predict_shared
         cg, cc = calibration["graph"], calibration["cluster"]
-        prediction = predict_shared(cg, cc, plan, **{**calibrated_options(calibration),
-                                                     **(problem_options or {})})
+        options = {**calibrated_options(calibration), **(problem_options or {})}
+        if reference is not None:
+            cc = runtime_factor(calibration, reference.plan, options)
+        prediction = predict_shared(cg, cc, plan, **options)
         calibration["cpu_shares"] = prediction.extra["cpu_shares"]
         merged["calibration"] = {**calibration, "graph": cg.to_dict(), "cluster": cc.to_dict()}
     elif cluster is not None:
@@ -473,6 +490,11 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     return merged
 
 
+#: seconds a busy-polling rank sleeps after the step barrier so that its
+#: transport threads (idle priority) handle the receive notices of the
+#: step's messages before it starts (see Engine.post_receives)
+NOTICE_WAIT = 0.0003
+
 #: calibration rounds a ``calibrate=True`` run interleaves with its steps
 CALIBRATION_ROUNDS = 3
 
@@ -488,7 +510,7 @@ def _calibration_round(model, example_inputs, graph, tdev, loss_fn=None,
     from .profile import allreduce_sizes, measure_links, profile
     links = measure_links(dist.get_world_size(), dist.get_rank(), repeats=5, spin=spin,
                           allreduce_sizes=allreduce_sizes(sum(op.param_bytes for op in graph)))
-    sync = _sync_delays(links["pairs"])
+    sync = _sync_delays(links["pairs"], transport, list(devs))
     messages = _message_overhead(transport, list(devs)) if transport is not None else 0.0
     name = str(tdev)
     here = Cluster.from_rules("here", [Device(name, 1e11, 1e10)], default=(1e9, 1e-4))
@@ -564,14 +586,19 @@ def _message_overhead(transport: "DistTransport", devs: list[str], count: int = 
     return statistics.median(samples)
 
 
-def _sync_delays(pairs: dict) -> dict:
+def _sync_delays(pairs: dict, transport: "DistTransport | None" = None,
+                 devs: list[str] = ()) -> dict:
     """Collective: :func:`placer.runtime.profile.sync_delay` of every pair of
-    ranks, one pair at a time (the others wait)."""
+    ranks, one pair at a time (the others wait), its messages through
+    ``transport`` when given (``devs``: the ranks' device names)."""
     from .profile import sync_delay
     rank, out = dist.get_rank(), {}
     for (i, j), link in pairs.items():
         dist.barrier()
-        delay = sync_delay(j if rank == i else i, link["latency"]) if rank in (i, j) else 0.0
+        peer = j if rank == i else i
+        via = dict(transport=transport, names=(devs[rank], devs[peer])) \
+            if transport is not None else {}
+        delay = sync_delay(peer, link["latency"], **via) if rank in (i, j) else 0.0
         shared = torch.tensor([delay], dtype=torch.float64)
         dist.all_reduce(shared, op=dist.ReduceOp.MAX)
         out[(i, j)] = float(shared)
@@ -647,6 +674,10 @@ def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev,
         pairs[pair] = {"bandwidth": bw, "latency": lat, "points": points,
                        "sync_delay": med(r["sync_delay"][pair] for r in rounds)}
     allreduce = {n: med(r["allreduce"][n] for r in rounds) for n in rounds[0]["allreduce"]}
+    reference: dict = defaultdict(list)
+    for r in every:
+        if r.get("reference"):
+            reference[r["reference"]["device"]] += r["reference"]["compute"]
     # the ring runs at the speed of its slowest link and its worst latency,
     # as the cluster below states them (synchronisation delay included)
     efficiency = collective_efficiency(
@@ -661,18 +692,130 @@ def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev,
             "message_overhead": messages,
             "efficiency": dev.efficiency, "cpu_share": share, "cpu_share_all": share_all,
             "ops_together": together,
+            "reference_compute": {d: med(v) for d, v in reference.items()},
             "rounds": len(every),
             "links": {f"{devs[i]}-{devs[j]}": v for (i, j), v in pairs.items()},
             "allreduce": allreduce}
+
+
+#: measured steps of the reference pipeline per calibration round (see Reference)
+REFERENCE_STEPS = 3
+
+
+def reference_plan(graph, devs: list[str], microbatches: int, schedule: str = "1f1b"):
+    """A contiguous pipeline of ``graph`` over ``devs`` in topological order
+    (equal op counts; colocated ops follow the first of their group): the
+    workload on which :class:`Reference` times ops inside the runtime."""
+    from ..plan import Plan
+    order = graph.topological_order()
+    k = len(devs)
+    placement = {op: [devs[min(k - 1, i * k // max(len(order), 1))]]
+                 for i, op in enumerate(order)}
+    for members in graph.colocation_groups().values():
+        for op in members[1:]:
+            placement[op] = list(placement[members[0]])
+    return Plan(placement, microbatches=max(1, int(microbatches)), schedule=schedule)
+
+
+class Reference:
+    """Steps of :func:`reference_plan` run by the ranks during calibration,
+    beside the plan's own engine (its own weight copies, no optimizer).
+
+    Why: ops timed alone (the profile) ran 15-70% faster than the same ops
+    inside 2-rank steps on this project's 2-core VM (the pieces' task times
+    against the simulator's, same run), while one rank's whole step
+    matched them within about 10%. What slows them (two busy virtual CPUs,
+    the transport's threads, cold caches after a wait) is measured here on
+    a pipeline every multi-rank plan resembles, not on the plan predicted,
+    and :func:`runtime_factor` scales the predicted compute by it."""
+
+    def __init__(self, engine: Engine, plan, inputs, offsets, me: str):
+        self.engine, self.plan, self.inputs, self.offsets, self.me = \
+            engine, plan, inputs, offsets, me
+        self.warm = False
+
+    @classmethod
+    def build(cls, model, example_inputs, graph, plan, devs, me, tdev, transport, *,
+              loss_fn, loss_reduction: str, seed: int) -> "Reference | None":
+        """The reference engine on this rank, or None (every rank agrees) when
+        the pipeline would need a collective the transport has no group for."""
+        ref = reference_plan(graph, devs, plan.microbatches, plan.schedule)
+        _g, ref, sp, inputs, mb_rows = prepare(model, ref, example_inputs, graph=graph)
+        routes = Routes(sp, mb_rows, sink_device(sp))
+        orders, used = device_orders(routes, ref.schedule, True)
+        batch = sum(mb_rows)
+        weights = [(n / batch if loss_reduction == "mean" else 1.0) for n in mb_rows]
+        engine = Engine(sp, routes, {d: tdev for d in devs}, [me], transport, training=True,
+                        loss_fn=loss_fn, loss_weights=weights,
+                        order=[(me, t) for t in orders.get(me, [])], model=model, seed=seed,
+                        schedule=used)
+        ok = torch.tensor([0.0 if any(len(h) > 1 for h in engine.holders.values()) else 1.0])
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        if float(ok) == 0:
+            return None
+        offsets = [sum(mb_rows[:m]) for m in range(len(mb_rows))]
+        return cls(engine, ref, inputs, offsets, me)
+
+    def run(self, steps: int, spin: bool, targets=None) -> dict:
+        """Collective: ``steps`` reference steps (one more the first time, to
+        warm up); returns this rank's compute seconds per step."""
+        out = []
+        for k in range(steps + (0 if self.warm else 1)):
+            for p in self.engine.parameters():
+                p.grad = None
+            wait_work(dist.barrier(async_op=True), spin)
+            last, _ = self.engine.train_step(self.inputs, targets, self.offsets, training=True)
+            if self.warm or k > 0:
+                out.append(last["stats"].compute.get(self.me, 0.0))
+        self.warm = True
+        return {"device": self.me, "compute": out}
+
+
+#: bounds of :func:`runtime_factor` (a factor outside them is a broken measurement)
+RUNTIME_FACTOR_BOUNDS = (0.5, 2.0)
+
+
+def runtime_factor(calibration: dict, ref_plan, options: dict):
+    """The ranks' cluster of ``calibration`` with every device's compute
+    scaled by how much longer the :class:`Reference` pipeline's tasks took
+    than the simulator predicts for them (their compute summed over the
+    ranks), within :data:`RUNTIME_FACTOR_BOUNDS`. Records ``runtime_factor``
+    (and the raw ratio) in ``calibration``."""
+    from ..cluster import Cluster
+    from .contention import predict_shared
+    cg, cc = calibration["graph"], calibration["cluster"]
+    measured = calibration.get("reference_compute") or {}
+    report = predict_shared(cg, cc, ref_plan, **options)
+    predicted: dict = defaultdict(float)
+    for e in report.events():
+        if e.category in ("forward", "backward"):
+            predicted[e.lane] += e.duration
+    total = sum(predicted[d] for d in measured)
+    raw = sum(measured.values()) / total if total > 0 and measured else 1.0
+    lo, hi = RUNTIME_FACTOR_BOUNDS
+    factor = min(hi, max(lo, raw))
+    calibration["runtime_factor"], calibration["runtime_factor_raw"] = factor, raw
+    calibration["reference_predicted"] = dict(predicted)
+    devices = []
+    for dev in cc.devices:
+        dev = copy.deepcopy(dev)
+        for key in ("cpu_share", "cpu_share_all"):
+            if key in dev.extra:
+                dev.extra[key] = dev.extra[key] / factor
+        devices.append(dev)
+    scaled = Cluster(cc.name, devices, cc.bandwidth, cc.latency, meta=getattr(cc, "meta", None))
+    calibration["cluster"] = scaled
+    return scaled
 
 
 def calibrated_options(calibration: dict) -> dict:
     """The cost model's options a ``calibrate=True`` run measured (launch
     overhead, task overhead, all-reduce efficiency, message overhead), for
     :func:`placer.runtime.contention.predict_shared`."""
-    return {key: calibration[key]
-            for key in ("op_overhead", "task_overhead", "collective_efficiency",
-                        "message_overhead") if key in calibration}
+    return {**RUNTIME_OPTIONS, **{key: calibration[key]
+                                  for key in ("op_overhead", "task_overhead",
+                                              "collective_efficiency", "message_overhead")
+                                  if key in calibration}}
 
 
 # --------------------------------------------------------------------------

@@ -726,8 +726,12 @@ def _chunk(a, n: int):
     return a
 
 
+#: message tags of :func:`sync_delay` on the runtime's transport (above a step's)
+SYNC_TAGS = 2_000_000
+
+
 def sync_delay(peer: int, latency: float, *, work: int = 48, repeats: int = 20,
-               rounds: int = 2) -> float:
+               rounds: int = 2, transport=None, names: tuple = ()) -> float:
     """Collective between this rank and ``peer`` (both call it): the time a
     synchronisation costs beyond what a prediction from average speeds
     charges. Both ranks compute equal chunks of work at once, first freely
@@ -737,7 +741,16 @@ def sync_delay(peer: int, latency: float, *, work: int = 48, repeats: int = 20,
     ``latency`` is what each synchronisation loses to the peer that was
     late (preempted on a shared host, woken late from its receive). Free
     and lockstep phases alternate ``rounds`` times so both see the same
-    load. Returns seconds (>= 0), the same figure on both ranks."""
+    load. Returns seconds (>= 0), the same figure on both ranks.
+
+    ``transport`` (a :class:`placer.runtime.dist.DistTransport`, with
+    ``names`` = (this rank's device, the peer's)): the messages go through
+    it as a step's do (receives posted up front, each taken by a watcher
+    thread, sends waited for at the end), so the figure includes what that
+    path adds to a message (the watcher's wake-up, the GIL, gloo's threads
+    at idle priority running only while the rank waits). Without it, plain
+    ``irecv``/``send``, which missed most of it: 0-0.4 ms where messages in
+    2-rank steps took 0.3-1.0 ms from send to arrival."""
     import torch.distributed as dist
     a = torch.randn(64, 64) * 0.1
     buf, got = torch.zeros(1), torch.zeros(1)
@@ -751,11 +764,21 @@ def sync_delay(peer: int, latency: float, *, work: int = 48, repeats: int = 20,
         free += time.perf_counter() - start
         _pingpong(peer, dist.get_rank() < peer, 4, 1)
         start = time.perf_counter()
-        for _ in range(repeats):
-            req = dist.irecv(got, peer)
-            _chunk(a, work)
-            dist.send(buf, peer)
-            req.wait()
+        if transport is None:
+            for _ in range(repeats):
+                req = dist.irecv(got, peer)
+                _chunk(a, work)
+                dist.send(buf, peer)
+                req.wait()
+        else:
+            me, other = names
+            tags = [SYNC_TAGS + k for k in range(repeats)]
+            transport.post([(t, (1,), torch.float32, other, me) for t in tags])
+            for t in tags:
+                _chunk(a, work)
+                transport.send(buf, me, other, t)
+                transport.recv((1,), torch.float32, other, me, t)
+            transport.finish()
         lock += time.perf_counter() - start
     n = rounds * repeats
     # both ends agree: the slower rank's free chunk (a prediction waits

@@ -201,7 +201,13 @@ def predict(graph, cluster, plan, problem_options=None):
             return None
         if not plan.devices_used() <= set(cluster.names):
             return None
-    return simulate(graph, cluster, plan, **(problem_options or {}))
+    return simulate(graph, cluster, plan, **{**RUNTIME_OPTIONS, **(problem_options or {})})
+
+
+#: cost-model options that describe how this runtime runs a plan (see
+#: :class:`placer.cost.Problem`): the engine all-reduces after the step's
+#: last backward, so nothing overlaps it
+RUNTIME_OPTIONS = {"allreduce_overlap": False}
 
 
 def _sync(devices) -> None:
