@@ -502,3 +502,27 @@ def test_allreduce_overlap_off_starts_after_each_members_last_task():
             assert r.step_time == pytest.approx(max(last_end.values()) + seconds)
     assert reports[False].step_time > reports[True].step_time
     assert Problem(g, cluster(2), allreduce_overlap=False).options["allreduce_overlap"] is False
+
+
+def test_message_copy_rate_charges_the_payload_at_both_ends():
+    """A message's bytes cost each end ``bytes / message_copy_rate`` of its
+    own time, per microbatch: two ops on two devices, 1 MB crossing, with
+    the fixed part and without."""
+    rate = 1e9
+    for training in (False, True):
+        g = two_ops(training)
+        for m in (1, 2):
+            plan = Plan({"a": ["d0"], "b": ["d1"]}, microbatches=m)
+            for model in (Simulator(), Analytical()):
+                base = model.estimate(problem(g, cluster(2)), plan).step_time
+                more = model.estimate(problem(g, cluster(2), message_copy_rate=rate,
+                                              message_overhead=1e-4), plan).step_time
+                phases = 2 if training else 1
+                # the path holds both ends' costs of one microbatch's message
+                # per phase (the other microbatch's overlap compute)
+                per_end = 1e-4 + 1e6 / m / rate
+                assert more - base >= 2 * per_end * phases * (1 - 1e-6), (model.name, m)
+                if m == 1:
+                    assert more - base == pytest.approx(2 * per_end * phases, rel=1e-6)
+    with pytest.raises(StrategyError, match="message_copy_rate"):
+        problem(two_ops(False), cluster(2), message_copy_rate=0.0)

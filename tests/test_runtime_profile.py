@@ -79,6 +79,36 @@ def test_calibrated_launch_predicts_from_its_own_measurements():
     # each rank's measured timeline: a bar per task of its pieces
     lanes = {e[0] for e in result["events"]}
     assert lanes == {"a", "b"}
+    # messages cost a fixed part and (maybe) a per-byte part
+    assert cal["message_overhead"] >= 0
+    assert cal["message_copy_rate"] is None or cal["message_copy_rate"] > 0
+    # the reference pipeline ran on both ranks and scaled the prediction by
+    # its measured step over its predicted one, within the bounds
+    from placer.runtime.dist import REFERENCE_FACTOR_BOUNDS
+    assert set(cal["reference_compute"]) == {"a", "b"} and cal["reference_step"] > 0
+    raw = cal["reference_step"] / cal["reference_predicted"]
+    assert cal["reference_factor_raw"] == pytest.approx(raw)
+    lo, hi = REFERENCE_FACTOR_BOUNDS
+    assert cal["reference_factor"] == pytest.approx(min(hi, max(lo, raw)))
+    assert result["report"]["predicted"] == pytest.approx(
+        cal["predicted_model"] * cal["reference_factor"])
+
+
+def test_reference_plan_is_a_contiguous_pipeline_keeping_colocated_ops_together():
+    from placer.runtime.dist import reference_plan
+    model, inputs = zoo.build("gpt-125m", tiny=True, batch=4)
+    graph = placer.trace(model, inputs)
+    plan = reference_plan(graph, ["a", "b", "c"], microbatches=2)
+    assert set(plan.placement) == set(graph.ids)
+    assert plan.microbatches == 2 and plan.devices_used() == {"a", "b", "c"}
+    groups = graph.colocation_groups()
+    colocated = {op for members in groups.values() for op in members[1:]}
+    devices = [plan.placement[op][0] for op in graph.topological_order() if op not in colocated]
+    # every device's ops form one run of the order, in device order
+    runs = [d for i, d in enumerate(devices) if i == 0 or devices[i - 1] != d]
+    assert runs == ["a", "b", "c"]
+    for members in groups.values():
+        assert len({tuple(plan.placement[op]) for op in members}) == 1
 
 
 def test_profile_charges_the_loss_to_the_output_op():

@@ -185,7 +185,8 @@ def accuracy(plans: int = 4, nproc: int = 2, model: str = MODEL, batch: int | No
             rows.append(_row(k, plan, result, load) | {"pinned": pinned})
     med = statistics.median
     out = {"nproc": nproc, "pin": pin, "size": size, "plans": rows,
-           "median_abs_error": med(abs(r["error"]) for r in rows)}
+           "median_abs_error": med(abs(r["error"]) for r in rows),
+           "median_abs_error_model": med(abs(r["error_model"]) for r in rows)}
     if len(settings) > 1:
         for pinned in settings:
             out[f"median_abs_error_{'pinned' if pinned else 'unpinned'}"] = med(
@@ -204,7 +205,8 @@ def _row(k, plan, result, load) -> dict:
         dev.extra["cpu_share_all"] = dev.extra.get("cpu_share", 1.0)
     cg = placer.Graph.from_dict(cal["graph"])
     options = calibrated_options(cal)
-    alone = predict_shared(cg, cc, plan, **options).step_time
+    factor = cal.get("reference_factor", 1.0)
+    alone = predict_shared(cg, cc, plan, **options).step_time * factor
     # the same calibration without the synchronisation delay
     lat = cc.latency.copy()
     names = [d.name for d in cc.devices]
@@ -214,11 +216,15 @@ def _row(k, plan, result, load) -> dict:
     nosync = placer.Cluster.from_dict(cal["cluster"])
     nosync = placer.Cluster(nosync.name, nosync.devices, nosync.bandwidth, lat,
                             meta=nosync.meta)
-    no_sync = predict_shared(cg, nosync, plan, **options).step_time
+    no_sync = predict_shared(cg, nosync, plan, **options).step_time * factor
+    model = cal.get("predicted_model", predicted)
     link = next(iter(cal["links"].values()), {"bandwidth": None, "latency": None})
     return {"plan": k, "devices": sorted(plan.devices_used()),
             "microbatches": plan.microbatches, "predicted": predicted, "measured": measured,
             "error": (predicted - measured) / measured, "load": load,
+            # the simulator alone, before the reference pipeline's factor
+            "predicted_model": model, "error_model": (model - measured) / measured,
+            "reference_factor": factor, "reference_factor_raw": cal.get("reference_factor_raw"),
             **options,
             "link_bandwidth": link["bandwidth"],
             "link_latency": link["latency"], "cpu_share": cal.get("cpu_share"),
@@ -415,7 +421,8 @@ def netns(nproc: int = 2, rate: str = "100mbit", model: str = MODEL, batch: int 
                                        time_budget=search_seconds, problem_options=options,
                                        microbatches=[m for m in (1, 2, 4) if m <= batch])
                 # the optimized plan predicted on the naive run's calibration, too
-                best_on_first = predict_shared(cg, cc, best, **options).step_time
+                best_on_first = predict_shared(cg, cc, best, **options).step_time * \
+                    cal.get("reference_factor", 1.0)
                 first_pred = first["predicted"]
             load_opt = _load()
             second = _launch_in(nets, best, tmp, f"optimized{k}", model=model, batch=batch,

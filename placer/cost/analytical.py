@@ -213,17 +213,18 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
                 w_dp = np.repeat(nb[dm], reps) * gt["reg_fracs"][pos]
             # tensors crossing one link wait for each other: count them all
             x_w = nb * cost
-            if p.message_overhead:
+            if p.message_overhead or p.message_copy_rate < np.inf:
                 # each message costs its sending and its receiving devices
                 # time (both phases when training), and the path both
                 member = gt["member"]
+                each = p.message_overhead + nb * per_mb[rows, 0] / p.message_copy_rate
                 msg = np.zeros((B, D))
-                np.add.at(msg, rows, member[cu] + member[cv])
-                cf = cf + msg * p.message_overhead
+                np.add.at(msg, rows, (member[cu] + member[cv]) * each[:, None])
+                cf = cf + msg
                 if training:
-                    cb = cb + msg * p.message_overhead
+                    cb = cb + msg
                 comp = cf + cb
-                x_lat = x_lat + 2 * p.message_overhead
+                x_lat = x_lat + 2 * each
             k_single = rows[single] * (D * D) + link
             w_single = nb[single]
     lk = _links(p, B, speed, per_mb[:, 0], k_single, w_single, k_dp, w_dp)

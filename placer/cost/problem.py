@@ -118,6 +118,11 @@ class Problem:
       per microbatch and phase (a runtime posts the receive, hands the
       message to its transport, wakes for it; ``placer launch --calibrate``
       measures it). Default 0: a message costs only its link's time.
+    - ``message_copy_rate``: bytes per second of a device's own time a
+      message's payload costs at each end, beside ``message_overhead`` (a
+      transport that copies it through the CPU: TCP over loopback or a
+      local bridge runs the receiver's network stack in the sender's time).
+      Default inf: only ``message_overhead``.
     - ``allreduce_overlap``: True (default), a bucket's all-reduce starts as
       soon as every replica finished the backward holding its last byte, so
       it overlaps the rest of the backward (as DDP does); False, a device's
@@ -179,7 +184,8 @@ class Problem:
                  default_efficiency: float = 0.5, op_overhead: float = 5e-6,
                  nic: str = "max_link", bucket_bytes: float = 25e6, merge: float = 0.02,
                  task_overhead: float = 0.0, collective_efficiency: float = 1.0,
-                 message_overhead: float = 0.0, allreduce_overlap: bool = True):
+                 message_overhead: float = 0.0, message_copy_rate: float = float("inf"),
+                 allreduce_overlap: bool = True):
         if objective not in OBJECTIVES:
             raise StrategyError(f"unknown objective {objective!r}",
                                 fix=f"use one of: {', '.join(OBJECTIVES)}")
@@ -207,6 +213,10 @@ class Problem:
         self.op_overhead = float(op_overhead)
         self.task_overhead = float(task_overhead)
         self.message_overhead = float(message_overhead)
+        if not message_copy_rate > 0:
+            raise StrategyError(f"message_copy_rate must be > 0 (inf: free), got "
+                                f"{message_copy_rate!r}")
+        self.message_copy_rate = float(message_copy_rate)
         self.allreduce_overlap = bool(allreduce_overlap)
         self.collective_efficiency = float(collective_efficiency)
         self.nic = nic
@@ -232,6 +242,7 @@ class Problem:
                 "task_overhead": self.task_overhead,
                 "message_overhead": self.message_overhead,
                 "collective_efficiency": self.collective_efficiency,
+                "message_copy_rate": self.message_copy_rate,
                 "allreduce_overlap": self.allreduce_overlap}
 
     def __repr__(self) -> str:

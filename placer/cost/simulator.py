@@ -314,16 +314,22 @@ class _Build:
         self.ox_off = np.concatenate(o_off)[order].astype(float)
         cons_x = np.concatenate(c_x).astype(np.int64)
         cons_s = np.concatenate(c_s).astype(np.int64)
-        if p.message_overhead:
+        if p.message_overhead or p.message_copy_rate < np.inf:
             # every message costs its sender's and its receiver's task time:
             # a segment's receives before its work, each send before it
             # leaves (a send's offset moves by those and the sends before it)
-            sends = np.bincount(seg_all, minlength=NS)
-            recvs = np.bincount(cons_s, minlength=NS)
+            x_bytes = (np.r_[t_bytes, t_bytes] if training else t_bytes) / m
+            cost = p.message_overhead + x_bytes / p.message_copy_rate   # per end
+            x_all = np.concatenate(o_x).astype(np.int64)
+            sends = np.bincount(seg_all, cost[x_all], minlength=NS)
+            recvs = np.bincount(cons_s, cost[cons_x], minlength=NS)
             seg_sorted = seg_all[order]
-            nth = np.arange(len(seg_sorted)) - self.ox_ptr[seg_sorted]
-            self.ox_off = self.ox_off + p.message_overhead * (recvs[seg_sorted] + nth + 1)
-            self.task_dur = self.task_dur + p.message_overhead * (sends + recvs)
+            own = cost[x_all[order]]
+            upto = np.cumsum(own)
+            first = self.ox_ptr[seg_sorted]
+            within = upto - (upto[first] - own[first])   # this send and those before it
+            self.ox_off = self.ox_off + recvs[seg_sorted] + within
+            self.task_dur = self.task_dur + sends + recvs
         order = np.argsort(cons_x, kind="stable")
         self.xc_ptr = _pointers(cons_x, NX)
         self.xc_s = cons_s[order]

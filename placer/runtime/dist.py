@@ -52,6 +52,7 @@ import dataclasses
 import datetime
 import functools
 import json
+import math
 import os
 import socket
 import statistics
@@ -458,9 +459,11 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
         from .contention import predict_shared
         cg, cc = calibration["graph"], calibration["cluster"]
         options = {**calibrated_options(calibration), **(problem_options or {})}
-        if reference is not None:
-            cc = runtime_factor(calibration, reference.plan, options)
+        factor = (reference_factor(calibration, reference.plan, options)
+                  if reference is not None else 1.0)
         prediction = predict_shared(cg, cc, plan, **options)
+        calibration["predicted_model"] = prediction.step_time   # before the factor
+        prediction.step_time *= factor
         calibration["cpu_shares"] = prediction.extra["cpu_shares"]
         merged["calibration"] = {**calibration, "graph": cg.to_dict(), "cluster": cc.to_dict()}
     elif cluster is not None:
@@ -511,7 +514,8 @@ def _calibration_round(model, example_inputs, graph, tdev, loss_fn=None,
     links = measure_links(dist.get_world_size(), dist.get_rank(), repeats=5, spin=spin,
                           allreduce_sizes=allreduce_sizes(sum(op.param_bytes for op in graph)))
     sync = _sync_delays(links["pairs"], transport, list(devs))
-    messages = _message_overhead(transport, list(devs)) if transport is not None else 0.0
+    messages, copy_rate = (_message_costs(transport, list(devs)) if transport is not None
+                           else (0.0, float("inf")))
     name = str(tdev)
     here = Cluster.from_rules("here", [Device(name, 1e11, 1e10)], default=(1e9, 1e-4))
     share_one, share_all = _shares(tdev, 0.1, work)
@@ -539,37 +543,58 @@ def _calibration_round(model, example_inputs, graph, tdev, loss_fn=None,
             "cpu_share": share_one, "cpu_share_all": share_all,
             "points": {pair: link["points"] for pair, link in links["pairs"].items()},
             "sync_delay": sync, "allreduce": links["allreduce"],
-            "message_overhead": messages, "ops_together": together}
+            "message_overhead": messages, "message_copy_rate": copy_rate,
+            "ops_together": together}
 
 
-def _message_overhead(transport: "DistTransport", devs: list[str], count: int = 16,
-                      repeats: int = 5) -> float:
-    """Collective: seconds of a rank's own time one message costs it at each
-    end, measured on the runtime's transport between ranks 0 and 1: rank 1
-    posts ``count`` receives and, once they arrived, takes them; rank 0
-    sends them. The mean of a message's receiving (posting, watching and
-    taking) and sending costs, median over ``repeats`` (``Problem(
-    message_overhead=...)``; 0 with one rank). Costs are the process's CPU
-    time (all its threads): a receive's watcher thread wakes, takes the GIL
-    and parks while the rank computes its first task, on the rank's core
-    (timing the posting and taking calls alone read 50-134 us per message,
-    and the first task of a 2-rank step ran 0.7-1.2 ms over its op times)."""
-    rank = dist.get_rank()
+#: payload sizes (float32 elements) :func:`_message_costs` times messages at
+MESSAGE_SIZES = (64, 64 << 10)
+
+
+def _message_costs(transport: "DistTransport", devs: list[str], count: int = 16,
+                   repeats: int = 5) -> tuple[float, float]:
+    """Collective: ``(seconds, bytes per second)``: what a message costs a
+    rank's own time at each end, fixed and per byte of payload, measured on
+    the runtime's transport between ranks 0 and 1 at two sizes
+    (:data:`MESSAGE_SIZES`): rank 1 posts ``count`` receives and, once they
+    arrived, takes them; rank 0 sends them. The mean of a message's
+    receiving (posting, watching and taking) and sending costs, median over
+    ``repeats`` (``Problem(message_overhead=..., message_copy_rate=...)``;
+    ``(0, inf)`` with one rank). Costs are the process's CPU time (all its
+    threads, and the kernel's work on its behalf): a receive's watcher
+    thread wakes, takes the GIL and parks while the rank computes; a send
+    over loopback TCP runs the receiver's network stack in the sender's
+    time (timing the calls alone read 50-134 us per message; sends of the
+    tiny model's 32-128 KB activations took 0.11 ms median, 0.21 ms mean,
+    in its 2-rank steps)."""
     if len(devs) < 2:
-        return 0.0
+        return 0.0, float("inf")
+    costs = [_message_cpu(transport, devs, n, count, repeats) for n in MESSAGE_SIZES]
+    extra = (MESSAGE_SIZES[1] - MESSAGE_SIZES[0]) * 4
+    grow = costs[1] - costs[0]
+    rate = extra / grow if grow > 0 else float("inf")
+    return max(0.0, costs[0] - MESSAGE_SIZES[0] * 4 / rate), rate
+
+
+def _message_cpu(transport: "DistTransport", devs: list[str], numel: int, count: int,
+                 repeats: int) -> float:
+    """Collective: the mean CPU seconds per message per end of ``count``
+    messages of ``numel`` floats from rank 0 to rank 1 (see
+    :func:`_message_costs`), median over ``repeats``."""
+    rank = dist.get_rank()
     src, dst = devs[0], devs[1]
     tags = [1_000_000 + i for i in range(count)]
-    data = torch.zeros(64, device=transport.device)
+    data = torch.zeros(numel, device=transport.device)
     samples = []
     for _ in range(repeats):
         wait_work(dist.barrier(async_op=True), transport.spin)
         spent = 0.0
         if rank == 1:
             start = time.process_time()
-            transport.post([(t, (64,), torch.float32, src, dst) for t in tags])
-            time.sleep(0.003)            # every message arrives; sleeping costs no CPU
+            transport.post([(t, (numel,), torch.float32, src, dst) for t in tags])
+            time.sleep(0.003)            # the messages arrive; sleeping costs no CPU
             for t in tags:
-                transport.recv((64,), torch.float32, src, dst, t)
+                transport.recv((numel,), torch.float32, src, dst, t)
             spent = time.process_time() - start
             transport.finish()
         elif rank == 0:
@@ -653,6 +678,8 @@ def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev,
     ovh = med(r["op_overhead"] for r in every)
     task = med(r["task_overhead"] for r in every)
     messages = med(r.get("message_overhead", 0.0) for r in every)
+    copy_rate = med(r.get("message_copy_rate", float("inf")) for r in every)
+    copy_rate = None if math.isinf(copy_rate) else copy_rate   # JSON has no inf
     share = med(s[0] for s in samples)
     share_all = med(s[1] for s in samples)
     # the model's ops timed while every rank computes, against one rank at a
@@ -677,7 +704,7 @@ def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev,
     reference: dict = defaultdict(list)
     for r in every:
         if r.get("reference"):
-            reference[r["reference"]["device"]] += r["reference"]["compute"]
+            reference[r["reference"]["device"]].append(r["reference"])
     # the ring runs at the speed of its slowest link and its worst latency,
     # as the cluster below states them (synchronisation delay included)
     efficiency = collective_efficiency(
@@ -689,10 +716,13 @@ def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev,
     return {"graph": calibrated_graph(timed, one, name, overhead=ovh),
             "cluster": ranks_cluster(devs, shared, {"pairs": pairs}), "op_overhead": ovh,
             "task_overhead": task, "collective_efficiency": efficiency,
-            "message_overhead": messages,
+            "message_overhead": messages, "message_copy_rate": copy_rate,
             "efficiency": dev.efficiency, "cpu_share": share, "cpu_share_all": share_all,
             "ops_together": together,
-            "reference_compute": {d: med(v) for d, v in reference.items()},
+            "reference_compute": {d: med(x for r in v for x in r["compute"])
+                                  for d, v in reference.items()},
+            "reference_step": max((med(x for r in v for x in r["step"])
+                                   for v in reference.values()), default=None),
             "rounds": len(every),
             "links": {f"{devs[i]}-{devs[j]}": v for (i, j), v in pairs.items()},
             "allreduce": allreduce}
@@ -719,15 +749,18 @@ def reference_plan(graph, devs: list[str], microbatches: int, schedule: str = "1
 
 class Reference:
     """Steps of :func:`reference_plan` run by the ranks during calibration,
-    beside the plan's own engine (its own weight copies, no optimizer).
+    beside the plan's own engine (its own weight copies, no optimizer), as
+    the plan's steps are run (receives posted before the barrier).
 
-    Why: ops timed alone (the profile) ran 15-70% faster than the same ops
-    inside 2-rank steps on this project's 2-core VM (the pieces' task times
-    against the simulator's, same run), while one rank's whole step
-    matched them within about 10%. What slows them (two busy virtual CPUs,
-    the transport's threads, cold caches after a wait) is measured here on
-    a pipeline every multi-rank plan resembles, not on the plan predicted,
-    and :func:`runtime_factor` scales the predicted compute by it."""
+    Why: on this project's 2-core VM the simulator, calibrated by
+    microbenchmarks, predicted 2-rank steps 15-45% short while their
+    timelines matched it piece by piece within 15-25%: what it misses is
+    spread thin (a task run after a wait starts with cold caches, 15-22%
+    slower after a 5 ms wait; a message's transport calls cost 0.1-0.4 ms
+    where the microbenchmark reads 0.09; waits end late). The reference
+    pipeline's measured step over its prediction (:func:`reference_factor`)
+    says how much of a multi-rank step this host adds, measured in the
+    same run on a plan other than the one predicted."""
 
     def __init__(self, engine: Engine, plan, inputs, offsets, me: str):
         self.engine, self.plan, self.inputs, self.offsets, self.me = \
@@ -758,54 +791,49 @@ class Reference:
 
     def run(self, steps: int, spin: bool, targets=None) -> dict:
         """Collective: ``steps`` reference steps (one more the first time, to
-        warm up); returns this rank's compute seconds per step."""
-        out = []
+        warm up); returns this rank's compute and step seconds per step."""
+        compute, elapsed = [], []
         for k in range(steps + (0 if self.warm else 1)):
             for p in self.engine.parameters():
                 p.grad = None
+            posted = self.engine.post_receives()
             wait_work(dist.barrier(async_op=True), spin)
+            if spin and posted:
+                time.sleep(NOTICE_WAIT)
+            start = time.perf_counter() - posted
             last, _ = self.engine.train_step(self.inputs, targets, self.offsets, training=True)
             if self.warm or k > 0:
-                out.append(last["stats"].compute.get(self.me, 0.0))
+                elapsed.append(time.perf_counter() - start)
+                compute.append(last["stats"].compute.get(self.me, 0.0))
         self.warm = True
-        return {"device": self.me, "compute": out}
+        return {"device": self.me, "compute": compute, "step": elapsed}
 
 
-#: bounds of :func:`runtime_factor` (a factor outside them is a broken measurement)
-RUNTIME_FACTOR_BOUNDS = (0.5, 2.0)
+#: bounds of :func:`reference_factor` (one outside them is a broken measurement)
+REFERENCE_FACTOR_BOUNDS = (0.67, 1.5)
 
 
-def runtime_factor(calibration: dict, ref_plan, options: dict):
-    """The ranks' cluster of ``calibration`` with every device's compute
-    scaled by how much longer the :class:`Reference` pipeline's tasks took
-    than the simulator predicts for them (their compute summed over the
-    ranks), within :data:`RUNTIME_FACTOR_BOUNDS`. Records ``runtime_factor``
-    (and the raw ratio) in ``calibration``."""
-    from ..cluster import Cluster
+def reference_factor(calibration: dict, ref_plan, options: dict) -> float:
+    """The :class:`Reference` pipeline's measured step (the slowest rank's
+    median) over the simulator's prediction for it, within
+    :data:`REFERENCE_FACTOR_BOUNDS`: the factor a multi-rank prediction is
+    multiplied by. Records it (``reference_factor``, the raw ratio, the
+    predicted step and each rank's compute, predicted) in
+    ``calibration``."""
     from .contention import predict_shared
-    cg, cc = calibration["graph"], calibration["cluster"]
-    measured = calibration.get("reference_compute") or {}
-    report = predict_shared(cg, cc, ref_plan, **options)
+    measured = calibration.get("reference_step")
+    report = predict_shared(calibration["graph"], calibration["cluster"], ref_plan, **options)
     predicted: dict = defaultdict(float)
     for e in report.events():
         if e.category in ("forward", "backward"):
             predicted[e.lane] += e.duration
-    total = sum(predicted[d] for d in measured)
-    raw = sum(measured.values()) / total if total > 0 and measured else 1.0
-    lo, hi = RUNTIME_FACTOR_BOUNDS
+    raw = measured / report.step_time if measured and report.step_time > 0 else 1.0
+    lo, hi = REFERENCE_FACTOR_BOUNDS
     factor = min(hi, max(lo, raw))
-    calibration["runtime_factor"], calibration["runtime_factor_raw"] = factor, raw
-    calibration["reference_predicted"] = dict(predicted)
-    devices = []
-    for dev in cc.devices:
-        dev = copy.deepcopy(dev)
-        for key in ("cpu_share", "cpu_share_all"):
-            if key in dev.extra:
-                dev.extra[key] = dev.extra[key] / factor
-        devices.append(dev)
-    scaled = Cluster(cc.name, devices, cc.bandwidth, cc.latency, meta=getattr(cc, "meta", None))
-    calibration["cluster"] = scaled
-    return scaled
+    calibration.update(reference_factor=factor, reference_factor_raw=raw,
+                       reference_predicted=report.step_time,
+                       reference_compute_predicted=dict(predicted))
+    return factor
 
 
 def calibrated_options(calibration: dict) -> dict:
@@ -814,8 +842,9 @@ def calibrated_options(calibration: dict) -> dict:
     :func:`placer.runtime.contention.predict_shared`."""
     return {**RUNTIME_OPTIONS, **{key: calibration[key]
                                   for key in ("op_overhead", "task_overhead",
-                                              "collective_efficiency", "message_overhead")
-                                  if key in calibration}}
+                                              "collective_efficiency", "message_overhead",
+                                              "message_copy_rate")
+                                  if calibration.get(key) is not None}}
 
 
 # --------------------------------------------------------------------------
