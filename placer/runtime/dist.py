@@ -729,7 +729,7 @@ def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev,
 
 
 #: measured steps of the reference pipeline per calibration round (see Reference)
-REFERENCE_STEPS = 3
+REFERENCE_STEPS = 5
 
 
 def reference_plan(graph, devs: list[str], microbatches: int, schedule: str = "1f1b"):
