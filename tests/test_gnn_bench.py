@@ -29,6 +29,12 @@ def test_bench_learned_writes_rows_and_summary(tmp_path, capsys):
         assert row["hybrid"]["step_time"] > 0
         assert data["summary"]["cases"] == 1
         assert result["summary"]["zero_shot_vs_evolution_gmean"] > 0
+        # evolution's screening fallbacks are kept per run (a count, 0 here)
+        for name in ("evolution", "hybrid"):
+            assert isinstance(row[name]["screen_fallbacks"], int)
+            assert isinstance(row["seeds"][0][name]["screen_fallbacks"], int)
+        assert set(data["summary"]["screen_fallback_runs"]) == {"evolution", "hybrid"}
+    assert row["zero_shot"]["screen_fallbacks"] is None
     assert "unet.module" in capsys.readouterr().out
 
 

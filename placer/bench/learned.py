@@ -22,7 +22,10 @@ Each row has the simulated step time, feasibility and planning seconds
 strategy to its final plan, without building the problem or the final
 simulation, alike for every method); for evolution and hybrid also the trace
 of the best objective over time (with the cost model of each figure and the
-evaluations spent by then) and evolution's screening model.
+evaluations spent by then), evolution's screening model and how many times
+it gave the simulator up for the analytical model mid-search
+(``screen_fallbacks``, from ``plan.extra["search"]``; None for methods
+that do not screen).
 
 Time to produce: zero-shot's ``plan_seconds`` against both evolution's
 ``plan_seconds`` (its whole search; it stops after ``patience`` stale
@@ -106,6 +109,8 @@ def _run(graph, cluster, method, seed, time_budget, **options):
             "source": (plan.extra or {}).get("source"),
             "screen": info.get("screen") if isinstance(info, dict) else None,
             "origin": info.get("origin") if isinstance(info, dict) else None,
+            "screen_fallbacks": info.get("screen_fallbacks") if isinstance(info, dict)
+            else None,
             "trace": trace, "trace_models": models, "trace_evaluations": evals}
 
 
@@ -292,7 +297,8 @@ def bench_learned(graphs: Sequence[str] | None = None, clusters: Sequence[str] |
 
 #: per-seed figures kept for evolution and hybrid (the first seed's row keeps all)
 SEED_KEYS = ("step_time", "feasible", "objective", "model", "search_objective",
-             "search_model", "evaluations", "plan_seconds", "screen", "origin", "trace",
+             "search_model", "evaluations", "plan_seconds", "screen", "screen_fallbacks",
+             "origin", "trace",
              "trace_models", "trace_evaluations")
 
 
@@ -367,6 +373,10 @@ def _summary(rows) -> dict:
         "hybrid_target_met_runs": int(sum(r["hybrid_target_met_seeds"] for r in rows)),
         "hybrid_no_worse_runs": int(sum(r["hybrid_no_worse_seeds"] for r in rows)),
         "runs": int(sum(len(r["seeds"]) for r in rows)),
+        # evolution / hybrid runs whose screening gave the simulator up mid-search
+        "screen_fallback_runs": {m: int(sum(bool(s[m].get("screen_fallbacks"))
+                                            for r in rows for s in r["seeds"]))
+                                 for m in ("evolution", "hybrid")},
     }
 
 
