@@ -374,7 +374,8 @@ def replica_moves(space, g, rng=None, limit: int | None = None) -> list:
     run's; and each op with a graph neighbour in another group (a producer
     or consumer on other devices) over the union of its devices and that
     neighbour's. Colocation is repaired (a class follows its first member).
-    At most ``limit`` of them (sampled with ``rng`` when there are more).
+    At most ``limit`` of them: the runs' ends first (a pipeline has a few),
+    then boundary ops to fill (sampled with ``rng`` where there are more).
 
     evolution's memetic neighbourhood moves ops between existing groups and
     shifts boundaries; it never widens a group, so a descent from a
@@ -388,8 +389,7 @@ def replica_moves(space, g, rng=None, limit: int | None = None) -> list:
     table = space.table
     starts = np.flatnonzero(np.r_[True, a[1:] != a[:-1]])
     ends = np.r_[starts[1:], n]
-    specs: dict = {}          # (lo, hi, other group) -> None, in order
-
+    ends_, edges_ = {}, {}     # (lo, hi, other group) -> None, in order
     R = len(starts)
     for r in range(R if R > 1 else 0):
         lo, hi = int(starts[r]), int(ends[r])
@@ -399,21 +399,27 @@ def replica_moves(space, g, rng=None, limit: int | None = None) -> list:
             for other in (r - 1, r + 1):
                 if 0 <= other < R:
                     gid = int(a[starts[other]])
-                    specs[(lo, lo + k, gid)] = None
-                    specs[(hi - k, hi, gid)] = None
+                    ends_[(lo, lo + k, gid)] = None
+                    ends_[(hi - k, hi, gid)] = None
     for i in _boundary_ops(space, a).tolist():
         for j in set(a[space.neighbours(i)].tolist()) - {int(a[i])}:
-            specs[(i, i + 1, int(j))] = None
+            if (i, i + 1, int(j)) not in ends_:
+                edges_[(i, i + 1, int(j))] = None
     rep = space.rep if space.has_colocation else None
-    if rep is not None:        # an op that follows its colocation class stays
-        follows = rep != np.arange(n)
-        specs = [sp for sp in specs if not follows[sp[0]:sp[1]].any()]
-    else:
-        specs = list(specs)
-    if limit is not None and len(specs) > limit:
-        rng = rng if rng is not None else np.random.default_rng(0)
-        specs = [specs[i] for i in np.sort(rng.choice(len(specs), size=limit,
-                                                       replace=False)).tolist()]
+    follows = rep != np.arange(n) if rep is not None else None
+
+    def keep(specs: dict, room) -> list:
+        """The specs whose ops lead their colocation class, at most ``room``
+        (sampled with ``rng``)."""
+        specs = [sp for sp in specs if follows is None or not follows[sp[0]:sp[1]].any()]
+        if room is not None and len(specs) > room:
+            pick = (rng if rng is not None else np.random.default_rng(0)).choice(
+                len(specs), size=room, replace=False)
+            specs = [specs[i] for i in np.sort(pick).tolist()]
+        return specs
+    # the runs' ends first (a pipeline has few), then boundary ops to fill
+    specs = keep(ends_, limit)
+    specs += keep(edges_, None if limit is None else limit - len(specs))
     out, seen = [], set()
     for lo, hi, other in specs:
         devs = set(table.devices(other))
