@@ -7,8 +7,9 @@
   screened with the cost model's array path at each microbatch count (one
   schedule, one call), the best few settled at every count and schedule
   and re-ranked by the simulator's array path, with the steps of a short
-  descent from the policy's own best plan (``polish``); only the winner
-  becomes a Plan. ``finetune`` seconds (or ``finetune_steps``
+  descent from the policy's own best plan (``polish``) and the last step
+  of one that makes ops data-parallel over adjacent stages' devices from
+  the best multi-device plan (``widen``); only the winner becomes a Plan. ``finetune`` seconds (or ``finetune_steps``
   updates) of REINFORCE on the target problem come first when asked.
 - ``hybrid``: ``rl``'s candidates (the steps of its polish included) are
   reported as progress first and handed to the ``evolution`` strategy (its
@@ -157,7 +158,8 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
                  temperature: float = 1.0, microbatches=None, schedules=("1f1b",),
                  keep: int = 1, baselines: bool = True, polish: int = 0,
                  settle: int = 4, layout_devices: int = 16,
-                 polish_limit: int = 48, polish_keep: int = 3) -> list[Candidate]:
+                 polish_limit: int = 48, polish_keep: int = 3,
+                 widen: bool = True) -> list[Candidate]:
     """Decode and score placements; returns the ``keep`` best distinct
     :class:`Candidate` s, best first. ``source`` says where the plan came from:
     ``"policy"`` (one-shot decoding), ``"refined"`` (a refinement round),
@@ -173,7 +175,10 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
     ``samples``); then at most ``polish`` rounds of evolution's steepest
     descent (stage boundaries, boundary ops, microbatches) from the
     policy's own best plan (see :class:`RL`; its steps are kept besides the
-    ``keep`` best). Everything is scored with ``cost_model``'s array path at each
+    ``keep`` best) and, with ``widen``, as many rounds of a descent by
+    :func:`replica_moves` alone (ops made data-parallel over their stage's
+    and an adjacent stage's devices) from the best plan over several
+    devices of any source (its last step kept). Everything is scored with ``cost_model``'s array path at each
     microbatch count and schedule. Stops early when ``budget`` is spent,
     keeping one evaluation for the caller's report of the result (the greedy
     plan is always scored).
@@ -271,14 +276,30 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
     # than displacing one: along it the search model keeps improving where
     # the final model often does not.
     own = [v for v in found.values() if v[4] in ("policy", "refined")]
-    if polish > 0 and space is not None and own and not budget.exhausted():
-        start = min(own, key=lambda v: v[0])
-        # a few rounds of descent gain a few percent to ~15% (measured on
-        # the benchmark's cases): a start further behind the best is skipped
-        near = start[0] <= POLISH_GAP * out[0][0]
-        if near and start[0] < INFEASIBLE and len(np.unique(start[1])) > 1:
+    if polish > 0 and space is not None and not budget.exhausted():
+        starts = []            # (start, widen)
+        if own:
+            start = min(own, key=lambda v: v[0])
+            # a few rounds of descent gain a few percent to ~15% (measured on
+            # the benchmark's cases): a start further behind the best is skipped
+            if start[0] <= POLISH_GAP * out[0][0]:
+                starts.append((start, False))
+        if widen:
+            # the best plan over several devices, whatever its source (a
+            # baseline pipeline is balanced or cut where it is cheap, but
+            # one of its ops may gain from being data-parallel), descended
+            # from with the replica moves as well
+            multi = [v for v in found.values() if len(np.unique(v[1])) > 1]
+            best = min(multi, key=lambda v: v[0]) if multi else None
+            if best is not None and best[0] <= POLISH_GAP * out[0][0]:
+                starts.append((best, True))
+        for start, wide in starts:
+            if start[0] >= INFEASIBLE or len(np.unique(start[1])) < 2 or budget.exhausted():
+                continue
+            # the widening descent's last step only: its earlier ones are
+            # its start with fewer ops widened (each a simulation to rank)
             steps = _polish(space, cost_model, problem, budget, start, rng, polish,
-                            polish_limit)[:polish_keep]
+                            polish_limit, widen=wide)[:1 if wide else polish_keep]
             keys = {v[1].tobytes() for v in steps}
             out = sorted([v for v in out if v[1].tobytes() not in keys] + steps,
                          key=lambda v: v[0])
@@ -296,7 +317,7 @@ POLISH_GAP = 1.35
 
 
 def _polish(space, cost_model, problem, budget: Budget, start: tuple, rng, rounds: int,
-            limit: int = 48):
+            limit: int = 48, widen: bool = False):
     """Steepest descent from ``start`` (a ``(objective, row, microbatches,
     schedule, source)`` of :func:`policy_plans`) over evolution's memetic
     neighbourhood (stage boundaries, boundary ops, neighbouring microbatch
@@ -314,7 +335,12 @@ def _polish(space, cost_model, problem, budget: Budget, start: tuple, rng, round
     g, best = OpGenome(row.copy(), m, sched), t
     steps: list = []
     for _ in range(rounds):
-        cands = [c for c in neighbourhood(space, g, rng, limit) if c.schedule == sched]
+        if widen:
+            # only the moves evolution's memetic neighbourhood lacks (it
+            # never widens a group; the policy's own descent has it)
+            cands = replica_moves(space, g, rng, max(limit // 2, 8))
+        else:
+            cands = [c for c in neighbourhood(space, g, rng, limit) if c.schedule == sched]
         room = budget.allow(len(cands))
         if math.isfinite(budget.remaining_evaluations):   # one left for the caller's report
             room = min(room, max(int(budget.remaining_evaluations) - 1, 0))
@@ -332,6 +358,83 @@ def _polish(space, cost_model, problem, budget: Budget, start: tuple, rng, round
         g, best = cands[i], float(v[i])
         steps.append((best, g.assign, int(g.microbatches), sched, "polished"))
     return steps[::-1]
+
+
+#: ops at each end of a run that :func:`replica_moves` replicates (one op,
+#: then the end's first ``k`` ops together)
+REPLICA_SPANS = (1, 2)
+
+
+def replica_moves(space, g, rng=None, limit: int | None = None) -> list:
+    """Neighbours of ``g`` (an :class:`evolution.genome.OpGenome`) that make
+    an op, or a short run of ops, data-parallel over its own devices and
+    those of an adjacent stage: for each run of equal groups along the
+    order, its first and last ``k`` ops (``k`` in :data:`REPLICA_SPANS`)
+    replicated over the union of their devices and the previous or next
+    run's; and each op with a graph neighbour in another group (a producer
+    or consumer on other devices) over the union of its devices and that
+    neighbour's. Colocation is repaired (a class follows its first member).
+    At most ``limit`` of them: the runs' ends first (a pipeline has a few),
+    then boundary ops to fill (sampled with ``rng`` where there are more).
+
+    evolution's memetic neighbourhood moves ops between existing groups and
+    shifts boundaries; it never widens a group, so a descent from a
+    pipeline cannot reach a plan whose first op is data-parallel over both
+    stages' devices (moe on edge-wireless: the input op replicated on the
+    second Orin NX lets that device start its microbatches as early as the
+    first under 1F1B; 2.91 s against 3.42 s by the simulator)."""
+    from evolution.operators import _boundary_ops
+    a = g.assign
+    n = len(a)
+    table = space.table
+    starts = np.flatnonzero(np.r_[True, a[1:] != a[:-1]])
+    ends = np.r_[starts[1:], n]
+    ends_, edges_ = {}, {}     # (lo, hi, other group) -> None, in order
+    R = len(starts)
+    for r in range(R if R > 1 else 0):
+        lo, hi = int(starts[r]), int(ends[r])
+        for k in REPLICA_SPANS:
+            if k > hi - lo:
+                break
+            for other in (r - 1, r + 1):
+                if 0 <= other < R:
+                    gid = int(a[starts[other]])
+                    ends_[(lo, lo + k, gid)] = None
+                    ends_[(hi - k, hi, gid)] = None
+    for i in _boundary_ops(space, a).tolist():
+        for j in set(a[space.neighbours(i)].tolist()) - {int(a[i])}:
+            if (i, i + 1, int(j)) not in ends_:
+                edges_[(i, i + 1, int(j))] = None
+    rep = space.rep if space.has_colocation else None
+    follows = rep != np.arange(n) if rep is not None else None
+
+    def keep(specs: dict, room) -> list:
+        """The specs whose ops lead their colocation class, at most ``room``
+        (sampled with ``rng``)."""
+        specs = [sp for sp in specs if follows is None or not follows[sp[0]:sp[1]].any()]
+        if room is not None and len(specs) > room:
+            pick = (rng if rng is not None else np.random.default_rng(0)).choice(
+                len(specs), size=room, replace=False)
+            specs = [specs[i] for i in np.sort(pick).tolist()]
+        return specs
+    # the runs' ends first (a pipeline has few), then boundary ops to fill
+    specs = keep(ends_, limit)
+    specs += keep(edges_, None if limit is None else limit - len(specs))
+    out, seen = [], set()
+    for lo, hi, other in specs:
+        devs = set(table.devices(other))
+        for x in {int(a[lo]), int(a[hi - 1])}:
+            devs.update(table.devices(x))
+        gid = table.id(devs)
+        if (lo, hi, gid) in seen or (a[lo:hi] == gid).all():
+            continue
+        seen.add((lo, hi, gid))
+        c = g.copy()
+        c.assign[lo:hi] = gid
+        if rep is not None:
+            c.assign = c.assign[rep]
+        out.append(c)
+    return out
 
 
 def _unit_row(pg, op_row: np.ndarray) -> np.ndarray:
@@ -381,7 +484,7 @@ class _Learned(Strategy):
                  refine: int = 0, max_units: int = 96, temperature: float = 1.0,
                  finetune: float = 0.0, finetune_steps: int | None = None,
                  baselines: bool = True, polish: int = 0, polish_limit: int = 48,
-                 polish_keep: int = 3, **base):
+                 polish_keep: int = 3, widen: bool = True, **base):
         super().__init__(**base)
         for label, value, low in (("samples", samples, 0), ("batch", batch, 1),
                                   ("max_units", max_units, 1), ("polish", polish, 0),
@@ -403,6 +506,7 @@ class _Learned(Strategy):
         self.baselines = bool(baselines)
         self.polish, self.polish_limit = int(polish), int(polish_limit)
         self.polish_keep = int(polish_keep)
+        self.widen = bool(widen)
 
     def _candidates(self, problem, cost_model, budget, seed, keep) -> list[Candidate]:
         """The ``keep`` best distinct :class:`Candidate` s, best first."""
@@ -423,7 +527,7 @@ class _Learned(Strategy):
                              if self.microbatches is not None else None,
                              schedules=schedules, keep=keep, baselines=self.baselines,
                              polish=self.polish, polish_limit=self.polish_limit,
-                             polish_keep=self.polish_keep)
+                             polish_keep=self.polish_keep, widen=self.widen)
 
     def _plans(self, problem, cost_model, budget, seed, keep):
         """``[(search objective, Plan)]``, the ``keep`` best distinct, best first."""
@@ -445,7 +549,10 @@ class RL(_Learned):
     :data:`POLISH_GAP` of the best plan; every improving step is an extra
     finalist; 0: none), ``polish_limit`` (48 neighbours a round) and
     ``polish_keep`` (how many of the descent's last steps join the
-    finalists, 3),
+    finalists, 3), ``widen`` (True: a second descent, by
+    :func:`replica_moves` only, from the best plan over several devices
+    of any source within :data:`POLISH_GAP` of the best; its last step is
+    a finalist),
     ``max_units`` (decision units; larger graphs are cut into runs; the
     shipped policy was trained with 96), ``temperature``, ``baselines``
     (also score the simple reference plans and evolution's layouts, default

@@ -29,6 +29,16 @@ def test_bench_learned_writes_rows_and_summary(tmp_path, capsys):
         assert row["hybrid"]["step_time"] > 0
         assert data["summary"]["cases"] == 1
         assert result["summary"]["zero_shot_vs_evolution_gmean"] > 0
+        # evolution's screening fallbacks are kept per run (a count, 0 here)
+        for name in ("evolution", "hybrid"):
+            assert isinstance(row[name]["screen_fallbacks"], int)
+            assert isinstance(row["seeds"][0][name]["screen_fallbacks"], int)
+        assert set(data["summary"]["screen_fallback_runs"]) == {"evolution", "hybrid"}
+    assert row["zero_shot"]["screen_fallbacks"] is None
+    # zero-shot: the median of its deterministic runs
+    runs = row["zero_shot"]["plan_seconds_runs"]
+    assert len(runs) == 3 and row["zero_shot"]["deterministic"] is True
+    assert row["zero_shot"]["plan_seconds"] == sorted(runs)[1]
     assert "unet.module" in capsys.readouterr().out
 
 
