@@ -27,24 +27,28 @@ class _Transport:
         return tag in self.ok
 
 
-def _rank_engine(me="a", ok=()):
+def _rank_engine(me="a", ok=(), middle=("b",), schedule=None):
+    """Rank ``me``'s engine for a, ``middle``, a (thirds of the tiny GPT's
+    order): with the default, device a waits for b in the middle of every
+    microbatch. ``schedule``: the engine dispatches by it (see
+    Engine._dispatch), else by its order's runs."""
     model, inputs = zoo.build("gpt-125m", tiny=True, batch=4)
     graph = placer.trace(model, inputs)
     order = graph.topological_order()
     third = len(order) // 3
-    # a, b, a: device a waits for b in the middle of every microbatch
-    where = ["a" if i < third or i >= 2 * third else "b" for i in range(len(order))]
-    plan = placer.Plan({op: [d] for op, d in zip(order, where)}, microbatches=2)
+    where = [["a"] if i < third or i >= 2 * third else list(middle) for i in range(len(order))]
+    plan = placer.Plan(dict(zip(order, where)), microbatches=2, schedule=schedule or "1f1b")
     for members in graph.colocation_groups().values():
         for op in members[1:]:
             plan.placement[op] = list(plan.placement[members[0]])
     graph, plan, sp, inputs, rows = prepare(model, plan, inputs, graph=graph)
     routes = Routes(sp, rows, sink_device(sp))
-    orders, _ = device_orders(routes, plan.schedule, True)
+    orders, used = device_orders(routes, plan.schedule, True)
     transport = _Transport(me, set(ok))
     engine = Engine(sp, routes, {d: torch.device("cpu") for d in routes.devices()}, [me],
                     transport, training=True, loss_fn=default_loss, loss_weights=[0.5, 0.5],
-                    order=[(me, t) for t in orders[me]])
+                    order=[(me, t) for t in orders[me]],
+                    schedule=used if schedule is not None else None)
     return engine, transport
 
 
@@ -126,23 +130,9 @@ def test_a_rank_runs_the_piece_that_continues_its_last_task_next():
     # by a's first piece only. The simulator runs the two as one segment;
     # the rank must too, even when an earlier microbatch's task (the last
     # piece, waiting for b's half) becomes ready in between.
-    model, inputs = zoo.build("gpt-125m", tiny=True, batch=4)
-    graph = placer.trace(model, inputs)
-    order = graph.topological_order()
-    third = len(order) // 3
-    where = [["a"] if i < third or i >= 2 * third else ["a", "b"] for i in range(len(order))]
-    plan = placer.Plan(dict(zip(order, where)), microbatches=2, schedule="1f1b")
-    for members in graph.colocation_groups().values():
-        for op in members[1:]:
-            plan.placement[op] = list(plan.placement[members[0]])
-    graph, plan, sp, inputs, rows = prepare(model, plan, inputs, graph=graph)
-    routes = Routes(sp, rows, sink_device(sp))
-    orders, used = device_orders(routes, plan.schedule, True)
-    assert used == "1f1b"
-    transport = _Transport("a", set())
-    engine = Engine(sp, routes, {d: torch.device("cpu") for d in routes.devices()}, ["a"],
-                    transport, training=True, loss_fn=default_loss, loss_weights=[0.5, 0.5],
-                    order=[("a", t) for t in orders["a"]], schedule=used)
+    engine, transport = _rank_engine("a", middle=("a", "b"), schedule="1f1b")
+    assert engine.schedule == "1f1b"
+    routes = engine.routes
     needs = engine._needs()
     every = {tag for _, t in engine.order for tag in needs[t][1]}
     ran = []

@@ -342,7 +342,7 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     reference = (Reference.build(model, example_inputs, graph, plan, devs, me, tdev, transport,
                                  loss_fn=loss_fn or default_loss,
                                  loss_reduction=loss_reduction, seed=seed)
-                 if calibrate and training and world > 1 else None)
+                 if calibrate and training and world > 1 and tdev.type == "cpu" else None)
     rounds, shares = [], []
     # calibration rounds interleaved with the measured steps, so both sample
     # the same load of a shared machine
@@ -388,17 +388,7 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
             if tdev.type == "cuda":
                 torch.cuda.synchronize(tdev)
                 torch.cuda.reset_peak_memory_stats(tdev)
-            cpu_post = time.process_time()
-            posted = engine.post_receives()
-            cpu_post = time.process_time() - cpu_post
-            with _STATUS.wait(None, "the step barrier"):
-                wait_work(dist.barrier(async_op=True), spin)
-            if spin and posted:
-                # the socket threads handle the peers' receive notices (see
-                # Engine.post_receives) while this rank sleeps, not in the step
-                time.sleep(NOTICE_WAIT)
-            start = time.perf_counter() - posted
-            cpu_start = time.process_time() - cpu_post
+            start, cpu_start = _start_step(engine, spin)
             last, kept = engine.train_step(inputs, targets, offsets, training=training,
                                            optimizer=opt,
                                            keep_gradients=step == steps + warmup - 1)
@@ -497,6 +487,23 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
 #: transport threads (idle priority) handle the receive notices of the
 #: step's messages before it starts (see Engine.post_receives)
 NOTICE_WAIT = 0.0003
+
+def _start_step(engine: Engine, spin: bool) -> tuple[float, float]:
+    """Collective: post the step's receives, pass the step barrier and
+    return the step's start (wall clock, process CPU time), set back by
+    what posting took: that counts in the step, the barrier's wait does
+    not."""
+    cpu_post = time.process_time()
+    posted = engine.post_receives()
+    cpu_post = time.process_time() - cpu_post
+    with _STATUS.wait(None, "the step barrier"):
+        wait_work(dist.barrier(async_op=True), spin)
+    if spin and posted:
+        # the socket threads handle the peers' receive notices (see
+        # Engine.post_receives) while this rank sleeps, not in the step
+        time.sleep(NOTICE_WAIT)
+    return time.perf_counter() - posted, time.process_time() - cpu_post
+
 
 #: calibration rounds a ``calibrate=True`` run interleaves with its steps
 CALIBRATION_ROUNDS = 3
@@ -760,7 +767,10 @@ class Reference:
     where the microbenchmark reads 0.09; waits end late). The reference
     pipeline's measured step over its prediction (:func:`reference_factor`)
     says how much of a multi-rank step this host adds, measured in the
-    same run on a plan other than the one predicted."""
+    same run on a plan other than the one predicted. CPU ranks only: it
+    holds a second copy of the rank's share of the weights, which a GPU
+    filled by the plan may not have room for (GPU ranks predict with the
+    simulator alone)."""
 
     def __init__(self, engine: Engine, plan, inputs, offsets, me: str):
         self.engine, self.plan, self.inputs, self.offsets, self.me = \
@@ -796,11 +806,7 @@ class Reference:
         for k in range(steps + (0 if self.warm else 1)):
             for p in self.engine.parameters():
                 p.grad = None
-            posted = self.engine.post_receives()
-            wait_work(dist.barrier(async_op=True), spin)
-            if spin and posted:
-                time.sleep(NOTICE_WAIT)
-            start = time.perf_counter() - posted
+            start, _cpu = _start_step(self.engine, spin)
             last, _ = self.engine.train_step(self.inputs, targets, self.offsets, training=True)
             if self.warm or k > 0:
                 elapsed.append(time.perf_counter() - start)

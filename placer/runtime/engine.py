@@ -501,10 +501,10 @@ class Engine:
         :func:`placer.runtime.waiting.demote_threads`), so notices that
         arrive while the sender computes wait for its next wait, and so do
         its sends. Posted before the step's barrier, the notices are handled
-        while the ranks wait there (measured on a 2-rank plan: send-to-
-        arrival mean 0.50-0.53 ms, 90th percentile 1.3-1.7 ms, posted at
-        the step's start; 0.32-0.35 and 0.9 ms with the notices handled
-        first)."""
+        while the ranks wait there (measured on a 2-rank plan, receiver
+        already waiting: send-to-arrival mean 0.50-0.53 ms, 90th
+        percentile 1.3-1.7 ms, posted at the step's start; 0.16-0.29 and
+        0.27-0.79 ms posted before the barrier)."""
         post = getattr(self.transport, "post", None)
         if post is None:
             return 0.0
