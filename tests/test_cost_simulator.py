@@ -333,7 +333,7 @@ def test_compiled_event_loop_matches_plain_python():
         "out = []\n"
         "for n, d, mb in ((40, 4, 1), (80, 6, 4)):\n"
         "    g, c = bench_graph(n, 1), bench_cluster(d)\n"
-        "    p = Problem(g, c)\n"
+        "    p = Problem(g, c, resume_overhead=2e-5 if mb > 1 else 0.0)\n"
         "    for plan in random_plans(g, c, 12, seed=mb, microbatches=mb):\n"
         "        r = Simulator().estimate(p, plan)\n"
         "        out.append([r.step_time, sorted(r.busy.items())])\n"
@@ -526,3 +526,23 @@ def test_message_copy_rate_charges_the_payload_at_both_ends():
                     assert more - base == pytest.approx(2 * per_end * phases, rel=1e-6)
     with pytest.raises(StrategyError, match="message_copy_rate"):
         problem(two_ops(False), cluster(2), message_copy_rate=0.0)
+
+
+def test_resume_overhead_delays_a_task_that_waited():
+    """A device pays ``resume_overhead`` before a task that does not follow
+    its previous one at once: its first task, and one that waited for a
+    message. Two ops on two devices (a on d0 sends to b on d1) and the same
+    two on one device (b follows a at once): hand sums."""
+    r = 1e-3
+    g = two_ops(False)
+    lat, bw = 1e-4, 1e9
+    clus = cluster(2, bw=bw, lat=lat)
+    t_a, t_b, x = 1e9 / RATE, 2e9 / RATE, 1e6 / bw
+    two = Plan({"a": ["d0"], "b": ["d1"]})
+    base = sim(g, clus, two).step_time
+    assert base == pytest.approx(t_a + x + lat + t_b)
+    assert sim(g, clus, two, resume_overhead=r).step_time == pytest.approx(base + 2 * r)
+    one = Plan({"a": ["d0"], "b": ["d0"]})
+    assert sim(g, clus, one, resume_overhead=r).step_time == pytest.approx(t_a + t_b + r)
+    with pytest.raises(StrategyError, match="resume_overhead"):
+        problem(g, clus, resume_overhead=-1.0)

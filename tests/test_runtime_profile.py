@@ -79,6 +79,7 @@ def test_calibrated_launch_predicts_from_its_own_measurements():
     # each rank's measured timeline: a bar per task of its pieces
     lanes = {e[0] for e in result["events"]}
     assert lanes == {"a", "b"}
+    assert cal["resume_overhead"] >= 0
     # messages cost a fixed part and (maybe) a per-byte part
     assert cal["message_overhead"] >= 0
     assert cal["message_copy_rate"] is None or cal["message_copy_rate"] > 0
@@ -153,3 +154,23 @@ def test_loss_fixed_is_the_intercept_over_rows_within_bounds():
     # a loss that grows faster than its rows has no fixed part
     assert _loss_fixed({8: (0.008, 0.0), 4: (0.002, 0.0)}, 8) == (0.0, 0.0)
     assert _loss_fixed({8: (0.01, 0.02)}, 8) == (0.0, 0.0)     # one row count: unknown
+
+
+def test_resume_cost_is_what_a_chunk_loses_after_a_wait():
+    import time as _time
+    from placer.runtime.profile import resume_cost
+    last = [0.0]
+
+    def spin(seconds):
+        end = _time.perf_counter() + seconds
+        while _time.perf_counter() < end:
+            pass
+
+    def work():   # 0.5 ms, and 1 ms more when the last call ended over 1 ms ago
+        if _time.perf_counter() - last[0] > 0.001:
+            spin(0.001)
+        spin(0.0005)
+        last[0] = _time.perf_counter()
+
+    assert resume_cost(work, idle=0.002) == pytest.approx(0.001, abs=4e-4)
+    assert resume_cost(None) == 0.0

@@ -126,15 +126,19 @@ def _rq_pop(heap, base, size, d):
 def _dispatch(d, now, seq, n_ev, m, NS, NX, later, rq, rq_base, rq_size, idle, start,
               task_dur, ev_t, ev_q, ev_k, ev_i, ox_ptr, ox_x, ox_off, x_ready, x_pend,
               ar_ptr, ar_k, ar_off, ar_ready, ar_pending, ar_mem_ptr, ar_mem, ar_seconds,
-              coll, ar_s, ar_e):
+              coll, ar_s, ar_e, resume, free_at):
     """Start device ``d``'s most urgent ready task if it is idle: schedule
     its end, ready the transfers (and, in the last microbatch, the
-    all-reduce buckets) it completes. Returns (seq, n_ev)."""
+    all-reduce buckets) it completes. A task that does not follow its
+    device's previous one at once (the device waited, or it is the first)
+    starts ``resume[d]`` late. Returns (seq, n_ev)."""
     if not idle[d] or rq_size[d] == 0:
         return seq, n_ev
     key = _rq_pop(rq, rq_base, rq_size, d)
     task = key - later if key >= later else key
     idle[d] = False
+    if now > free_at[d]:
+        now = now + resume[d]
     start[task] = now
     mb = task // NS
     local = task - mb * NS
@@ -179,7 +183,7 @@ def run_events(m, NS, NX, D, gpipe, training,
                f_to_b, b_to_f, b_to_f_cap,
                xs, xd, xdur, xlat, x_out, x_in,
                ar_ptr, ar_k, ar_off, ar_pending, ar_mem_ptr, ar_mem, ar_seconds,
-               start, x_start, ar_s, ar_e):
+               start, x_start, ar_s, ar_e, resume):
     """Simulate; fills ``start``, ``x_start``, ``ar_s``/``ar_e`` and returns
     (end time, number of tasks never run).
 
@@ -220,6 +224,7 @@ def run_events(m, NS, NX, D, gpipe, training,
     nic_in = np.zeros(D)
     coll = np.zeros(D)
     ar_ready = np.zeros(len(ar_pending))
+    free_at = np.full(D, -1.0)      # when each device's last task ended
 
     for task in range(n_tasks):
         if pend[task] == 0:
@@ -229,7 +234,8 @@ def run_events(m, NS, NX, D, gpipe, training,
         seq, n_ev = _dispatch(d, 0.0, seq, n_ev, m, NS, NX, later, rq, rq_base, rq_size,
                               idle, start, task_dur, ev_t, ev_q, ev_k, ev_i, ox_ptr, ox_x,
                               ox_off, x_ready, x_pend, ar_ptr, ar_k, ar_off, ar_ready,
-                              ar_pending, ar_mem_ptr, ar_mem, ar_seconds, coll, ar_s, ar_e)
+                              ar_pending, ar_mem_ptr, ar_mem, ar_seconds, coll, ar_s, ar_e,
+                              resume, free_at)
     end_time = 0.0
     while n_ev > 0:
         now = ev_t[0]
@@ -242,6 +248,7 @@ def run_events(m, NS, NX, D, gpipe, training,
             local = ident - mb * NS
             d = task_dev[local]
             idle[d] = True
+            free_at[d] = now
             base = mb * NS
             other = -1
             s = nxt[local]
@@ -277,13 +284,13 @@ def run_events(m, NS, NX, D, gpipe, training,
                                       rq_size, idle, start, task_dur, ev_t, ev_q, ev_k, ev_i,
                                       ox_ptr, ox_x, ox_off, x_ready, x_pend, ar_ptr, ar_k,
                                       ar_off, ar_ready, ar_pending, ar_mem_ptr, ar_mem,
-                                      ar_seconds, coll, ar_s, ar_e)
+                                      ar_seconds, coll, ar_s, ar_e, resume, free_at)
             if other >= 0 and idle[other] and rq_size[other] > 0:
                 seq, n_ev = _dispatch(other, now, seq, n_ev, m, NS, NX, later, rq, rq_base,
                                       rq_size, idle, start, task_dur, ev_t, ev_q, ev_k, ev_i,
                                       ox_ptr, ox_x, ox_off, x_ready, x_pend, ar_ptr, ar_k,
                                       ar_off, ar_ready, ar_pending, ar_mem_ptr, ar_mem,
-                                      ar_seconds, coll, ar_s, ar_e)
+                                      ar_seconds, coll, ar_s, ar_e, resume, free_at)
         elif kind == XREADY or kind == LINKFREE:
             if kind == XREADY:
                 x = ident % NX
@@ -346,7 +353,7 @@ def run_events(m, NS, NX, D, gpipe, training,
                                               ev_q, ev_k, ev_i, ox_ptr, ox_x, ox_off, x_ready,
                                               x_pend, ar_ptr, ar_k, ar_off, ar_ready,
                                               ar_pending, ar_mem_ptr, ar_mem, ar_seconds,
-                                              coll, ar_s, ar_e)
+                                              coll, ar_s, ar_e, resume, free_at)
     stuck = 0
     for task in range(n_tasks):
         if pend[task] > 0:

@@ -517,7 +517,7 @@ def _calibration_round(model, example_inputs, graph, tdev, loss_fn=None,
     slower the same ops ran with every rank timing them at once
     (``ops_together``)."""
     from ..cluster import Cluster, Device
-    from .profile import allreduce_sizes, measure_links, profile
+    from .profile import allreduce_sizes, measure_links, profile, resume_cost
     links = measure_links(dist.get_world_size(), dist.get_rank(), repeats=5, spin=spin,
                           allreduce_sizes=allreduce_sizes(sum(op.param_bytes for op in graph)))
     sync = _sync_delays(links["pairs"], transport, list(devs))
@@ -526,6 +526,7 @@ def _calibration_round(model, example_inputs, graph, tdev, loss_fn=None,
     name = str(tdev)
     here = Cluster.from_rules("here", [Device(name, 1e11, 1e10)], default=(1e9, 1e-4))
     share_one, share_all = _shares(tdev, 0.1, work)
+    resume = resume_cost(work)
     # op times one rank at a time (the median repeat: an op's typical speed
     # at a whole core; the time slices it loses are the shares')
     for turn in range(dist.get_world_size()):
@@ -551,7 +552,7 @@ def _calibration_round(model, example_inputs, graph, tdev, loss_fn=None,
             "points": {pair: link["points"] for pair, link in links["pairs"].items()},
             "sync_delay": sync, "allreduce": links["allreduce"],
             "message_overhead": messages, "message_copy_rate": copy_rate,
-            "ops_together": together}
+            "resume_overhead": resume, "ops_together": together}
 
 
 #: payload sizes (float32 elements) :func:`_message_costs` times messages at
@@ -687,6 +688,7 @@ def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev,
     messages = med(r.get("message_overhead", 0.0) for r in every)
     copy_rate = med(r.get("message_copy_rate", float("inf")) for r in every)
     copy_rate = None if math.isinf(copy_rate) else copy_rate   # JSON has no inf
+    resume = med(r.get("resume_overhead", 0.0) for r in every)
     share = med(s[0] for s in samples)
     share_all = med(s[1] for s in samples)
     # the model's ops timed while every rank computes, against one rank at a
@@ -724,6 +726,7 @@ def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev,
             "cluster": ranks_cluster(devs, shared, {"pairs": pairs}), "op_overhead": ovh,
             "task_overhead": task, "collective_efficiency": efficiency,
             "message_overhead": messages, "message_copy_rate": copy_rate,
+            "resume_overhead": resume,
             "efficiency": dev.efficiency, "cpu_share": share, "cpu_share_all": share_all,
             "ops_together": together,
             "reference_compute": {d: med(x for r in v for x in r["compute"])
@@ -849,7 +852,7 @@ def calibrated_options(calibration: dict) -> dict:
     return {**RUNTIME_OPTIONS, **{key: calibration[key]
                                   for key in ("op_overhead", "task_overhead",
                                               "collective_efficiency", "message_overhead",
-                                              "message_copy_rate")
+                                              "message_copy_rate", "resume_overhead")
                                   if calibration.get(key) is not None}}
 
 

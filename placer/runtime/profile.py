@@ -310,6 +310,32 @@ def model_work(model: torch.nn.Module, example_inputs, device: torch.device,
     return work
 
 
+def resume_cost(work: Callable[[], Any] | None, idle: float = 0.002,
+                repeats: int = 9) -> float:
+    """Seconds a chunk of ``work`` (:func:`model_work`) takes longer when
+    it starts after the core waited ``idle`` seconds than when it follows
+    the same chunk at once: median over ``repeats`` of (after the wait -
+    back to back), at least 0 (``Problem(resume_overhead=...)``). A rank
+    that waits for a message hands its core to other threads and
+    processes; its caches hold their data when it resumes (the tiny GPT's
+    forward ran 15-22% slower after a 5 ms sleep on this project's 2-core
+    VM, with or without a spinner keeping the core awake). 0 without
+    ``work``."""
+    if work is None:
+        return 0.0
+    diffs = []
+    work()
+    for _ in range(repeats):
+        start = time.perf_counter()
+        work()
+        warm = time.perf_counter() - start
+        time.sleep(idle)
+        start = time.perf_counter()
+        work()
+        diffs.append(time.perf_counter() - start - warm)
+    return max(0.0, statistics.median(diffs))
+
+
 def task_overhead(device: torch.device, repeats: int = 15) -> float:
     """Seconds one runtime task costs beyond its ops: a piece's module
     call, its autograd call, gathering its inputs and handing on its
