@@ -9,8 +9,9 @@
   and re-ranked by the simulator's array path, with the steps of a short
   descent from the policy's own best plan (``polish``) and the last step
   of one that makes ops data-parallel over adjacent stages' devices from
-  the best multi-device plan (``widen``); only the winner becomes a Plan. ``finetune`` seconds (or ``finetune_steps``
-  updates) of REINFORCE on the target problem come first when asked.
+  the best multi-device plan (``widen``); only the winner becomes a Plan.
+  ``finetune`` seconds (or ``finetune_steps`` updates) of REINFORCE on the
+  target problem come first when asked.
 - ``hybrid``: ``rl``'s candidates (the steps of its polish included) are
   reported as progress first and handed to the ``evolution`` strategy (its
   ``candidates``), which spends the rest of the budget on its own search
@@ -178,10 +179,10 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
     ``keep`` best) and, with ``widen``, as many rounds of a descent by
     :func:`replica_moves` alone (ops made data-parallel over their stage's
     and an adjacent stage's devices) from the best plan over several
-    devices of any source (its last step kept). Everything is scored with ``cost_model``'s array path at each
-    microbatch count and schedule. Stops early when ``budget`` is spent,
-    keeping one evaluation for the caller's report of the result (the greedy
-    plan is always scored).
+    devices of any source (its last step kept). Everything is scored with
+    ``cost_model``'s array path at each microbatch count and schedule. Stops
+    early when ``budget`` is spent, keeping one evaluation for the caller's
+    report of the result (the greedy plan is always scored).
     """
     pg = encode_problem(problem, max_units)
     rng = np.random.default_rng(int(seed))
@@ -380,9 +381,11 @@ def replica_moves(space, g, rng=None, limit: int | None = None) -> list:
     evolution's memetic neighbourhood moves ops between existing groups and
     shifts boundaries; it never widens a group, so a descent from a
     pipeline cannot reach a plan whose first op is data-parallel over both
-    stages' devices (moe on edge-wireless: the input op replicated on the
-    second Orin NX lets that device start its microbatches as early as the
-    first under 1F1B; 2.91 s against 3.42 s by the simulator)."""
+    stages' devices (moe on edge-wireless: evolution's plan replicates the
+    input op on the second Orin NX, rl's now ``ln_f``; both are zero-FLOP
+    ops, and what the extra run of the order buys is a higher 1F1B
+    in-flight cap, :func:`placer.cost.memory.inflight`: 2.97 and 2.86 s
+    against 3.42 s by the simulator)."""
     from evolution.operators import _boundary_ops
     a = g.assign
     n = len(a)
@@ -431,8 +434,7 @@ def replica_moves(space, g, rng=None, limit: int | None = None) -> list:
         seen.add((lo, hi, gid))
         c = g.copy()
         c.assign[lo:hi] = gid
-        if rep is not None:
-            c.assign = c.assign[rep]
+        c.assign = space.repair(c.assign)
         out.append(c)
     return out
 

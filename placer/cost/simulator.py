@@ -314,12 +314,13 @@ class _Build:
         self.ox_off = np.concatenate(o_off)[order].astype(float)
         cons_x = np.concatenate(c_x).astype(np.int64)
         cons_s = np.concatenate(c_s).astype(np.int64)
+        # bytes each transfer moves per microbatch (gradients go back as well)
+        self.x_bytes = (np.r_[t_bytes, t_bytes] if training else t_bytes) / m
         if p.message_overhead or p.message_copy_rate < np.inf:
             # every message costs its sender's and its receiver's task time:
             # a segment's receives before its work, each send before it
             # leaves (a send's offset moves by those and the sends before it)
-            x_bytes = (np.r_[t_bytes, t_bytes] if training else t_bytes) / m
-            cost = p.message_overhead + x_bytes / p.message_copy_rate   # per end
+            cost = p.message_overhead + self.x_bytes / p.message_copy_rate   # per end
             x_all = np.concatenate(o_x).astype(np.int64)
             sends = np.bincount(seg_all, cost[x_all], minlength=NS)
             recvs = np.bincount(cons_s, cost[cons_x], minlength=NS)
@@ -351,11 +352,9 @@ class _Build:
         # transfer resources
         xs = np.r_[t_src, t_dst] if training else t_src
         xd = np.r_[t_dst, t_src] if training else t_dst
-        xb = np.r_[t_bytes, t_bytes] if training else t_bytes
         speed = np.minimum(p.bandwidth[xs, xd], np.minimum(p.nic_bandwidth[xs],
                                                            p.nic_bandwidth[xd]))
         self.x_src, self.x_dst = xs, xd
-        self.x_bytes = xb / m
         self.x_dur = self.x_bytes / speed
         # a fast interface is held only for its share of a slower link's time
         self.x_hold_out = self.x_bytes / p.nic_bandwidth[xs]

@@ -47,7 +47,6 @@ the longest single op's compute time.
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import datetime
 import functools
@@ -488,6 +487,7 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
 #: step's messages before it starts (see Engine.post_receives)
 NOTICE_WAIT = 0.0003
 
+
 def _start_step(engine: Engine, spin: bool) -> tuple[float, float]:
     """Collective: post the step's receives, pass the step barrier and
     return the step's start (wall clock, process CPU time), set back by
@@ -513,9 +513,11 @@ def _calibration_round(model, example_inputs, graph, tdev, loss_fn=None,
                        spin: bool = False, work=None, transport=None, devs=()) -> dict:
     """Collective: one round of microbenchmarks on every rank: the links
     between ranks, the share of a core each rank gets while all compute,
-    every op's time on this rank's device (one rank at a time) and how much
+    every op's time on this rank's device (one rank at a time), how much
     slower the same ops ran with every rank timing them at once
-    (``ops_together``)."""
+    (``ops_together``), what a message costs each end (fixed and per byte,
+    :func:`_message_costs`) and what a chunk of the model loses after a
+    wait (:func:`placer.runtime.profile.resume_cost`)."""
     from ..cluster import Cluster, Device
     from .profile import allreduce_sizes, measure_links, profile, resume_cost
     links = measure_links(dist.get_world_size(), dist.get_rank(), repeats=5, spin=spin,
@@ -763,11 +765,12 @@ class Reference:
     the plan's steps are run (receives posted before the barrier).
 
     Why: on this project's 2-core VM the simulator, calibrated by
-    microbenchmarks, predicted 2-rank steps 15-45% short while their
-    timelines matched it piece by piece within 15-25%: what it misses is
-    spread thin (a task run after a wait starts with cold caches, 15-22%
-    slower after a 5 ms wait; a message's transport calls cost 0.1-0.4 ms
-    where the microbenchmark reads 0.09; waits end late). The reference
+    microbenchmarks, predicted 2-rank steps 6-46% short while the ranks'
+    compute in those steps was within 3-18% of its (plans 0 and 4 of the
+    accuracy bench): what it misses is spread thin (a task run after a
+    wait starts with cold caches, which ``resume_overhead`` now charges in
+    part; a message's transport calls cost 0.1-0.4 ms where the
+    microbenchmark reads 0.09; waits end late). The reference
     pipeline's measured step over its prediction (:func:`reference_factor`)
     says how much of a multi-rank step this host adds, measured in the
     same run on a plan other than the one predicted. CPU ranks only: it
@@ -846,8 +849,10 @@ def reference_factor(calibration: dict, ref_plan, options: dict) -> float:
 
 
 def calibrated_options(calibration: dict) -> dict:
-    """The cost model's options a ``calibrate=True`` run measured (launch
-    overhead, task overhead, all-reduce efficiency, message overhead), for
+    """The cost model's options for a runtime prediction
+    (:data:`placer.runtime.run.RUNTIME_OPTIONS`) and those a
+    ``calibrate=True`` run measured (launch, task, message and resume
+    overheads, message copy rate, all-reduce efficiency), for
     :func:`placer.runtime.contention.predict_shared`."""
     return {**RUNTIME_OPTIONS, **{key: calibration[key]
                                   for key in ("op_overhead", "task_overhead",
