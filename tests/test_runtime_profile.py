@@ -93,6 +93,20 @@ def test_calibrated_launch_predicts_from_its_own_measurements():
     assert cal["reference_factor"] == pytest.approx(min(hi, max(lo, raw)))
     assert result["report"]["predicted"] == pytest.approx(
         cal["predicted_model"] * cal["reference_factor"])
+    # how much the host's speed moved between the op timings and the steps
+    from placer.runtime.dist import SPEED_DRIFT_BOUNDS
+    assert SPEED_DRIFT_BOUNDS[0] <= cal["speed_drift"] <= SPEED_DRIFT_BOUNDS[1]
+
+
+def test_speed_drift_is_the_calibration_rate_over_the_steps_rate_within_bounds():
+    from placer.runtime.dist import SPEED_DRIFT_BOUNDS, speed_drift
+    # the work ran at 100/s in the calibration rounds, at 80/s before the
+    # steps: the steps' ops take 1.25x the calibrated times
+    assert speed_drift([90.0, 100.0, 110.0], [80.0, 70.0, 90.0]) == pytest.approx(1.25)
+    assert speed_drift([100.0], [400.0]) == SPEED_DRIFT_BOUNDS[0]
+    assert speed_drift([100.0], [10.0]) == SPEED_DRIFT_BOUNDS[1]
+    # no samples (CUDA ranks time no probe), or only failed ones: no drift
+    assert speed_drift([], [80.0]) == 1.0 and speed_drift([0.0], [0.0]) == 1.0
 
 
 def test_reference_plan_is_a_contiguous_pipeline_keeping_colocated_ops_together():

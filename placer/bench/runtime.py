@@ -154,7 +154,7 @@ def measure_link() -> tuple[float, float]:
 
 
 def accuracy(plans: int = 4, nproc: int = 2, model: str = MODEL, batch: int | None = None,
-             seq: int | None = None, steps: int = 8, microbatches: int = 2, seed: int = 0,
+             seq: int | None = None, steps: int = 20, microbatches: int = 2, seed: int = 0,
              pin: str = "on", size: str = "tiny") -> dict:
     """Predicted vs measured step time of random plans on ``nproc`` CPU ranks
     (one torch thread each). Each run calibrates first, in its own ranks and
@@ -186,7 +186,9 @@ def accuracy(plans: int = 4, nproc: int = 2, model: str = MODEL, batch: int | No
     med = statistics.median
     out = {"nproc": nproc, "pin": pin, "size": size, "plans": rows,
            "median_abs_error": med(abs(r["error"]) for r in rows),
-           "median_abs_error_model": med(abs(r["error_model"]) for r in rows)}
+           "median_abs_error_model": med(abs(r["error_model"]) for r in rows),
+           # had the prediction been multiplied by the host's speed drift
+           "median_abs_error_drift": med(abs(r["error_drift"]) for r in rows)}
     if len(settings) > 1:
         for pinned in settings:
             out[f"median_abs_error_{'pinned' if pinned else 'unpinned'}"] = med(
@@ -205,6 +207,7 @@ def _row(k, plan, result, load) -> dict:
         dev.extra["cpu_share_all"] = dev.extra.get("cpu_share", 1.0)
     cg = placer.Graph.from_dict(cal["graph"])
     options = calibrated_options(cal)
+    drift = cal.get("speed_drift", 1.0)
     factor = cal.get("reference_factor", 1.0)
     alone = predict_shared(cg, cc, plan, **options).step_time * factor
     # the same calibration without the synchronisation delay
@@ -222,9 +225,12 @@ def _row(k, plan, result, load) -> dict:
     return {"plan": k, "devices": sorted(plan.devices_used()),
             "microbatches": plan.microbatches, "predicted": predicted, "measured": measured,
             "error": (predicted - measured) / measured, "load": load,
-            # the simulator alone, before the reference pipeline's factor
+            # the simulator alone, before the reference pipeline's factor and
+            # the host's speed drift
             "predicted_model": model, "error_model": (model - measured) / measured,
-            "reference_factor": factor, "reference_factor_raw": cal.get("reference_factor_raw"),
+            "reference_factor": cal.get("reference_factor", 1.0),
+            "reference_factor_raw": cal.get("reference_factor_raw"), "speed_drift": drift,
+            "error_drift": (predicted * drift - measured) / measured,
             **options,
             "link_bandwidth": link["bandwidth"],
             "link_latency": link["latency"], "cpu_share": cal.get("cpu_share"),
