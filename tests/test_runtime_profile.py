@@ -96,6 +96,12 @@ def test_calibrated_launch_predicts_from_its_own_measurements():
     # how much the host's speed moved between the op timings and the steps
     from placer.runtime.dist import SPEED_DRIFT_BOUNDS
     assert SPEED_DRIFT_BOUNDS[0] <= cal["speed_drift"] <= SPEED_DRIFT_BOUNDS[1]
+    # `placer launch --calibrate` says how the prediction was made
+    from placer.runtime.dist import calibration_line
+    line = calibration_line(cal)
+    assert f"simulator {cal['predicted_model'] * 1e3:.2f} ms" in line
+    assert f"reference factor {cal['reference_factor']:.2f}" in line
+    assert f"{cal['speed_drift']:.2f}x as long" in line
 
 
 def test_speed_drift_is_the_calibration_rate_over_the_steps_rate_within_bounds():

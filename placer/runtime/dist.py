@@ -1252,12 +1252,29 @@ def _print(result: dict, ns) -> None:
     if result.get("loss") is not None:
         line += f", loss {result['loss']:.6g}"
     print(line)
+    cal = result.get("calibration") or {}
+    if pred and cal.get("predicted_model"):
+        print(calibration_line(cal))
     if pred and not getattr(ns, "_calibrated", True):
         print("note: the prediction is uncalibrated (nominal FLOP rates); add --calibrate, or "
               "measure once with `placer profile --model ... -o g.json --cluster-out c.yaml` "
               "and pass --cluster c.yaml")
     if path:
         atomic_write_text(path, dump_json({**rep, "calibration": result.get("calibration")}))
+
+
+def calibration_line(calibration: dict) -> str:
+    """One line on how a calibrated prediction was made: the simulator's
+    step, the reference pipeline's factor, and how much slower the host ran
+    around the steps than around the op timings (``speed_drift``, not
+    applied)."""
+    line = (f"calibrated: simulator {calibration['predicted_model'] * 1e3:.2f} ms"
+            f" x reference factor {calibration.get('reference_factor', 1.0):.2f}")
+    drift = calibration.get("speed_drift")
+    if drift is not None:
+        line += (f"; the model's work took {drift:.2f}x as long around the steps as in the "
+                 "calibration rounds (speed_drift, not applied)")
+    return line
 
 
 def _pin_arg(value: str) -> bool | None:
