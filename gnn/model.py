@@ -448,32 +448,32 @@ class FastDecoder:
             dev = assign[:, src]
             _affinity(dyn, 0, st.flat, dev, w_in, D)
             secs = (self.inv_bw[dev] * bytes_in[:, None] + self.latency[dev]).sum(1)
-            dyn[..., 11] = np.log1p(secs * self.inv_t_unit) / 3
+            dyn[11] = np.log1p(secs * self.inv_t_unit) / 3
         else:
-            dyn[..., 0] = 0.0
-            dyn[..., 11] = 0.0
+            dyn[0] = 0.0
+            dyn[11] = 0.0
         if st.refine:
             dst, w_out, _ = self.outs[u]
             _affinity(dyn, 1, st.flat, assign[:, dst], w_out, D)
         # features 2, 3 and 9 are halved in w_dyn; out= spares temporaries
-        np.minimum(load, 8.0, out=dyn[..., 2])
-        f = dyn[..., 3]
+        np.minimum(load, 8.0, out=dyn[2])
+        f = dyn[3]
         np.add(load, self.add_time[u], out=f)
         np.minimum(f, 8.0, out=f)
-        f = dyn[..., 4]
+        f = dyn[4]
         np.multiply(mem, self.inv_memory, out=f)
         np.minimum(f, 4.0, out=f)
         with_u = mem + self.need[u]
-        f = dyn[..., 5]
+        f = dyn[5]
         np.multiply(with_u, self.inv_memory, out=f)
         np.minimum(f, 4.0, out=f)
-        np.greater(load, 0.0, out=dyn[..., 6])
-        dyn[..., 7] = 0.0
+        np.greater(load, 0.0, out=dyn[6])
+        dyn[7] = 0.0
         if u > 0:
-            dyn[st.rows, assign[:, u - 1], 7] = 1.0
-        dyn[..., 9] = np.minimum(load.max(axis=1, keepdims=True), 8.0)
-        dyn[..., 10] = np.count_nonzero(load > 0, axis=1)[:, None] / np.float32(D)
-        z = _mm(dyn.reshape(k * D, N_DYNAMIC), self.w_dyn).reshape(k, D, -1)
+            dyn[7][st.rows, assign[:, u - 1]] = 1.0
+        dyn[9] = np.minimum(load.max(axis=1, keepdims=True), 8.0)
+        dyn[10] = np.count_nonzero(load > 0, axis=1)[:, None] / np.float32(D)
+        z = _mm(dyn.reshape(N_DYNAMIC, k * D).T, self.w_dyn).reshape(k, D, -1)
         z += self.pre[u]
         hidden = z[..., :self.Hd]
         np.maximum(hidden, 0.0, out=hidden)
@@ -486,15 +486,15 @@ class FastDecoder:
 
 
 def _affinity(dyn, feature, flat, dev, share, D):
-    """dyn[..., feature] = share of the unit's bytes from/to neighbours on
+    """dyn[feature] = share of the unit's bytes from/to neighbours on
     each device (``dev`` (k, p) their devices, ``share`` (p,) their shares;
     ``flat`` (k, 1) each row's offset ``row * D``)."""
     k, p = dev.shape
     if p == 1:
-        dyn[..., feature] = 0.0
-        dyn[np.arange(k), dev[:, 0], feature] = share[0]
+        dyn[feature] = 0.0
+        dyn[feature][np.arange(k), dev[:, 0]] = share[0]
         return
-    dyn[..., feature] = np.bincount((flat + dev).ravel(), np.broadcast_to(share, (k, p)).ravel(),
+    dyn[feature] = np.bincount((flat + dev).ravel(), np.broadcast_to(share, (k, p)).ravel(),
                                     minlength=k * D).reshape(k, D)
 
 
@@ -506,7 +506,8 @@ class _State:
         self.rows = np.arange(k)
         self.flat = self.rows[:, None] * D
         self.peak_ws = np.zeros((k, D), np.float32)   # largest workspace placed so far
-        self.dyn = np.zeros((k, D, N_DYNAMIC), np.float32)
+        # feature-major: each feature's (k, D) block is written contiguously
+        self.dyn = np.zeros((N_DYNAMIC, k, D), np.float32)
 
 
 def _mm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
