@@ -495,7 +495,7 @@ def _affinity(dyn, feature, flat, dev, share, D):
         dyn[feature][np.arange(k), dev[:, 0]] = share[0]
         return
     dyn[feature] = np.bincount((flat + dev).ravel(), np.broadcast_to(share, (k, p)).ravel(),
-                                    minlength=k * D).reshape(k, D)
+                               minlength=k * D).reshape(k, D)
 
 
 class _State:

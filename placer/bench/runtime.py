@@ -225,10 +225,9 @@ def _row(k, plan, result, load) -> dict:
     return {"plan": k, "devices": sorted(plan.devices_used()),
             "microbatches": plan.microbatches, "predicted": predicted, "measured": measured,
             "error": (predicted - measured) / measured, "load": load,
-            # the simulator alone, before the reference pipeline's factor and
-            # the host's speed drift
+            # the simulator alone, before the reference pipeline's factor
             "predicted_model": model, "error_model": (model - measured) / measured,
-            "reference_factor": cal.get("reference_factor", 1.0),
+            "reference_factor": factor,
             "reference_factor_raw": cal.get("reference_factor_raw"), "speed_drift": drift,
             "error_drift": (predicted * drift - measured) / measured,
             **options,

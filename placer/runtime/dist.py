@@ -753,7 +753,7 @@ def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev,
             "allreduce": allreduce}
 
 
-#: the most :func:`speed_drift` corrects either way
+#: bounds of :func:`speed_drift` (a ratio outside them is a broken measurement)
 SPEED_DRIFT_BOUNDS = (0.67, 1.5)
 
 
@@ -776,7 +776,6 @@ def speed_drift(calibration_rates: list[float], step_rates: list[float]) -> floa
         return 1.0
     lo, hi = SPEED_DRIFT_BOUNDS
     return min(hi, max(lo, statistics.median(cal) / statistics.median(steps)))
-
 
 
 def reference_plan(graph, devs: list[str], microbatches: int, schedule: str = "1f1b"):
