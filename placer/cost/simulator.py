@@ -321,11 +321,10 @@ class _Build:
             # a segment's receives before its work, each send before it
             # leaves (a send's offset moves by those and the sends before it)
             cost = p.message_overhead + self.x_bytes / p.message_copy_rate   # per end
-            x_all = np.concatenate(o_x).astype(np.int64)
-            sends = np.bincount(seg_all, cost[x_all], minlength=NS)
-            recvs = np.bincount(cons_s, cost[cons_x], minlength=NS)
             seg_sorted = seg_all[order]
-            own = cost[x_all[order]]
+            own = cost[self.ox_x]
+            sends = np.bincount(seg_sorted, own, minlength=NS)
+            recvs = np.bincount(cons_s, cost[cons_x], minlength=NS)
             upto = np.cumsum(own)
             first = self.ox_ptr[seg_sorted]
             within = upto - (upto[first] - own[first])   # this send and those before it

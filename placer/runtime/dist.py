@@ -767,7 +767,7 @@ def speed_drift(calibration_rates: list[float], step_rates: list[float]) -> floa
     prediction: on this project's 2-core VM plain PyTorch steps of the tiny
     GPT ran 16-18 ms for half a second, then 25-30 ms for the next, and the
     model's forward timed beside each step tracked them (step / forward
-    within 3.0-3.7x in 80 pairs), but multiplying the runtime's predictions
+    3.0-3.7x, 10th to 90th percentile of 80 pairs), but multiplying the runtime's predictions
     by it made the accuracy bench's median error worse in 3 of 5 runs (the
     samples' own noise is as large as the drift they measure)."""
     cal = [r for r in calibration_rates if r > 0]
