@@ -29,6 +29,12 @@ def test_bench_learned_writes_rows_and_summary(tmp_path, capsys):
         assert row["hybrid"]["step_time"] > 0
         assert data["summary"]["cases"] == 1
         assert result["summary"]["zero_shot_vs_evolution_gmean"] > 0
+        # one seed: its evolution run is the median
+        assert row["evolution_step_time_median"] == row["evolution"]["step_time"]
+        assert row["zero_shot_vs_evolution_median"] == row["zero_shot_vs_evolution"]
+        summary = data["summary"]
+        assert summary["zero_shot_within_10pct_of_median_feasible"] == \
+            summary["zero_shot_within_10pct_feasible"]
         # evolution's screening fallbacks are kept per run (a count, 0 here)
         for name in ("evolution", "hybrid"):
             assert isinstance(row[name]["screen_fallbacks"], int)

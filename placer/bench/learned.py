@@ -54,7 +54,9 @@ With several ``seeds`` the rows' figures are those of the first; each row's
 ``seeds`` list holds evolution's and hybrid's figures for every seed and the
 row and the summary give per-case medians and counts of seeds where hybrid
 meets the target (one time-budgeted run decides little on a loaded machine:
-evolution varies ~10% from run to run). Summary: ``hybrid_half``,
+evolution varies ~10% from run to run); ``zero_shot_vs_evolution_median``
+compares zero-shot with the median of evolution's seeds (the summary's
+``*_of_median_*`` and ``*_median_gmean_*`` figures). Summary: ``hybrid_half``,
 ``hybrid_no_worse`` and ``hybrid_target_met`` (either) count cases at the
 first seed; ``cases_hybrid_*_majority`` cases meeting them on more than
 half the seeds; ``hybrid_vs_evolution_median_gmean`` the geometric mean
@@ -291,6 +293,12 @@ def bench_learned(graphs: Sequence[str] | None = None, clusters: Sequence[str] |
                 evo, hyb = row["evolution"], row["hybrid"]
                 z = row["zero_shot"]
                 row["zero_shot_vs_evolution"] = z["step_time"] / evo["step_time"]
+                # evolution's result varies from seed to seed (a lucky run of
+                # one seed is ~8% below the others on dlrm@hetero-lab)
+                evo_steps = [r["evolution"]["step_time"] for r in per_seed]
+                row["evolution_step_time_median"] = float(np.median(evo_steps))
+                row["zero_shot_vs_evolution_median"] = \
+                    z["step_time"] / row["evolution_step_time_median"]
                 row["hybrid_vs_evolution"] = hyb["step_time"] / evo["step_time"]
                 row["fine_tuned_vs_evolution"] = row["fine_tuned"]["step_time"] / evo["step_time"]
                 row["policy_vs_evolution"] = row["policy"]["step_time"] / evo["step_time"]
@@ -351,11 +359,17 @@ def _summary(rows) -> dict:
     feasible = [r for r in rows if r["evolution"].get("feasible")]
     zf = [r["zero_shot_vs_evolution"] if r["zero_shot"].get("feasible") else np.inf
           for r in feasible]
+    zm = [r["zero_shot_vs_evolution_median"] if r["zero_shot"].get("feasible") else np.inf
+          for r in feasible]
     return {
         "cases": len(rows),
         "cases_evolution_feasible": len(feasible),
         "zero_shot_vs_evolution_gmean_feasible": gmean(zf) if np.all(np.isfinite(zf)) else None,
         "zero_shot_within_10pct_feasible": int(sum(v <= 1.10 for v in zf)),
+        # against the median of evolution's seeds
+        "zero_shot_vs_evolution_median_gmean_feasible":
+            gmean(zm) if np.all(np.isfinite(zm)) else None,
+        "zero_shot_within_10pct_of_median_feasible": int(sum(v <= 1.10 for v in zm)),
         "zero_shot_vs_evolution_gmean": gmean(z),
         "zero_shot_within_10pct": int(sum(v <= 1.10 for v in z)),
         "planning_speedup_gmean": gmean(speed),
@@ -430,7 +444,7 @@ def _table(rows, axis: str = "time") -> str:
                         else ("hybrid_evaluations_to_evolution",
                               "evolution_evaluations_to_final"))
     head = ["graph", "cluster", "greedy", "plan s", "zero-shot", "plan s", "src", "fine-tuned",
-            "evolution", "plan s", "hybrid", "zs/evo", "hyb/evo", "hyb reach", "evo final",
+            "evolution", "plan s", "hybrid", "zs/evo", "zs/med evo", "hyb/evo", "hyb reach", "evo final",
             "med hyb/evo", "met"]
     lines = [head]
     for r in rows:
@@ -445,6 +459,7 @@ def _table(rows, axis: str = "time") -> str:
             f"{evo['plan_seconds']:.3g}" if evo else "-",
             _fmt(hyb["step_time"]) if hyb else "-",
             f"{r['zero_shot_vs_evolution']:.3f}" if evo else "-",
+            f"{r['zero_shot_vs_evolution_median']:.3f}" if evo else "-",
             f"{r['hybrid_vs_evolution']:.3f}" if evo else "-",
             "-" if r.get(reach_h) is None else f"{r[reach_h]:.3g}",
             "-" if r.get(reach_e) is None else f"{r[reach_e]:.3g}",
