@@ -255,6 +255,13 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
             sources += ["baseline"] * (len(pipes) + len(layouts))
             counts += [choices] * len(pipes)
             counts += [[choices[-1]] if s > 1 else [choices[0]] for s in stages.tolist()]
+        # a scattered row (its ops switching devices hundreds of times, as an
+        # even pipeline of an interleaved graph does) costs the cost model in
+        # proportion to its runs at every count: it is screened at the most
+        # microbatches (which hide the most transfers), settled at every
+        # count if it leads
+        runs = 1 + np.count_nonzero(A[:, 1:] != A[:, :-1], axis=1)
+        counts = [c if r <= SCATTERED_RUNS else c[-1:] for c, r in zip(counts, runs.tolist())]
         score(A, sources, counts)
         for _ in range(max(refine, 0)):
             single = [v for v in found.values() if v[1].max() < D]
@@ -308,6 +315,9 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
     return [Candidate(t, row, m, s, source, table) for t, row, m, s, source in out]
 
 
+#: runs (stretches of the topological order on one device) above which a
+#: decoded row is screened at one microbatch count, not every one
+SCATTERED_RUNS = 64
 #: op-rows one polish round may hand the cost model (neighbours x ops)
 POLISH_WORK = 40_000
 #: the policy's best plan is polished only within this factor of the best plan

@@ -378,6 +378,38 @@ def test_policy_plans_settle_the_best_at_every_microbatch_count_and_schedule():
     assert found[0].schedule == "1f1b"   # what screening alone could not find
 
 
+def test_scattered_rows_are_screened_at_one_microbatch_count(monkeypatch):
+    """A row whose ops switch devices more than SCATTERED_RUNS times is
+    screened at the most microbatches only (its cost grows with its runs);
+    the others at every count; the leaders are still settled at all."""
+    from placer.search import Budget
+    import gnn.strategies as strategies
+    problem = Problem(datasets.graph("layered-n30-w4-s0"), datasets.cluster("hetero-lab"))
+    n = problem.n_ops
+    scattered = (np.arange(n) % 2)[None]                   # n runs
+    halves = (np.arange(n) >= n // 2).astype(np.int64)[None]  # 2 runs
+    monkeypatch.setattr(strategies, "_baseline_rows", lambda *a, **k: (
+        np.concatenate([scattered, halves]), np.zeros((0, n), np.int64), np.zeros(0, int)))
+    monkeypatch.setattr(strategies, "SCATTERED_RUNS", 8)
+    calls = []
+    real = strategies.times_at
+
+    def spy(cost, problem, rows, counts, sched, groups=()):
+        calls.append((rows.copy(), list(counts)))
+        return real(cost, problem, rows, counts, sched, groups)
+    monkeypatch.setattr(strategies, "times_at", spy)
+    choices = [1, 2, 4, 8]
+    strategies.policy_plans(tiny_policy(4), problem, get_cost_model("analytical"), Budget(),
+                            samples=2, max_units=48, microbatches=choices, keep=1, settle=1,
+                            polish=0, widen=False)
+    rows, counts = calls[0]                                   # the screening call
+
+    def counts_of(row):
+        return sorted(m for r, m in zip(rows, counts) if np.array_equal(r, row[0]))
+    assert counts_of(scattered) == [8]
+    assert counts_of(halves) == choices
+
+
 def test_candidate_placement_names_data_parallel_groups():
     from gnn.strategies import Candidate
     problem = Problem(datasets.graph("layered-n20-w2-s0"), datasets.cluster("two-sites"))
