@@ -11,7 +11,8 @@
   of one that makes ops data-parallel over adjacent stages' devices from
   the best multi-device plan (``widen``); only the winner becomes a Plan.
   ``finetune`` seconds (or ``finetune_steps`` updates) of REINFORCE on the
-  target problem come first when asked.
+  target problem follow when asked, and the tuned policy's candidates join
+  the shipped policy's.
 - ``hybrid``: ``rl``'s candidates (the steps of its polish included) are
   reported as progress first and handed to the ``evolution`` strategy (its
   ``candidates``), which spends the rest of the budget on its own search
@@ -489,6 +490,21 @@ def _baseline_rows(problem, space=None, max_devices: int = 16):
     return rows, np.stack(assign), np.array(stages)
 
 
+def _merge(first: list[Candidate], second: list[Candidate], D: int) -> list[Candidate]:
+    """The distinct candidates of both lists (a plan in both keeps its
+    better entry), best first; ``D`` the device count. Plans are compared
+    by the devices of each op: each candidate numbers its data-parallel
+    sets in its own group table."""
+    seen, out = set(), []
+    for c in sorted(first + second, key=lambda c: c.objective):
+        assign, groups = c.compact(D)
+        key = (assign.tobytes(), groups, c.microbatches, c.schedule)
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+    return out
+
+
 class _Learned(Strategy):
     """Options shared by the learned strategies."""
 
@@ -521,25 +537,39 @@ class _Learned(Strategy):
         self.widen = bool(widen)
 
     def _candidates(self, problem, cost_model, budget, seed, keep) -> list[Candidate]:
-        """The ``keep`` best distinct :class:`Candidate` s, best first."""
+        """The ``keep`` best distinct :class:`Candidate` s and the polish's
+        steps, best first (with fine-tuning, those of the shipped and of
+        the tuned policy together)."""
         policy = _policy(self.checkpoint)
-        if self.finetune > 0 or self.finetune_steps:
-            seconds = self.finetune if self.finetune > 0 else None
-            if seconds is not None and budget.time is not None:
-                seconds = min(seconds, 0.8 * budget.remaining_time)
-            with _OneThread():
-                policy = _finetune(policy, problem, cost_model, seconds=seconds,
-                                   steps=self.finetune_steps, samples=min(max(self.samples, 2), 16),
-                                   max_units=self.max_units, seed=seed, budget=budget)
         schedules = tuple(self.schedule_choices())
-        return policy_plans(policy, problem, cost_model, budget, seed=seed,
-                             samples=self.samples, batch=self.batch, refine=self.refine,
-                             max_units=self.max_units, temperature=self.temperature,
-                             microbatches=self.microbatch_choices(problem)
-                             if self.microbatches is not None else None,
-                             schedules=schedules, keep=keep, baselines=self.baselines,
-                             polish=self.polish, polish_limit=self.polish_limit,
-                             polish_keep=self.polish_keep, widen=self.widen)
+
+        def plans(policy):
+            return policy_plans(policy, problem, cost_model, budget, seed=seed,
+                                samples=self.samples, batch=self.batch, refine=self.refine,
+                                max_units=self.max_units, temperature=self.temperature,
+                                microbatches=self.microbatch_choices(problem)
+                                if self.microbatches is not None else None,
+                                schedules=schedules, keep=keep, baselines=self.baselines,
+                                polish=self.polish, polish_limit=self.polish_limit,
+                                polish_keep=self.polish_keep, widen=self.widen)
+        if not (self.finetune > 0 or self.finetune_steps):
+            return plans(policy)
+        # The shipped policy's plans first: fine-tuning can end in a worse
+        # basin (by the simulator) than zero-shot decoding found, and they
+        # cost a fraction of its time. Both sets are returned whole: the
+        # tuned policy's plans may all lead by the search model and still
+        # lose by the final one.
+        found = plans(policy)
+        seconds = self.finetune if self.finetune > 0 else None
+        if seconds is not None and budget.time is not None:
+            seconds = min(seconds, 0.8 * budget.remaining_time)
+        with _OneThread():
+            policy = _finetune(policy, problem, cost_model, seconds=seconds,
+                               steps=self.finetune_steps, samples=min(max(self.samples, 2), 16),
+                               max_units=self.max_units, seed=seed, budget=budget)
+        if budget.exhausted():
+            return found
+        return _merge(found, plans(policy), problem.n_devices)
 
     def _plans(self, problem, cost_model, budget, seed, keep):
         """``[(search objective, Plan)]``, the ``keep`` best distinct, best first."""
@@ -569,7 +599,9 @@ class RL(_Learned):
     shipped policy was trained with 96), ``temperature``, ``baselines``
     (also score the simple reference plans and evolution's layouts, default
     True), ``finetune`` (seconds of REINFORCE on the target first) or
-    ``finetune_steps``; ``final_k`` (4) best distinct plans re-ranked by
+    ``finetune_steps`` (the shipped policy's candidates are kept and
+    ranked with the tuned policy's, so fine-tuning never loses a plan
+    zero-shot would have returned); ``final_k`` (4) best distinct plans re-ranked by
     ``final`` (cost model name, ``"simulator"``; None: keep the search
     model's best), as evolution ranks its finalists. The plan's
     ``extra["source"]`` says whether the policy's one-shot decoding, a

@@ -279,6 +279,33 @@ def test_rl_strategy_returns_valid_plan(tmp_path):
     assert plan.extra["source"] in ("policy", "refined", "baseline", "polished")
 
 
+def test_fine_tuning_keeps_the_shipped_policys_candidates(tmp_path):
+    """Fine-tuned rl ranks the untuned policy's best plans with the tuned
+    policy's (a tuned policy can lead by the search model and lose by the
+    simulator), so by the simulator it is never worse than zero-shot."""
+    from placer.search import Budget, get_strategy
+    save_policy(tmp_path / "p", tiny_policy(3))
+    problem = Problem(datasets.graph("layered-n30-w4-s0"), datasets.cluster("hetero-lab"))
+    cost = get_cost_model("analytical")
+    options = dict(checkpoint=str(tmp_path / "p"), samples=4, max_units=48)
+    plain = get_strategy("rl", **options)
+    tuned = get_strategy("rl", finetune_steps=60, **options)
+    zero = plain._candidates(problem, cost, Budget(), 0, keep=3)
+    both = tuned._candidates(problem, cost, Budget(), 0, keep=3)
+    D = problem.n_devices
+
+    def key(c):
+        assign, groups = c.compact(D)
+        return assign.tobytes(), groups, c.microbatches, c.schedule
+    assert {key(c) for c in zero} <= {key(c) for c in both}
+    assert len({key(c) for c in both}) == len(both)
+    assert [c.objective for c in both] == sorted(c.objective for c in both)
+    sim = get_cost_model("simulator")
+    a = plain.search(problem, cost, Budget(), seed=0)
+    b = tuned.search(problem, cost, Budget(), seed=0)
+    assert sim.estimate(problem, b).objective <= sim.estimate(problem, a).objective * (1 + 1e-9)
+
+
 def test_rl_never_worse_than_baselines_and_hybrid_reports_policy_first(tmp_path):
     from placer.search import Budget, get_strategy, strategies
     from gnn.strategies import _baseline_rows, _space
