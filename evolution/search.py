@@ -1006,15 +1006,17 @@ def device_chain(space: Space) -> list[int]:
     return chain
 
 
-def layout_seeds(space: Space, limit: int = 16) -> list[OpGenome]:
+def layout_seeds(space: Space, limit: int = 16,
+                 max_devices: int | None = None) -> list[OpGenome]:
     """Balanced stage/replica layouts: the (stages, replicas) shapes of
     :func:`evolution.dtfm.shapes_for` (every factorisation of the device
-    count, and powers of two), devices taken along :func:`device_chain`,
-    each at every microbatch count (the population keeps the best)."""
+    count, and powers of two; those over at most ``max_devices`` devices
+    if given), devices taken along :func:`device_chain`, each at every
+    microbatch count (the population keeps the best)."""
     from .dtfm import shapes_for
     D, n = space.n_devices, space.n_ops
     chain = device_chain(space)
-    shapes = shapes_for(D, n)
+    shapes = [s for s in shapes_for(D, n) if max_devices is None or s[0] * s[1] <= max_devices]
     # prefer shapes using more devices, then fewer replicas
     shapes.sort(key=lambda s: (-s[0] * s[1], s[1]))
     out: list[OpGenome] = []

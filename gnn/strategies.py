@@ -480,10 +480,10 @@ def _baseline_rows(problem, space=None, max_devices: int = 16):
     from evolution.search import layout_seeds
     from evolution.dtfm import shapes_for
     layouts = {}
-    for g in layout_seeds(space, limit=len(shapes_for(space.n_devices, space.n_ops))):
-        stages, replicas = (int(x) for x in g.origin.rsplit("-", 1)[-1].split("x"))
-        if stages * replicas <= max_devices:
-            layouts.setdefault(g.assign.tobytes(), (g.assign, stages))
+    for g in layout_seeds(space, limit=len(shapes_for(space.n_devices, space.n_ops)),
+                          max_devices=max_devices):
+        stages = int(g.origin.rsplit("-", 1)[-1].split("x")[0])
+        layouts.setdefault(g.assign.tobytes(), (g.assign, stages))
     if not layouts:
         return rows, rows[:0], np.zeros(0, dtype=np.int64)
     assign, stages = zip(*layouts.values())
