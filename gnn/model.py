@@ -28,6 +28,8 @@ import torch
 from torch import nn
 from torch_geometric.nn import DirGNNConv, GATv2Conv, GINEConv, HeteroConv
 
+from placer.cost.warmup import on_warm_up
+
 from . import dense
 from .features import (CAND_FEATURES, DEV_FEATURES, FLOW_FEATURES, LINK_FEATURES, OP_FEATURES,
                        ProblemGraph)
@@ -166,11 +168,13 @@ class PlacementPolicy(nn.Module):
         H = h_op.shape[1]
         cand = pg.data["op", "cand", "dev"].edge_attr.view(U, D, CAND_FEATURES)
         # the pair MLP's first layer split by input block: the same maths as
-        # applying it to cat([h_op, h_dev, cand]) without the (U, D, 2H) copy
+        # applying it to cat([h_op, h_dev, cand]) without the (U, D, 2H) copy;
+        # adding in place, in the same order, is 5x faster than the expression
         first, rest = self.pair[0], self.pair[1:]
         w = first.weight
-        hidden = ((h_op @ w[:, :H].T)[:, None, :] + (h_dev @ w[:, H:2 * H].T)[None, :, :]
-                  + cand @ w[:, 2 * H:].T + first.bias)
+        hidden = (h_op @ w[:, :H].T)[:, None, :] + (h_dev @ w[:, H:2 * H].T)[None, :, :]
+        hidden += cand @ w[:, 2 * H:].T
+        hidden += first.bias
         return rest(hidden).squeeze(-1), self.op_proj(h_op), self.dev_proj(h_dev)
 
     def sample(self, pg: ProblemGraph, k: int = 1, *, generator: torch.Generator | None = None,
@@ -324,16 +328,16 @@ def _adjacency(pg: ProblemGraph):
 
 
 class FastDecoder:
-    """Inference-only decoding in NumPy with the logits of
-    :meth:`PlacementPolicy.sample` (float32): no autograd, no per-op torch
-    dispatch, every row of a batch decided together. Sampling is Gumbel-max
-    from a NumPy generator, so sampled rows are distributed like ``sample``'s
-    but are not the same draws.
+    """Inference-only decoding with the logits of :meth:`PlacementPolicy.sample`
+    (float32), compiled with numba (:func:`gnn.decode_loops.decode_units`):
+    no autograd, no per-op dispatch. Sampling is Gumbel-max from a NumPy
+    generator, so sampled rows are distributed like ``sample``'s but are not
+    the same draws.
 
     Built once per problem (the encoder runs once, without message passing
     (:func:`gnn.dense.encode`), unless ``encoded`` gives
-    :meth:`PlacementPolicy.static_scores`' result); :meth:`decode` then costs
-    one small vectorised step per decision unit whatever the batch size.
+    :meth:`PlacementPolicy.static_scores`' result); :meth:`decode` then
+    costs one pass over the devices per unit and row.
 
     >>> from placer import Graph, Op, Edge, Cluster, Device
     >>> from placer.cost import Problem
@@ -354,29 +358,28 @@ class FastDecoder:
             s0, p_op, p_dev = encoded
             first, last = policy.dynamic[0], policy.dynamic[2]
             W, P = first.weight, p_op.shape[1]
-            # one matmul gives the hidden pre-activations and the prior's term
+            # the prior's weights as one more hidden column, without ReLU
             w_dyn = torch.cat([W[:, :N_DYNAMIC].T, policy.prior.weight.T], dim=1)
             pre_op = p_op @ W[:, N_DYNAMIC:N_DYNAMIC + P].T
             pre_dev = p_dev @ W[:, N_DYNAMIC + P:].T + first.bias
             U, Hd = pg.n_units, W.shape[0]
             # Everything that depends on the unit alone, precomputed per unit
-            # (U, D, Hd + 1): the static hidden pre-activations and, in the
-            # last column, the static logits; dynamic feature 8 (the unit's
-            # position, the same for every row and device) folded into both.
+            # (U, Hd + 1, D): the static hidden pre-activations and, last,
+            # the static logits; dynamic feature 8 (the unit's position, the
+            # same for every row and device) folded into both.
             position = torch.arange(U, dtype=torch.float32)[:, None] / max(U - 1, 1)
             step = position * w_dyn[_POSITION]                     # (U, Hd + 1)
-            pre = torch.empty(U, pg.n_devices, Hd + 1)
-            pre[..., :Hd] = pre_op[:, None, :] + pre_dev[None, :, :] + step[:, None, :-1]
-            pre[..., Hd] = s0 + float(last.bias[0]) + step[:, -1:]
+            pre = torch.empty(U, Hd + 1, pg.n_devices)
+            pre[:, :Hd] = pre_op[:, :, None] + pre_dev.T[None, :, :] + step[:, :-1, None]
+            pre[:, Hd] = s0 + float(last.bias[0]) + step[:, -1:]
             self.pre = pre.numpy()
             w_dyn = w_dyn.clone()
             w_dyn[_POSITION] = 0.0
             w_dyn[list(_HALVED)] *= 0.5   # those features are stored unhalved
             self.w_dyn = w_dyn.numpy()
             # the output layer, with a weight 1 for the last column (prior
-            # and static logit): one product gives the logits
-            self.w_out = torch.cat([last.weight[0], torch.ones(1)])[:, None].numpy().copy()
-            self.Hd = Hd
+            # and static logit)
+            self.w_out = torch.cat([last.weight[0], torch.ones(1)]).numpy().copy()
         self.pg = pg
         self.U, self.D = pg.n_units, pg.n_devices
         f = np.float32
@@ -395,130 +398,58 @@ class FastDecoder:
         """``(k, U)`` device per unit: the first ``greedy`` rows take the most
         likely device, the others sample (``rng``). ``context`` (U,) or
         (k, U) turns on refinement, like :meth:`PlacementPolicy.sample`."""
+        from .decode_loops import decode_units     # numba loads on first use, not import
         U, D = self.U, self.D
-        rows = np.arange(k)
-        n_sampled = k - min(greedy, k)
-        noise = None
-        if n_sampled:
+        g = min(greedy, k)
+        uniform = np.zeros((U, 0, D))
+        if k > g:
             rng = rng if rng is not None else np.random.default_rng(0)
-            noise = rng.gumbel(size=(U, n_sampled, D)).astype(np.float32)
-        load = np.zeros((k, D), np.float32)
-        mem = np.zeros((k, D), np.float32)
+            uniform = _gumbel_draws(rng, (U, k - g, D))
         refine = context is not None
         if refine:
-            assign = np.array(np.broadcast_to(np.asarray(context, np.int64), (k, U)))
-            for r in range(k):
-                np.add.at(load[r], assign[r], self.add_time[np.arange(U), assign[r]])
-                np.add.at(mem[r], assign[r], self.need)
+            assign = np.array(np.broadcast_to(np.asarray(context, np.int64), (k, U)), order="C")
         else:
             assign = np.full((k, U), -1, np.int64)
-        state = _State(k, D, assign, load, mem, refine)
-        tie, add_time, need, workspace = self.pg.tie, self.add_time, self.need, self.workspace
-        g = min(greedy, k)
-        scale = np.float32(1.0 / temperature)
-        for u in range(U):
-            if refine:
-                cur = assign[:, u]
-                load[rows, cur] -= add_time[u, cur]
-                mem[rows, cur] -= need[u]
-            if tie[u] != u:
-                action = assign[:, tie[u]]
-            else:
-                logits, fits = self._logits(u, state)
-                if temperature != 1.0:
-                    logits *= scale
-                logits[~fits] = -1e9
-                if noise is not None:
-                    logits[g:] += noise[u]
-                action = logits.argmax(axis=1)
-            assign[:, u] = action
-            load[rows, action] += add_time[u, action]
-            mem[rows, action] += need[u]
-            peak = state.peak_ws
-            peak[rows, action] = np.maximum(peak[rows, action], workspace[u])
-        return assign
-
-    def _logits(self, u, st: "_State"):
-        """Logits (k, D) of unit ``u`` and where it fits in memory."""
-        D, k, dyn, assign, load, mem = self.D, st.k, st.dyn, st.assign, st.load, st.mem
-        # every producer is placed already (units are in topological order);
-        # consumers only when refining (in one-shot decoding feature 1 stays 0)
-        src, w_in, bytes_in = self.ins[u]
-        if len(src):
-            dev = assign[:, src]
-            _affinity(dyn, 0, st.flat, dev, w_in, D)
-            secs = (self.inv_bw[dev] * bytes_in[:, None] + self.latency[dev]).sum(1)
-            dyn[11] = np.log1p(secs * self.inv_t_unit) / 3
-        else:
-            dyn[0] = 0.0
-            dyn[11] = 0.0
-        if st.refine:
-            dst, w_out, _ = self.outs[u]
-            _affinity(dyn, 1, st.flat, assign[:, dst], w_out, D)
-        # features 2, 3 and 9 are halved in w_dyn; out= spares temporaries
-        np.minimum(load, 8.0, out=dyn[2])
-        f = dyn[3]
-        np.add(load, self.add_time[u], out=f)
-        np.minimum(f, 8.0, out=f)
-        f = dyn[4]
-        np.multiply(mem, self.inv_memory, out=f)
-        np.minimum(f, 4.0, out=f)
-        with_u = mem + self.need[u]
-        f = dyn[5]
-        np.multiply(with_u, self.inv_memory, out=f)
-        np.minimum(f, 4.0, out=f)
-        np.greater(load, 0.0, out=dyn[6])
-        dyn[7] = 0.0
-        if u > 0:
-            dyn[7][st.rows, assign[:, u - 1]] = 1.0
-        dyn[9] = np.minimum(load.max(axis=1, keepdims=True), 8.0)
-        dyn[10] = np.count_nonzero(load > 0, axis=1)[:, None] / np.float32(D)
-        z = _mm(dyn.reshape(N_DYNAMIC, k * D).T, self.w_dyn).reshape(k, D, -1)
-        z += self.pre[u]
-        hidden = z[..., :self.Hd]
-        np.maximum(hidden, 0.0, out=hidden)
-        logits = _mm(z.reshape(k * D, -1), self.w_out).reshape(k, D)
-        room = np.maximum(st.peak_ws, self.workspace[u])
-        room += with_u
-        fits = room <= self.memory
-        fits |= ~fits.any(axis=1, keepdims=True)
-        return logits, fits
+        return decode_units(assign, refine, g, uniform, np.float32(1.0 / temperature), self.pre,
+                            self.w_dyn, self.w_out, self.add_time, self.need, self.workspace,
+                            self.memory, self.inv_memory, self.inv_bw, self.latency,
+                            self.inv_t_unit, *self.ins, *self.outs[:3],
+                            np.asarray(self.pg.tie, np.int64))
 
 
-def _affinity(dyn, feature, flat, dev, share, D):
-    """dyn[feature] = share of the unit's bytes from/to neighbours on
-    each device (``dev`` (k, p) their devices, ``share`` (p,) their shares;
-    ``flat`` (k, 1) each row's offset ``row * D``)."""
-    k, p = dev.shape
-    if p == 1:
-        dyn[feature] = 0.0
-        dyn[feature][np.arange(k), dev[:, 0]] = share[0]
-        return
-    dyn[feature] = np.bincount((flat + dev).ravel(), np.broadcast_to(share, (k, p)).ravel(),
-                               minlength=k * D).reshape(k, D)
+@on_warm_up
+def _warm_up() -> None:
+    """Decode a two-unit problem, one-shot and refining, so that the
+    compiled decoder loads (or compiles) before a time-budgeted search."""
+    from placer import Cluster, Device, Edge, Graph, Op
+    from placer.cost import Problem
+    from .features import encode_problem
+    g = Graph("warm-up", [Op("a", flops=1e9), Op("b", flops=1e9)], [Edge("a", "b", 1e6)])
+    c = Cluster.from_rules("warm-up", [Device("x", 1e12, 1e10), Device("y", 1e12, 1e10)],
+                           default=(1e9, 0.0))
+    with torch.random.fork_rng(devices=[]):   # the caller's torch draws stay as they were
+        policy = PlacementPolicy(PolicyConfig(hidden=8, layers=1, heads=1, proj=4,
+                                              dyn_hidden=4))
+    dec = FastDecoder(policy, encode_problem(Problem(g, c)))
+    rows = dec.decode(2, greedy=1, rng=np.random.default_rng(0))
+    dec.decode(2, greedy=1, rng=np.random.default_rng(0), context=rows[0])
 
 
-class _State:
-    """The decoding state of a batch of ``k`` rows (arrays updated in place)."""
-
-    def __init__(self, k, D, assign, load, mem, refine):
-        self.k, self.assign, self.load, self.mem, self.refine = k, assign, load, mem, refine
-        self.rows = np.arange(k)
-        self.flat = self.rows[:, None] * D
-        self.peak_ws = np.zeros((k, D), np.float32)   # largest workspace placed so far
-        # feature-major: each feature's (k, D) block is written contiguously
-        self.dyn = np.zeros((N_DYNAMIC, k, D), np.float32)
-
-
-def _mm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    # torch's matmul honours torch.set_num_threads; NumPy's OpenBLAS spawns
-    # threads that make these tiny products 20x slower on a busy machine
-    return torch.mm(torch.from_numpy(a), torch.from_numpy(b)).numpy()
+def _gumbel_draws(rng: np.random.Generator, shape) -> np.ndarray:
+    """The uniform draws ``rng.gumbel(size=shape)`` would transform, leaving
+    ``rng`` as it would: it rejects a draw of 0 and draws again."""
+    n = int(np.prod(shape))
+    x = rng.random(n)
+    while not x.all():
+        x = x[x != 0.0]
+        x = np.concatenate([x, rng.random(n - len(x))])
+    return x.reshape(shape)
 
 
 def _np_adjacency(pg: ProblemGraph):
-    """Per unit: (producer units, their shares of the unit's input bytes + 1,
-    bytes) and the same for consumers, as NumPy arrays (cached on ``pg``)."""
+    """Producers of each unit in CSR form (pointers, producer units, their
+    shares of the unit's input bytes + 1, bytes) and the same for consumers,
+    as NumPy arrays (cached on ``pg``)."""
     cache = pg.__dict__.get("_np_adj")
     if cache is not None:
         return cache
@@ -529,13 +460,11 @@ def _np_adjacency(pg: ProblemGraph):
     def group(key, other):
         order = np.argsort(key, kind="stable")
         bounds = np.searchsorted(key[order], np.arange(U + 1))
-        out = []
+        share = np.empty(len(order), np.float32)
         for u in range(U):
-            pick = order[bounds[u]:bounds[u + 1]]
-            w = b[pick] + 1.0
-            out.append((other[pick], (w / max(float(w.sum()), 1e-30)).astype(np.float32),
-                        b[pick]))
-        return out
+            w = b[order[bounds[u]:bounds[u + 1]]] + 1.0
+            share[bounds[u]:bounds[u + 1]] = w / max(float(w.sum()), 1e-30)
+        return bounds.astype(np.int64), other[order], share, b[order]
     cache = (group(dst, src), group(src, dst))
     pg.__dict__["_np_adj"] = cache
     return cache

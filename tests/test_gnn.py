@@ -124,6 +124,44 @@ def test_fast_decoder_matches_torch_decoding(problems):
             ref2 = policy.sample(pg, 1, greedy=True, context=context,
                                  encoded=enc).actions.numpy()[0]
             np.testing.assert_array_equal(dec.decode(1, greedy=1, context=context)[0], ref2)
+            # a batch refining a different placement per row
+            contexts = np.random.default_rng(1).integers(pg.n_devices, size=(3, pg.n_units))
+            contexts = contexts[:, pg.tie]
+            ref3 = policy.sample(pg, 3, greedy=True, context=contexts, encoded=enc).actions
+            np.testing.assert_array_equal(dec.decode(3, greedy=3, context=contexts),
+                                          ref3.numpy())
+
+
+def test_fast_decoder_noise_is_numpys_gumbel():
+    """The decoder's noise comes from the draws Generator.gumbel transforms,
+    leaving the generator where gumbel leaves it; a draw of 0 is rejected,
+    as gumbel rejects it."""
+    from gnn.model import _gumbel_draws
+    a, b = np.random.default_rng(4), np.random.default_rng(4)
+    x = _gumbel_draws(a, (5, 3, 7))
+    np.testing.assert_allclose(-np.log(-np.log(1.0 - x)), b.gumbel(size=(5, 3, 7)), rtol=1e-12)
+    assert a.random() == b.random()
+
+    class Zeros:     # a stream with two draws of 0
+        draws = iter([0.5, 0.0, 0.25, 0.75, 0.0, 0.125, 0.375])
+
+        def random(self, n):
+            return np.array([next(self.draws) for _ in range(n)])
+    np.testing.assert_array_equal(_gumbel_draws(Zeros(), (2, 2)), [[0.5, 0.25], [0.75, 0.125]])
+
+
+def test_fast_decoder_warm_up_compiles_what_decoding_uses(problems):
+    """The warm-up hook (placer.cost.warmup) compiles the one signature that
+    one-shot, sampled and refining decodes all use."""
+    from gnn.decode_loops import decode_units
+    from gnn.model import _warm_up
+    _warm_up()
+    dec = FastDecoder(tiny_policy(), encode_problem(problems[0]))
+    rows = dec.decode(3, greedy=1, rng=np.random.default_rng(0))
+    dec.decode(1, greedy=1, context=rows[0])
+    dec.decode(3, greedy=1, context=rows[0].astype(np.int32))
+    dec.decode(3, greedy=0, context=rows, temperature=2.0)
+    assert len(decode_units.signatures) == 1
 
 
 def test_dense_encoder_matches_message_passing(problems):

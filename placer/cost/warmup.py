@@ -4,21 +4,33 @@ The simulator's event loop and the analytical model's passes are compiled
 by numba on their first call in a fresh install (about 10 s, then cached on
 disk) and loaded from that cache on the first call in every process (a few
 tenths of a second). :func:`warm_up` pays either cost up front, so a search
-under a time budget spends its budget searching.
+under a time budget spends its budget searching; a package with kernels of
+its own (``gnn``'s decoder) joins it with :func:`on_warm_up`.
 """
 
 from __future__ import annotations
 
-__all__ = ["warm_up"]
+__all__ = ["warm_up", "on_warm_up"]
 
 _DONE = False
+_HOOKS: list = []
+
+
+def on_warm_up(fn):
+    """Have :func:`warm_up` also call ``fn`` (once, at its next call);
+    usable as a decorator."""
+    _HOOKS.append(fn)
+    return fn
 
 
 def warm_up() -> None:
     """Run both cost models once on a tiny plan with a data-parallel stage
-    (every compiled kernel, with the argument types searches use); a no-op
-    after the first call in a process."""
+    (every compiled kernel, with the argument types searches use) and call
+    the hooks of :func:`on_warm_up` not called yet; a no-op after the first
+    call in a process but for hooks added since."""
     global _DONE
+    while _HOOKS:
+        _HOOKS.pop(0)()
     if _DONE:
         return
     from ..cluster import Cluster, Device
