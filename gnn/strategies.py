@@ -302,8 +302,14 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
             best = min(multi, key=lambda v: v[0]) if multi else None
             if best is not None and best[0] <= POLISH_GAP * out[0][0]:
                 starts.append((best, True))
+        # an infeasible start is descended from only when nothing found
+        # fits: the descent then lowers the memory excess first (widening,
+        # which copies parameters, is left out then)
+        fits = out[0][0] < INFEASIBLE
         for start, wide in starts:
-            if start[0] >= INFEASIBLE or len(np.unique(start[1])) < 2 or budget.exhausted():
+            if start[0] >= INFEASIBLE and (fits or wide):
+                continue
+            if len(np.unique(start[1])) < 2 or budget.exhausted():
                 continue
             # the widening descent's last step only: its earlier ones are
             # its start with fewer ops widened (each a simulation to rank)

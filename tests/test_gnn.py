@@ -709,3 +709,24 @@ def test_rl_zero_shot_moe_edge_wireless_data_parallel_op():
     plan = optimize(datasets.graph("moe.op"), datasets.cluster("edge-wireless"), "rl", seed=0)
     assert any(len(devs) > 1 for devs in plan.placement.values())
     assert plan.predicted["step_time"] <= 1.02 * 2.912
+
+
+def test_rl_descends_from_an_infeasible_best_when_nothing_fits():
+    """dlrm's tables do not fit on edge-wireless's boards: every plan is
+    infeasible, so the descent starts from the policy's best all the same
+    and lowers the memory excess (the objective's first term)."""
+    from placer.cost import INFEASIBLE
+    from placer.search import Budget
+    from gnn.checkpoint import default_checkpoint
+    from gnn.strategies import _policy, policy_plans
+    if not default_checkpoint().with_suffix(".pt").exists():
+        pytest.skip("no shipped checkpoint")
+    problem = Problem(datasets.graph("dlrm.op"), datasets.cluster("edge-wireless"))
+    cost = get_cost_model("analytical")
+
+    def best(polish):
+        return policy_plans(_policy(None), problem, cost, Budget(), keep=1, polish=polish)[0]
+    plain, polished = best(0), best(3)
+    assert plain.objective >= INFEASIBLE and polished.source == "polished"
+    # a lower excess, not only a faster step at the same excess
+    assert int(polished.objective / 1e6) < int(plain.objective / 1e6)
