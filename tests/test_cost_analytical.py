@@ -143,8 +143,9 @@ def test_array_path_matches_plans_on_random_plans():
 
 
 def test_compiled_passes_match_plain_python(monkeypatch):
-    """The numba-compiled crossing-edge, longest-path and link-load passes
-    give the same estimates as the same functions run as plain Python."""
+    """The numba-compiled crossing-edge, longest-path, crossing-cost and
+    link-load passes give the same estimates as the same functions run as
+    plain Python."""
     from placer.bench.cost import bench_cluster, bench_graph, random_plans
     from placer.cost import analytical_loops
     g = bench_graph(150, seed=3)
@@ -152,7 +153,7 @@ def test_compiled_passes_match_plain_python(monkeypatch):
     p = Problem(g, c)
     plans = random_plans(g, c, 40, seed=3, microbatches=4)
     compiled = Analytical().estimate_many(p, plans)
-    for name in ("crossing_edges", "run_paths", "links_dense"):
+    for name in ("crossing_edges", "run_paths", "crossing_costs", "links_dense"):
         monkeypatch.setattr(analytical_loops, name, getattr(analytical_loops, name).py_func)
     plain = Analytical().estimate_many(Problem(g, c), plans)
     assert [r.step_time for r in compiled] == [r.step_time for r in plain]

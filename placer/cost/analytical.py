@@ -15,12 +15,16 @@ For each plan, with m microbatches:
   is below m, beta is at least that device's round trip (the fill from its
   first run on, both ways) over its cap;
 - ``fill``: one microbatch through the pipeline: the longest path over the
-  plan's runs, a run starting once the tensors crossing into it arrived
-  (latency, then their transfer times, which queue) and its group's previous
-  run ended, and taking its ops' share of the graph's critical path on its
-  devices (twice the latency and transfers when training: gradients come
-  back). Parallel branches on different devices overlap. It is at least any
-  device's compute for the microbatch (every op runs).
+  plan's runs. A group runs its ops one after another, so a run takes its
+  ops' whole work on its group (both phases, launch overheads included). It
+  starts once its group's previous run ended and the tensors crossing into
+  it arrived: a tensor leaves when the op producing it ends (its run's
+  start plus the run's work up to that op), takes the latency, then the
+  run's incoming transfers their times, which queue, and is needed when the
+  op taking it starts (the run may start that op's share of the run's work
+  earlier); latency and transfers count twice when training (gradients
+  come back). Parallel branches on different devices overlap. It is at
+  least any device's compute for the microbatch (every op runs).
 
 Step time ``T = (m - 1) * beta + fill``: for S equal stages of time t this
 is ``(m + S - 1) * t``, on one device ``m * t``. A data-parallel group's
@@ -169,7 +173,7 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
         """Global run index of op ``pos`` of plan ``row``."""
         return np.searchsorted(skey, row * n + pos, side="right") + row
 
-    r_src = r_dst = np.zeros(0, dtype=np.int64)
+    r_src = r_dst = x_from = x_to = np.zeros(0, dtype=np.int64)
     if p.n_edges:
         src, dst, eb = _edges_by_source(p)
         rows, cut, r_src, r_dst = _crossing_edges(pre, small, hr, hc, src, dst, run_group,
@@ -190,6 +194,7 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
             rows, cv, r_src, r_dst = rows[keep], cv[keep], r_src[keep], r_dst[keep]
             cu = run_group[r_src]
             nb = eb[cut[keep]]
+            x_from, x_to = src[cut[keep]], dst[cut[keep]]
             single = (cu < D) & (cv < D)
             if single.all():
                 link = cu * D + cv
@@ -245,35 +250,39 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
         nic_out, nic_in = fwd_out, fwd_in
         beta = beta_f
     # --- fill: one microbatch through the pipeline (forward and backward) ----
-    # The longest path over the plan's runs (see _run_paths): each run takes
-    # its ops' share of the graph's critical path (see _precomputed) at its
-    # group's speed; a tensor crossing into a run adds its latency and the
-    # run's incoming transfers their times (twice each when training), so
-    # parallel branches on other devices overlap. Plans of very many runs
-    # chain their runs in topological order instead (_chained_entry).
-    crit = pre["crit_work"]
+    # The longest path over the plan's runs (see _run_paths). A group runs
+    # its ops one after another, so a run takes its ops' whole work on its
+    # group (both phases, with their launch overheads); a tensor leaves when
+    # the op producing it ends and is needed when the op taking it starts
+    # (prefixes of the runs' work), and adds its latency and the run's
+    # incoming transfers their times (twice each when training), so
+    # parallel branches on other devices overlap.
+    serial = pre["serial_cum"]             # (n + 1, device classes or 1)
     if times is None:
-        run_w = (crit[run_end] - crit[run_start]) * (slow / size)[run_group] / m[run_row]
+        scale = (slow / size)[run_group] / m[run_row]
+        run_cls = np.zeros(R, dtype=np.int64)
     else:
-        sc = gt["slow_cls"][run_group]
-        run_w = (crit[run_end, sc] - crit[run_start, sc]) / size[run_group] / m[run_row]
+        scale = 1.0 / size[run_group] / m[run_row]
+        run_cls = gt["slow_cls"][run_group].astype(np.int64)
+    per_op = ovh * phases
+    run_w = ((serial[run_end, run_cls] - serial[run_start, run_cls]) * scale
+             + (run_end - run_start) * per_op)
     if p.task_overhead:
         run_w = run_w + p.task_overhead * phases     # a runtime task per run and phase
-    fill = np.bincount(run_row, run_w, minlength=B)
+    fill = run_w[row_first]                 # plans of one run
     start = np.zeros(R)                     # when each run may start
-    entry = None
     if len(hr):
+        from .analytical_loops import crossing_costs
         inflow = phases * np.bincount(r_dst, x_w, minlength=R) * per_mb[run_row, 0]
         lat_e = phases * x_lat
-        end, start, by_paths = _run_paths(run_group, row_first, runs, run_w, r_src,
-                                          r_dst, lat_e, G, inflow)
-        longest = np.zeros(B)
-        np.maximum.at(longest, run_row, end)
-        fill = np.maximum(fill, longest)
-        if not by_paths.all():
-            entry = _chained_entry(p, groups, A, hr, hc, R, r_src, r_dst, inflow)
-            fill = np.where(by_paths, fill, np.bincount(run_row, run_w + entry, minlength=B))
-    fill = fill + ovh * phases * pre["crit_ops"]
+        if p.task_overhead:
+            lat_e = lat_e + p.task_overhead * phases   # the source run's task starts first
+        cost_e = crossing_costs(serial, run_cls, scale, run_start, x_from, x_to, r_src, r_dst,
+                                lat_e, per_op)
+        end, start = _run_paths(run_group, row_first, runs, run_w, r_src, r_dst, cost_e, G,
+                                inflow)
+        fill = np.zeros(B)
+        np.maximum.at(fill, run_row, end)
     if loss_fill is not None:
         fill = fill + loss_fill
     # every op of a microbatch runs, so it takes at least any device's share
@@ -284,7 +293,6 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     run_first = run_of(np.arange(B)[:, None], np.minimum(first_d, n - 1)) - row_first[:, None]
     runs = runs[:, None]
     local = np.arange(R) - row_first[run_row]   # each run's place in its plan
-    C_w = C = None
     held_1f1b = inflight(p, run_first, runs, used, m[:, None], "1f1b")
     if training:
         # 1F1B: a device keeps at most cap microbatches between its forward and
@@ -292,10 +300,6 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
         # before its first run, both ways) is shared by at most cap of them
         g_first = np.minimum(row_first[:, None] + run_first, R - 1)
         before = start[g_first]
-        if entry is not None:
-            C = _row_prefix(B, runs, run_row, local, run_w + entry)
-            chained = np.take_along_axis(C, run_first, axis=1) + entry[g_first]
-            before = np.where(by_paths[:, None], before, chained)
         capped = used & (held_1f1b < m[:, None])
         trip = np.where(capped, (fill[:, None] - before) / np.maximum(held_1f1b, 1.0), 0.0)
         beta = np.where(gpipe, beta, np.maximum(beta, trip.max(axis=1)))
@@ -320,14 +324,8 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
             # backward share of their work on the path to it and one way of
             # its transfers (the path counts them both ways)
             fr = sl["first_run"]
-            if C_w is None:
-                C_w = _row_prefix(B, runs, run_row, local, run_w)
-            work = C_w[s_row, local[fr]]
-            if entry is None:
-                before = start[fr]
-            else:
-                chained = C[s_row, local[fr]] + entry[fr]
-                before = np.where(by_paths[s_row], start[fr], chained)
+            work = _row_prefix(B, runs, run_row, local, run_w)[s_row, local[fr]]
+            before = start[fr]
             work = np.minimum(work, before)
             last = -(pre["bwd_share"] * work + (before - work) / phases)
             # its buckets are ready one by one over its own last backward
@@ -445,35 +443,17 @@ def _allreduce_late(B: int, s_row, e_slot, e_cell, ar, buckets, first, last) -> 
     return late
 
 
-def _chained_entry(p: Problem, groups, A, hr, hc, R: int, r_src, r_dst, inflow) -> np.ndarray:
-    """What entering each run costs when a plan's runs are chained in
-    topological order: its incoming transfers and, when the run just before
-    feeds it, the switch's latency (twice when training)."""
-    fed = np.zeros(R, dtype=bool)
-    fed[r_dst[r_dst == r_src + 1]] = True
-    after = np.arange(len(hr)) + hr + 1
-    lat = _pair_latency(p, groups, A[hr, hc].astype(np.int64), A[hr, hc + 1].astype(np.int64))
-    entry = inflow.copy()
-    entry[after] += np.where(fed[after], lat, 0.0) * (2.0 if p.training else 1.0)
-    return entry
-
-
-def _run_paths(run_group, row_first, runs, run_w, r_src, r_dst, cost_e, G: int,
-               inflow, limit: int = 256):
+def _run_paths(run_group, row_first, runs, run_w, r_src, r_dst, cost_e, G: int, inflow):
     """Longest paths over each plan's runs: a run starts once the tensors
-    crossing into it arrived (their source run's end plus latency
-    ``cost_e``, then all their transfer times ``inflow``, which queue for its
-    devices' links) and the previous run of its group ended (its devices
-    are busy till then), and takes its share of the critical path. For
-    plans of at most ``limit`` runs, in one compiled pass (see
+    crossing into it arrived (``cost_e`` after their source run's start,
+    then all their transfer times ``inflow``, which queue for its devices'
+    links) and the previous run of its group ended (its devices are busy
+    till then), and takes ``run_w``; in one compiled pass (see
     :func:`placer.cost.analytical_loops.run_paths`). Returns each run's end
-    and start and which plans were done. Crossing edges come by plan row
-    (as from :func:`_crossing_edges`)."""
+    and start. Crossing edges come by plan row (as from
+    :func:`_crossing_edges`)."""
     from .analytical_loops import run_paths     # numba loads on first use
-    rows_ok = runs <= limit
-    h, ready = run_paths(row_first, runs, run_group, run_w, r_src, r_dst, cost_e, inflow,
-                         limit, G)
-    return h, ready, rows_ok
+    return run_paths(row_first, runs, run_group, run_w, r_src, r_dst, cost_e, inflow, G)
 
 
 def _links(p: Problem, B: int, speed: np.ndarray, per_mb: np.ndarray, k_single, w_single,
@@ -615,8 +595,8 @@ def _unique(x: np.ndarray, *, index: bool = False, inverse: bool = False):
 
 def _precomputed(p: Problem) -> dict:
     """Plan-independent arrays of a problem, built once: prefix sums of the
-    per-op weights, a sparse table of workspace range maxima, the critical
-    shares and the link speeds."""
+    per-op weights and work, a sparse table of workspace range maxima and
+    the link speeds."""
     hit = getattr(p, "_analytical_pre", None)
     if hit is not None:
         return hit
@@ -633,7 +613,16 @@ def _precomputed(p: Problem) -> dict:
         nxt[:n - half] = np.maximum(prev[:n - half], prev[half:])
         levels.append(nxt)
     log2 = np.array([0] + [k.bit_length() - 1 for k in range(1, n + 1)], dtype=np.int64)
-    crit_work, crit_ops = _critical_shares(p)
+    # each op's work on one device, both phases (and the recomputed forward)
+    if p.times is not None:
+        own = p.times.forward * (2.0 if p.training and p.recompute else 1.0)
+        own = own + (p.times.backward if p.training else 0.0)
+    else:
+        own = p.flops * (2.0 if p.training and p.recompute else 1.0)
+        own = own + (p.bwd_flops if p.training else 0.0)
+    own = own.reshape(n, -1)
+    serial_cum = np.zeros((n + 1, own.shape[1]))
+    np.cumsum(own, axis=0, out=serial_cum[1:])
     speed = np.minimum(p.bandwidth, np.minimum(p.nic_bandwidth[:, None],
                                                p.nic_bandwidth[None, :]))
     src, dst, _ = _edges_by_source(p)
@@ -645,7 +634,7 @@ def _precomputed(p: Problem) -> dict:
     work_total = fwd_total + bwd_total
     hit = p._analytical_pre = {"cum": cum,
                                "bwd_share": bwd_total / work_total if work_total > 0 else 0.5, "sparse_max": np.stack(levels), "log2": log2,
-                               "crit_work": crit_work, "crit_ops": crit_ops,
+                               "serial_cum": serial_cum,
                                "speed": speed, "inv_speed": (1.0 / speed).ravel(),
                                "latency": p.latency.ravel(), "lags": max(int(outdeg.max()) - 1, 0),
                                "cut_sets": _cut_sets(src, dst, n)}
@@ -695,52 +684,6 @@ def _crossing_edges(pre: dict, small: np.ndarray, hr: np.ndarray, hc: np.ndarray
     return crossing_edges(ptr, edge, small, hr, hc, src, dst, run_group, total)
 
 
-def _critical_shares(p: Problem):
-    """Each op's share of the critical path, so a plan's fill is a sum over
-    its runs instead of a longest-path pass per plan.
-
-    With reference weights ``w`` (work at the mean device speed plus the
-    launch overheads), ``h[i]`` is the heaviest path ending at op i and
-    ``H[i] = max(h[:i + 1])``; op i's share is ``H[i] - H[i - 1]`` (>= 0;
-    the shares add up to the critical path). Returned as the prefix sums of
-    the shares in FLOPs (share x work / w; with measured times, in seconds
-    per device class) and the shares' op count (share / w summed), so a
-    chain weighs exactly its ops."""
-    n = p.n_ops
-    phases = 2.0 if p.training else 1.0
-    ovh = p.op_overhead * phases
-    if p.times is not None:
-        # seconds per device class; reference: their mean over the devices
-        work = p.times.forward + (p.times.backward if p.training else 0.0)
-        w = work[:, p.times.cls].mean(axis=1) + ovh
-    else:
-        work = p.flops + (p.bwd_flops if p.training else 0.0)
-        w = work / float(np.mean(p.rate)) + ovh
-    h = w.copy()
-    if p.n_edges:
-        order = np.argsort(p.edge_dst, kind="stable")
-        es, ed = p.edge_src[order].tolist(), p.edge_dst[order].tolist()
-        hl = h.tolist()
-        wl = w.tolist()
-        best = [0.0] * n
-        j = 0
-        for i in range(n):
-            while j < len(ed) and ed[j] == i:
-                v = hl[es[j]]
-                if v > best[i]:
-                    best[i] = v
-                j += 1
-            hl[i] = wl[i] + best[i]
-        h = np.array(hl)
-    H = np.maximum.accumulate(h) if n else h
-    c = np.diff(H, prepend=0.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        frac = np.where(w > 0, c / w, 0.0)
-    crit_work = np.zeros((n + 1,) + work.shape[1:])
-    np.cumsum(frac.reshape((n,) + (1,) * (work.ndim - 1)) * work, axis=0, out=crit_work[1:])
-    return crit_work, float(frac.sum())
-
-
 def _group_table(p: Problem, groups) -> dict:
     """Arrays of a group table (cached for the last few tables)."""
     cache = p.__dict__.setdefault("_group_tables", {})
@@ -780,23 +723,6 @@ def _group_table(p: Problem, groups) -> dict:
     return hit
 
 
-def _pair_latency(p: Problem, groups, cu: np.ndarray, cv: np.ndarray) -> np.ndarray:
-    """Latency between groups ``cu`` and ``cv`` (arrays): the slowest member pair's."""
-    D = p.n_devices
-    single = (cu < D) & (cv < D)
-    if single.all():
-        return p.latency[cu, cv]
-    lat = np.empty(len(cu))
-    lat[single] = p.latency[cu[single], cv[single]]
-    dm = ~single
-    pad = _group_table(p, groups)["pad"]
-    lat_ext = np.zeros((D + 1, D + 1))
-    lat_ext[:D, :D] = p.latency
-    mu, mv = pad[cu[dm]], pad[cv[dm]]
-    lat[dm] = lat_ext[mu[:, :, None], mv[:, None, :]].max(axis=(1, 2))
-    return lat
-
-
 def _edges_by_source(p: Problem):
     """Edge sources, destinations and bytes sorted by (source, destination)."""
     hit = getattr(p, "_by_source", None)
@@ -809,7 +735,7 @@ def _edges_by_source(p: Problem):
 def _pair_sparse(p: Problem, src, dst):
     """Non-zero (link index a*D+b, fraction) of :meth:`Problem.pair_traffic`,
     the slowest of those links' seconds per byte sent between the groups and
-    the groups' largest latency (as :func:`_pair_latency`)."""
+    the groups' largest latency (their slowest member pair's)."""
     cache = p.__dict__.setdefault("_pair_sparse", {})
     key = (tuple(src), tuple(dst))
     hit = cache.get(key)

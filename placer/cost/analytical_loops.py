@@ -2,10 +2,10 @@
 
 Two walk each plan's group switches or runs in order, which NumPy can only
 do one position at a time across the batch (a Python loop of small array
-operations); the third reads the per-link loads in one pass instead of a
-dozen array operations. Results are the same as the vectorised versions
-they replace, bit for bit: the passes take maxima and add each term in the
-same order.
+operations); the others read the per-link loads and the crossing tensors'
+offsets in one pass each instead of a dozen array operations. Results are
+the same as the vectorised versions they replace, bit for bit: the passes
+take maxima and add each term in the same order.
 """
 
 from __future__ import annotations
@@ -55,10 +55,11 @@ def crossing_edges(ptr, edge, small, hr, hc, src, dst, run_group, total):
 
 
 @njit(cache=True)
-def run_paths(row_first, runs, run_group, run_w, r_src, r_dst, cost_e, inflow, limit, G):
+def run_paths(row_first, runs, run_group, run_w, r_src, r_dst, cost_e, inflow, G):
     """Longest paths over each plan's runs (see
-    :func:`placer.cost.analytical._run_paths`), plans of more than ``limit``
-    runs skipped. Returns each run's end and start."""
+    :func:`placer.cost.analytical._run_paths`): a tensor ``e`` reaches its
+    run ``cost_e[e]`` after its source run's start. Returns each run's end
+    and start."""
     R = len(run_group)
     E = len(r_dst)
     # tensors by the run they enter, in their order
@@ -76,15 +77,13 @@ def run_paths(row_first, runs, run_group, run_w, r_src, r_dst, cost_e, inflow, l
     ready = inflow.copy()
     last = np.full(G, -1, np.int64)          # the group's previous run in this plan
     for b in range(len(runs)):
-        if runs[b] > limit:
-            continue
         first = row_first[b]
         for r in range(first, first + runs[b]):
             if ptr[r + 1] > ptr[r]:
                 best = -np.inf
                 for i in range(ptr[r], ptr[r + 1]):
                     e = into[i]
-                    v = h[r_src[e]] + cost_e[e]
+                    v = ready[r_src[e]] + cost_e[e]
                     if v > best:
                         best = v
                 ready[r] += best
@@ -100,6 +99,31 @@ def run_paths(row_first, runs, run_group, run_w, r_src, r_dst, cost_e, inflow, l
         for r in range(first, first + runs[b]):
             last[run_group[r]] = -1
     return h, ready
+
+
+@njit(cache=True)
+def crossing_costs(serial, run_cls, scale, run_start, x_from, x_to, r_src, r_dst, lat, per_op):
+    """For each tensor crossing between runs (from op ``x_from`` of run
+    ``r_src`` to op ``x_to`` of run ``r_dst``), when it is needed after its
+    source run's start, relative to its destination run's start: the source
+    run's work up to and including ``x_from``, plus ``lat``, less the
+    destination run's work before ``x_to`` (see
+    :func:`placer.cost.analytical.evaluate`). ``serial``: prefix sums of the
+    ops' work per device class; a run's work is its class's column times
+    its ``scale``, plus ``per_op`` per op."""
+    E = len(r_src)
+    out = np.empty(E)
+    for e in range(E):
+        a = r_src[e]
+        z = r_dst[e]
+        s0 = run_start[a]
+        s1 = run_start[z]
+        u = x_from[e] + 1
+        v = x_to[e]
+        dep = (serial[u, run_cls[a]] - serial[s0, run_cls[a]]) * scale[a] + (u - s0) * per_op
+        arr = (serial[v, run_cls[z]] - serial[s1, run_cls[z]]) * scale[z] + (v - s1) * per_op
+        out[e] = dep + lat[e] - arr
+    return out
 
 
 @njit(cache=True)
