@@ -112,3 +112,24 @@ def test_allreduces_sharing_devices_run_one_after_another():
     sim, ana = _both(g, _four_devices(), plan, op_overhead=0.0, bucket_bytes=1e9)
     assert sim == pytest.approx(0.120, rel=1e-9)
     assert ana == pytest.approx(0.120, rel=1e-9)
+
+
+def test_agreement_script_on_one_case():
+    """scripts/cost_agreement.py (the figures in docs/BENCHMARKS.md) on one
+    case: every neighbourhood gets a rank correlation and a move ratio."""
+    import importlib.util
+    from pathlib import Path
+    pytest.importorskip("torch_geometric")
+    from gnn.checkpoint import default_checkpoint
+    if not default_checkpoint().with_suffix(".pt").exists():
+        pytest.skip("no shipped checkpoint")
+    path = Path(__file__).resolve().parents[1] / "scripts" / "cost_agreement.py"
+    spec = importlib.util.spec_from_file_location("cost_agreement", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.kendall_tau([1, 2, 3], [1, 3, 2]) == pytest.approx(1 / 3)
+    result = module.measure(["inception.op"], ["hetero-lab"])
+    rows = result["cases"]["inception.op@hetero-lab"]
+    assert rows and result["summary"]["neighbourhoods"] == len(rows)
+    for row in rows:
+        assert -1 <= row["tau"] <= 1 and row["move"] > 0 and row["plans"] >= 4
