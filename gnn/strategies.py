@@ -604,11 +604,11 @@ class RL(_Learned):
     ``max_units`` (decision units; larger graphs are cut into runs; the
     shipped policy was trained with 96), ``temperature``, ``baselines``
     (also score the simple reference plans and evolution's layouts, default
-    True), ``finetune`` (seconds of REINFORCE on the target first) or
-    ``finetune_steps`` (the shipped policy's candidates are kept and
-    ranked with the tuned policy's, so fine-tuning never loses a plan
-    zero-shot would have returned); ``final_k`` (4) best distinct plans re-ranked by
-    ``final`` (cost model name, ``"simulator"``; None: keep the search
+    True), ``finetune`` (seconds of REINFORCE on the target after the
+    shipped policy's candidates are found; they are ranked with the tuned
+    policy's, so fine-tuning never loses a plan zero-shot would have
+    returned) or ``finetune_steps``; ``final_k`` (4) best distinct plans
+    re-ranked by ``final`` (cost model name, ``"simulator"``; None: keep the search
     model's best), as evolution ranks its finalists. The plan's
     ``extra["source"]`` says whether the policy's one-shot decoding, a
     refinement round, the polish or a baseline won.
@@ -685,7 +685,8 @@ class Hybrid(_Learned):
     1.014 with none (55/60, gmean 1.000; the losses are the evaluations the
     policy spent). Session 5's hybrid (the 8 plans free to fill the
     population) was 1.03-1.05x on dlrm@hetero-lab in 4 of 5 seeds: the
-    policy's basin is as good by the analytical model, worse by the simulator. Without them hybrid's evolution is evolution's own search on
+    policy's basin is as good by the analytical model, worse by the
+    simulator. Without them hybrid's evolution is evolution's own search on
     what the policy left (a few hundred evaluations, ~1% of a time budget)
     and the best policy plan competes in its final ranking.
     """

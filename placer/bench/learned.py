@@ -444,8 +444,8 @@ def _table(rows, axis: str = "time") -> str:
                         else ("hybrid_evaluations_to_evolution",
                               "evolution_evaluations_to_final"))
     head = ["graph", "cluster", "greedy", "plan s", "zero-shot", "plan s", "src", "fine-tuned",
-            "evolution", "plan s", "hybrid", "zs/evo", "zs/med evo", "hyb/evo", "hyb reach", "evo final",
-            "med hyb/evo", "met"]
+            "evolution", "plan s", "hybrid", "zs/evo", "zs/med evo", "hyb/evo", "hyb reach",
+            "evo final", "med hyb/evo", "met"]
     lines = [head]
     for r in rows:
         evo = r.get("evolution")

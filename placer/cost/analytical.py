@@ -633,7 +633,8 @@ def _precomputed(p: Problem) -> dict:
         fwd_total, bwd_total = p.flops.sum(), p.bwd_flops.sum()
     work_total = fwd_total + bwd_total
     hit = p._analytical_pre = {"cum": cum,
-                               "bwd_share": bwd_total / work_total if work_total > 0 else 0.5, "sparse_max": np.stack(levels), "log2": log2,
+                               "bwd_share": bwd_total / work_total if work_total > 0 else 0.5,
+                               "sparse_max": np.stack(levels), "log2": log2,
                                "serial_cum": serial_cum,
                                "speed": speed, "inv_speed": (1.0 / speed).ravel(),
                                "latency": p.latency.ravel(), "lags": max(int(outdeg.max()) - 1, 0),
