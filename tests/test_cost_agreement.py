@@ -81,6 +81,26 @@ def test_interleaved_branches_overlap_their_latencies(schedule):
     assert ana == pytest.approx(sim, rel=0.1)
 
 
+@pytest.mark.parametrize("training", [True, False])
+def test_a_device_runs_its_parallel_branches_one_after_another(training):
+    # four parallel branches on d0, their join (as heavy as all four) on
+    # d1: one microbatch, so d1 waits for all of d0's work. A run weighed by
+    # its share of the critical path (one branch) put the fill at 5 of the
+    # 8 units of work the two devices do one after the other.
+    ops = [Op("src", flops=1e6, output_bytes=1e3)]
+    ops += [Op(f"b{i}", flops=1e11, output_bytes=1e3) for i in range(4)]
+    ops.append(Op("join", flops=4e11))
+    edges = [Edge("src", f"b{i}", 1e3) for i in range(4)]
+    edges += [Edge(f"b{i}", "join", 1e3) for i in range(4)]
+    devices = [Device(f"d{i}", 1e14, 1e11, efficiency=1.0) for i in range(2)]
+    c = Cluster.from_rules("two", devices, default=(1e11, 0.0))
+    plan = Plan({"src": ["d0"], **{f"b{i}": ["d0"] for i in range(4)}, "join": ["d1"]}, 1)
+    sim, ana = _both(Graph("branches", ops, edges, training=training), c, plan)
+    serial = (8e11 + 1e6) * (3 if training else 1) / 1e14     # backward: twice the forward
+    assert sim == pytest.approx(serial, rel=0.02)
+    assert ana == pytest.approx(sim, rel=0.02)
+
+
 def _four_devices(flops=1e12, bandwidth=1e9):
     devices = [Device(f"d{i}", flops, 1e12, efficiency=1.0) for i in range(4)]
     return Cluster.from_rules("four", devices, default=(bandwidth, 0.0))
