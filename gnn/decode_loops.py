@@ -34,7 +34,6 @@ def decode_units(assign, refine, greedy, uniform, scale, pre, w_dyn, w_out, add_
     bytes (and, for producers, the bytes)."""
     k, U = assign.shape
     D = memory.shape[0]
-    H1 = w_out.shape[0]
     n = k * D
     # the state, row-major over (row, device) cells
     load = np.zeros(n, np.float32)
@@ -47,7 +46,6 @@ def decode_units(assign, refine, greedy, uniform, scale, pre, w_dyn, w_out, add_
                 load[a] += add_time[u, assign[r, u]]
                 mem[a] += need[u]
     feat = np.zeros((N_DYNAMIC, n), np.float32)
-    tile = np.zeros((H1, n), np.float32)
     logit = np.zeros(n, np.float32)
     for u in range(U):
         if refine:   # take u out of the state before re-deciding it
@@ -59,11 +57,7 @@ def decode_units(assign, refine, greedy, uniform, scale, pre, w_dyn, w_out, add_
             _features(u, feat, assign, refine, load, mem, add_time, need, inv_memory, inv_bw,
                       latency, inv_t_unit, in_ptr, in_src, in_share, in_bytes, out_ptr,
                       out_dst, out_share)
-            for h in range(H1):
-                for r in range(k):
-                    for d in range(D):
-                        tile[h, r * D + d] = pre[u, h, d]
-            _logits(feat, tile, w_dyn, w_out, logit)
+            _logits(feat, pre[u], k, w_dyn, w_out, logit)
         for r in range(k):
             if tie[u] != u:
                 a = assign[r, tie[u]]
@@ -138,12 +132,13 @@ def _features(u, feat, assign, refine, load, mem, add_time, need, inv_memory, in
 
 
 @njit(cache=True)
-def _logits(feat, tile, w_dyn, w_out, logit):
-    """``logit`` (k * D) from the features and the static terms ``tile``
-    (Hd + 1, k * D): the hidden layer (ReLU but on the last column) summed
-    in the order of a matrix product, then the output layer."""
-    H1, n = tile.shape
-    for c in range(n):
+def _logits(feat, pre_u, k, w_dyn, w_out, logit):
+    """``logit`` (k * D) from the features and the unit's static terms
+    ``pre_u`` (Hd + 1, D), the same for every row: the hidden layer (ReLU
+    but on the last column) summed in the order of a matrix product, then
+    the output layer."""
+    H1, D = pre_u.shape
+    for c in range(k * D):
         logit[c] = np.float32(0.0)
     for h in range(H1):
         w0, w1, w2, w3 = w_dyn[0, h], w_dyn[1, h], w_dyn[2, h], w_dyn[3, h]
@@ -151,14 +146,16 @@ def _logits(feat, tile, w_dyn, w_out, logit):
         w9, w10, w11 = w_dyn[9, h], w_dyn[10, h], w_dyn[11, h]
         wo = w_out[h]
         relu = h < H1 - 1
-        for c in range(n):
-            # feature 8 has weight 0 (folded into pre)
-            z = (feat[0, c] * w0 + feat[1, c] * w1 + feat[2, c] * w2 + feat[3, c] * w3
-                 + feat[4, c] * w4 + feat[5, c] * w5 + feat[6, c] * w6 + feat[7, c] * w7
-                 + feat[9, c] * w9 + feat[10, c] * w10 + feat[11, c] * w11) + tile[h, c]
-            if relu:
-                z = max(z, np.float32(0.0))
-            logit[c] += z * wo
+        for r in range(k):
+            for d in range(D):
+                c = r * D + d
+                # feature 8 has weight 0 (folded into pre)
+                z = (feat[0, c] * w0 + feat[1, c] * w1 + feat[2, c] * w2 + feat[3, c] * w3
+                     + feat[4, c] * w4 + feat[5, c] * w5 + feat[6, c] * w6 + feat[7, c] * w7
+                     + feat[9, c] * w9 + feat[10, c] * w10 + feat[11, c] * w11) + pre_u[h, d]
+                if relu:
+                    z = max(z, np.float32(0.0))
+                logit[c] += z * wo
 
 
 @njit(cache=True)
