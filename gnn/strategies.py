@@ -683,7 +683,7 @@ class Hybrid(_Learned):
     / evolution (simulator objective) was at worst 1.188 with 8 policy
     slots (no worse in 45/60 runs), 1.111 with 2 (49/60, gmean 0.992) and
     1.014 with none (55/60, gmean 1.000; the losses are the evaluations the
-    policy spent). Session 5's hybrid (the 8 plans free to fill the
+    policy spent). The hybrid of 2026-12-03 (the 8 plans free to fill the
     population) was 1.03-1.05x on dlrm@hetero-lab in 4 of 5 seeds: the
     policy's basin is as good by the analytical model, worse by the
     simulator. Without them hybrid's evolution is evolution's own search on

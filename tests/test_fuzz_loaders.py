@@ -283,7 +283,7 @@ def test_cli_refuses_each_broken_plan(tmp_path, capsys, command, kind):
 def test_zz_case_counts(capsys):
     """How many cases the fuzz tests tried and how each ended (run after them)."""
     if not COUNTS or not CLI_COUNTS:
-        pytest.skip("the fuzz tests did not run in this session")
+        pytest.skip("the fuzz tests did not run in this pytest run")
     with capsys.disabled():
         print(f"\nfuzz: loaders {COUNTS}; CLI {CLI_COUNTS}")
     assert COUNTS["cases"] == COUNTS["rejected"] + COUNTS.get("accepted", 0)

@@ -698,10 +698,10 @@ def test_widening_descent_beats_every_plan_the_old_polish_can_reach():
 
 
 def test_rl_zero_shot_moe_edge_wireless_data_parallel_op():
-    """The shipped policy on moe (held out) over edge-wireless: session 7's
-    rl plan (the cheap-cut Orin NX pipeline, 3.415 s by the simulator) was
-    1.17x evolution's (2.912 s, the same pipeline with the input op
-    data-parallel over both); the widening descent closes the gap."""
+    """The shipped policy on moe (held out) over edge-wireless: rl's plan
+    of 2026-12-04 (the cheap-cut Orin NX pipeline, 3.415 s by the
+    simulator) was 1.17x evolution's (2.912 s, the same pipeline with the
+    input op data-parallel over both); the widening descent closes the gap."""
     from placer.search import optimize
     from gnn.checkpoint import default_checkpoint
     if not default_checkpoint().with_suffix(".pt").exists():

@@ -78,7 +78,7 @@ def load_case(spec: str):
 
 
 def work_speed_bound(problem) -> float:
-    """Total work over total sustained speed (the issue's first bound)."""
+    """Total work over total sustained speed (the plain bound, reported as W/S)."""
     return float(_op_work(problem).sum() / problem.rate.sum())
 
 
