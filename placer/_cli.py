@@ -69,3 +69,17 @@ class SearchBar:
     def close(self) -> None:
         """Remove the bar."""
         self.bar.close()
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """How a model named as ``MODULE:FACTORY`` or a zoo name is built: the
+    same flags on ``trace``, ``plan``, ``run`` and ``launch``."""
+    p.add_argument("--input-shape", action="append", metavar="SHAPE",
+                   help="MODULE:FACTORY: shape of one example input, e.g. 8,3,224,224 "
+                        "(repeat per input)")
+    p.add_argument("--input-dtype", default="float32",
+                   help="MODULE:FACTORY: dtype of the example inputs (default float32)")
+    p.add_argument("--batch", type=int, help="batch size for zoo models")
+    p.add_argument("--seq", type=int, help="sequence length / image side for zoo models")
+    p.add_argument("--tiny", action="store_true",
+                   help="zoo models: the small test configuration")

@@ -16,10 +16,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import __version__
-from ._cli import add_seed, add_time_budget, formatter
+from ._cli import add_model_options, add_seed, add_time_budget, formatter
 from .errors import PlacerError, TraceError
 
 EXIT_BAD_INPUT = 2
+
+#: what ``trace``, ``plan MODEL`` and every other command that traces a model
+#: make of it unless ``--granularity`` says otherwise
+DEFAULT_GRANULARITY = "module"
 
 
 _formatter = formatter
@@ -48,28 +52,81 @@ def _parse_shape(text: str) -> tuple[int, ...]:
     return shape
 
 
+def _factory(spec: str):
+    """``MODULE:FACTORY`` -> the callable, imported from the current directory."""
+    module_name, _, attr = spec.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        # the one import of user code: named on the command line by the user
+        # themselves, never read from a graph, cluster or plan file
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # the user's module may raise anything on import
+        raise TraceError(f"cannot import {module_name!r}: {exc}", field="MODEL",
+                         fix="give MODULE:FACTORY importable from the current directory") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise TraceError(f"{module_name!r} has no callable {attr!r}", field="MODEL",
+                         fix="FACTORY must be a function or class returning the model")
+    return factory
+
+
+def _dtype(name: str):
+    import torch
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise PlacerError(f"unknown dtype {name!r}", field="--input-dtype",
+                          fix="use e.g. float32 or int64")
+    return dtype
+
+
+def _unknown_model(spec: str) -> PlacerError:
+    from . import datasets
+    return PlacerError(f"unknown model {spec!r}", field="MODEL",
+                       fix="give MODULE:FACTORY, a graph file, or a zoo model: "
+                       + ", ".join(datasets.models()))
+
+
+def check_model(spec: str, input_shapes: list[str] | None = None,
+                input_dtype: str = "float32") -> None:
+    """Raise the one-line error :func:`load_model` would raise for a model
+    that cannot be found, without building it (for launchers that build it
+    in other processes)."""
+    from . import datasets
+    if ":" in spec:
+        _factory(spec)
+        _dtype(input_dtype)
+        for text in input_shapes or []:
+            _parse_shape(text)
+    elif spec not in datasets.models():
+        raise _unknown_model(spec)
+
+
 def load_model(spec: str, input_shapes: list[str] | None = None, input_dtype: str = "float32",
-               batch: int | None = None, seq: int | None = None, tiny: bool = False):
-    """``module:factory`` or a zoo name -> ``(module, example_inputs)``."""
+               batch: int | None = None, seq: int | None = None, tiny: bool = False,
+               seed: int = 0, config: dict | None = None):
+    """``module:factory`` or a zoo name -> ``(module, example_inputs)``.
+
+    The one loader of ``trace``, ``plan``, ``run`` and ``launch`` (and the
+    ranks under torchrun): the same spec and seed give the same weights and
+    inputs in every process. ``config`` goes to the factory as keyword
+    arguments (zoo models: config overrides such as ``n_layer``)."""
     import torch
     from . import datasets
 
     if ":" in spec:
-        module_name, _, attr = spec.partition(":")
-        if os.getcwd() not in sys.path:
-            sys.path.insert(0, os.getcwd())
-        try:
-            # the one import of user code: named on the command line by the user
-            # themselves, never read from a graph, cluster or plan file
-            module = importlib.import_module(module_name)
-        except Exception as exc:  # the user's module may raise anything on import
-            raise TraceError(f"cannot import {module_name!r}: {exc}", field="MODEL",
-                             fix="give MODULE:FACTORY importable from the current directory") from None
-        factory = getattr(module, attr, None)
-        if not callable(factory):
-            raise TraceError(f"{module_name!r} has no callable {attr!r}", field="MODEL",
-                             fix="FACTORY must be a function or class returning the model")
-        made = factory()
+        factory = _factory(spec)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            try:
+                made = factory(**(config or {}))
+            except TypeError as exc:
+                if config:
+                    raise PlacerError(f"{spec} does not take {sorted(config)}: {exc}",
+                                      field="--config",
+                                      fix="give only keyword arguments the factory accepts"
+                                      ) from None
+                raise
         if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module):
             return made
         if not isinstance(made, torch.nn.Module):
@@ -78,11 +135,8 @@ def load_model(spec: str, input_shapes: list[str] | None = None, input_dtype: st
         if not input_shapes:
             raise TraceError(f"{spec} returned only a model", field="--input-shape",
                              fix="pass --input-shape (e.g. 8,3,224,224) or return (model, inputs)")
-        generator = torch.Generator().manual_seed(0)
-        dtype = getattr(torch, input_dtype, None)
-        if not isinstance(dtype, torch.dtype):
-            raise PlacerError(f"unknown dtype {input_dtype!r}", field="--input-dtype",
-                              fix="use e.g. float32 or int64")
+        generator = torch.Generator().manual_seed(seed)
+        dtype = _dtype(input_dtype)
         inputs = []
         for text in input_shapes:
             shape = _parse_shape(text)
@@ -92,10 +146,9 @@ def load_model(spec: str, input_shapes: list[str] | None = None, input_dtype: st
                 inputs.append(torch.randint(0, 2, shape, generator=generator, dtype=dtype))
         return made, tuple(inputs)
     if spec in datasets.models():
-        return datasets.model(spec, batch=batch, seq=seq, tiny=tiny)
-    raise PlacerError(f"unknown model {spec!r}", field="MODEL",
-                      fix="give MODULE:FACTORY, a graph file, or a zoo model: "
-                      + ", ".join(datasets.models()))
+        from . import zoo
+        return zoo.build(spec, batch, seq, tiny=tiny, seed=seed, **(config or {}))
+    raise _unknown_model(spec)
 
 
 def load_graph(spec: str, args: argparse.Namespace | None = None):
@@ -107,7 +160,7 @@ def load_graph(spec: str, args: argparse.Namespace | None = None):
         return Graph.load(spec)
     if ":" not in spec and spec in datasets.graphs() and not getattr(args, "tiny", False):
         return datasets.graph(spec)
-    granularity = getattr(args, "granularity", None) or "module"
+    granularity = getattr(args, "granularity", None) or DEFAULT_GRANULARITY
     if ":" not in spec and spec not in datasets.models():
         try:
             return datasets.graph(spec)  # synthetic names like layered-n100-w8-s0
@@ -130,6 +183,28 @@ def load_cluster(spec: str):
     if spec == "local":
         return Cluster.local()
     return Cluster.preset(spec)
+
+
+def deprecated(old: str, new: str) -> None:
+    """One line on stderr: ``old`` still works in this version; use ``new``."""
+    print(f"placer: deprecated: {old} (still accepted in {__version__}; "
+          f"removed in the next version): {new}", file=sys.stderr)
+
+
+def _cluster_of(args, positional: str | None = None):
+    """``--cluster``, or (the old spelling) the cluster as a positional argument."""
+    if args.cluster is not None:
+        if positional is not None:
+            raise PlacerError(f"a cluster given twice ({positional!r} and --cluster "
+                              f"{args.cluster!r})", field="--cluster",
+                              fix=f"placer {args.command} GRAPH PLAN... --cluster CLUSTER")
+        return load_cluster(args.cluster)
+    if positional is None:
+        raise PlacerError("no cluster given", field="--cluster",
+                          fix="add --cluster CLUSTER (a file or a preset: placer datasets)")
+    deprecated(f"the cluster as a positional argument of placer {args.command}",
+               f"write placer {args.command} GRAPH PLAN... --cluster {positional}")
+    return load_cluster(positional)
 
 
 def _emit(args, data: dict, text: str) -> None:
@@ -167,6 +242,10 @@ def cmd_trace(args) -> int:
     start = time.perf_counter()
     graph = load_graph(args.model, args)
     elapsed = time.perf_counter() - start
+    if args.granularity is None and not _is_graph_file(args.model):
+        print(f"placer trace: note: traces whole modules by default since {__version__} "
+              "(as placer plan MODEL does); --granularity op gives the op-level graph "
+              "the earlier default made", file=sys.stderr)
     if args.output:
         graph.save(args.output)
     totals = graph.totals()
@@ -467,11 +546,13 @@ def cmd_replan(args) -> int:
 def cmd_simulate(args) -> int:
     from .api import simulate
     from .plan import Plan
+    legacy = args.legacy_plan is not None     # GRAPH CLUSTER PLAN
+    plan_path = args.legacy_plan if legacy else args.plan
+    cluster = _cluster_of(args, args.plan if legacy else None)
     graph = load_graph(args.graph, args)
-    cluster = load_cluster(args.cluster)
-    plan = Plan.load(args.plan)
+    plan = Plan.load(plan_path)
     plan.validate(graph, cluster, check_fingerprints=not args.ignore_fingerprints,
-                  file=args.plan)
+                  file=plan_path)
     report = simulate(graph, cluster, plan)
     written = []
     if args.trace:
@@ -489,8 +570,9 @@ def cmd_compare(args) -> int:
     """Simulate several plans of one graph on one cluster side by side."""
     from .api import simulate
     from .plan import Plan
+    legacy = args.cluster is None and len(args.plans) > 1   # GRAPH CLUSTER PLAN...
+    cluster = _cluster_of(args, args.plans.pop(0) if legacy else None)
     graph = load_graph(args.graph, args)
-    cluster = load_cluster(args.cluster)
     rows, data = [], []
     for path in args.plans:
         plan = Plan.load(path)
@@ -550,23 +632,17 @@ def cmd_bench(args) -> int:
 
 
 def cmd_run(argv: list[str]) -> int:
-    """``placer run PLAN --model NAME``: the plan in this process, measured."""
-    from .runtime.dist import _common, _parser, _print
+    """``placer run PLAN --model MODEL``: the plan in this process, measured."""
+    from .runtime.dist import _common, _parser, _print, write_pictures
     from .runtime.run import run
     ns = _parser("placer run", False, pictures=True).parse_args(argv)
     plan, build, kwargs, cluster = _common(ns)
     model, inputs = build()
     result = run(model, plan, inputs, cluster=cluster, **kwargs)
     report = result.report
-    if ns.trace:
-        report.to_chrome_trace(ns.trace)
-        if report.prediction is not None:
-            report.prediction.to_chrome_trace(_outputs_next_to(ns.trace) + ".predicted.json")
-    if ns.gantt:
-        report.plot_gantt(ns.gantt, title=f"measured step: {report.step_time * 1e3:.3g} ms"
-                          + (f" (predicted {report.predicted * 1e3:.3g} ms)"
-                             if report.predicted else ""))
-    _print({"report": {**report.to_dict(), "predicted": report.predicted},
+    write_pictures(report, ns, _outputs_next_to)
+    _print({"report": {**report.to_dict(), "predicted": report.predicted,
+                       "step_times": report.step_times},
             "loss": None if result.loss is None else float(result.loss)}, ns)
     return 0
 
@@ -601,6 +677,10 @@ DELEGATED = {
 }
 
 
+#: what a GRAPH or MODEL argument may be, on every command that takes one
+GRAPH_HELP = "graph file, shipped graph, zoo model or MODULE:FACTORY"
+
+
 # --- parser -----------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -612,17 +692,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"placer {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
+    def cluster_option(p, what: str, required: bool = False):
+        p.add_argument("-c", "--cluster", required=required,
+                       help=f"{what}: a cluster file or preset name")
+
     def model_options(p):
         p.add_argument("--granularity", choices=["op", "module"], default=None,
-                       help="trace ops or whole modules (default: op for trace, "
-                            "module for plan)")
-        p.add_argument("--input-shape", action="append", metavar="SHAPE",
-                       help="shape of one example input, e.g. 8,3,224,224 (repeat per input)")
-        p.add_argument("--input-dtype", default="float32", help="dtype of the example inputs")
-        p.add_argument("--batch", type=int, help="batch size for zoo models")
-        p.add_argument("--seq", type=int, help="sequence length / image side for zoo models")
-        p.add_argument("--tiny", action="store_true",
-                       help="zoo models: the small test configuration (as `placer run --tiny`)")
+                       help=f"trace ops or whole modules (default: {DEFAULT_GRANULARITY})")
+        add_model_options(p)
 
     p = _add(sub, "trace", "Trace a PyTorch model into a placer.graph/v1 file.",
              "placer trace mymodels:resnet --input-shape 8,3,224,224 -o resnet.json")
@@ -630,20 +707,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="graph file to write (.json or .json.gz)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     model_options(p)
-    p.set_defaults(func=cmd_trace, granularity="op")
+    p.set_defaults(func=cmd_trace)
 
     p = _add(sub, "show", "Summarise a graph, cluster or plan file (or a preset name).",
              "placer show two-sites --plot two-sites.png")
-    p.add_argument("file", metavar="FILE")
+    p.add_argument("file", metavar="FILE",
+                   help="a graph, cluster or plan file, or a cluster preset name")
     p.add_argument("--plot", metavar="PNG", help="also draw a cluster as a picture")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_show)
 
     p = _add(sub, "plan", "Search a placement for a model on a cluster and write the plan.",
              "placer plan gpt-125m --cluster two-sites --method heft -o plan.json")
-    p.add_argument("model", metavar="MODEL",
-                   help="graph file, shipped graph, zoo model or MODULE:FACTORY")
-    p.add_argument("-c", "--cluster", required=True, help="cluster file or preset name")
+    p.add_argument("model", metavar="MODEL", help=GRAPH_HELP)
+    cluster_option(p, "the devices and links to place on", required=True)
     p.add_argument("-m", "--method", default="evolution",
                    help="strategy (see placer.strategies()); several comma-separated run "
                         "one after another (each with --time-budget) and the best plan is kept")
@@ -670,10 +747,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("plan", metavar="PLAN", help="the plan made for GRAPH on CLUSTER")
     p.add_argument("--without", action="append", required=True, metavar="DEVICE",
                    help="a lost device (repeat for several)")
-    p.add_argument("-g", "--graph", required=True,
-                   help="graph file, shipped graph, zoo model or MODULE:FACTORY")
-    p.add_argument("-c", "--cluster", required=True,
-                   help="the cluster the plan was made for (file or preset name)")
+    p.add_argument("-g", "--graph", required=True, help=GRAPH_HELP)
+    cluster_option(p, "the cluster the plan was made for", required=True)
     p.add_argument("-m", "--method", default="evolution",
                    help="strategy warm-started from the repaired plan, or 'repair' (no search)")
     p.add_argument("-o", "--output", help="plan file to write (default PLAN.replanned.json)")
@@ -687,10 +762,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_replan)
 
     p = _add(sub, "simulate", "Simulate a plan and report step time, memory and traffic.",
-             "placer simulate graph.json two-sites plan.json --trace run.trace.json")
-    p.add_argument("graph", metavar="GRAPH")
-    p.add_argument("cluster", metavar="CLUSTER")
-    p.add_argument("plan", metavar="PLAN")
+             "placer simulate graph.json plan.json --cluster two-sites --trace run.trace.json")
+    p.add_argument("graph", metavar="GRAPH", help=GRAPH_HELP)
+    p.add_argument("plan", metavar="PLAN", help="the plan file to score")
+    p.add_argument("legacy_plan", nargs="?", help=argparse.SUPPRESS)  # GRAPH CLUSTER PLAN
+    cluster_option(p, "the cluster the plan was made for")
     p.add_argument("--trace", help="write a Chrome/Perfetto trace here")
     p.add_argument("--gantt", help="write a Gantt chart PNG here")
     p.add_argument("--ignore-fingerprints", action="store_true",
@@ -700,10 +776,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_simulate)
 
     p = _add(sub, "compare", "Simulate several plans of one graph on one cluster side by side.",
-             "placer compare graph.json two-sites heft.json evolution.json --plot cmp.png")
-    p.add_argument("graph", metavar="GRAPH")
-    p.add_argument("cluster", metavar="CLUSTER")
-    p.add_argument("plans", metavar="PLAN", nargs="+")
+             "placer compare graph.json heft.json evolution.json --cluster two-sites "
+             "--plot cmp.png")
+    p.add_argument("graph", metavar="GRAPH", help=GRAPH_HELP)
+    p.add_argument("plans", metavar="PLAN", nargs="+", help="plan files to score")
+    cluster_option(p, "the cluster the plans were made for")
     p.add_argument("--plot", metavar="PNG", help="draw step times as bars")
     p.add_argument("--ignore-fingerprints", action="store_true",
                    help="compare even plans made for another graph/cluster")
@@ -718,7 +795,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _add(sub, "bench", "Run a benchmark and write its JSON results.",
              "placer bench search --suite hetero -o bench-search.json")
-    p.add_argument("what", choices=["cost", "search", "learned", "runtime"])
+    p.add_argument("what", choices=["cost", "search", "learned", "runtime"],
+                   help="which benchmark: cost models, search strategies, the learned "
+                        "policy or the runtime")
     p.add_argument("-o", "--output", help="JSON file to write (default bench-WHAT.json)")
     p.add_argument("--quick", action="store_true", help="small sizes (seconds)")
     p.add_argument("--suite", help="search: quick, hetero, homo, dtfm, scale or heuristics; "

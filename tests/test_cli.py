@@ -100,7 +100,7 @@ def test_plan_run_and_simulate_end_to_end(tmp_path, capsys):
     assert series and series[-1]["step_time"] > 0
     plan = Plan.load(ppath)
     plan.validate(graph, Cluster.preset("two-sites"))
-    assert main(["simulate", str(gpath), "two-sites", str(ppath), "--json",
+    assert main(["simulate", str(gpath), str(ppath), "--cluster", "two-sites", "--json",
                  "--trace", str(tmp_path / "t.json")]) == 0
     simulated = json.loads(capsys.readouterr().out)["report"]
     assert simulated["step_time"] == pytest.approx(data["report"]["step_time"])
@@ -152,7 +152,7 @@ def test_bad_plan_for_graph_is_exit_2(tmp_path, tiny_graph):
     gpath, ppath = tmp_path / "g.json", tmp_path / "p.json"
     tiny_graph.save(gpath)
     Plan({"fc1": ["a0"]}).save(ppath)
-    out = run_cli("simulate", str(gpath), "two-sites", str(ppath))
+    out = run_cli("simulate", str(gpath), str(ppath), "--cluster", "two-sites")
     assert out.returncode == 2 and "not placed" in out.stderr
 
 
@@ -164,7 +164,7 @@ def test_compare_plans(tmp_path, tiny_graph):
     split = tmp_path / "split.json"
     Plan({op.id: ["a0"] for op in tiny_graph}, method="one").save(one)
     Plan({"x": ["a0"], "fc1": ["a0"], "act": ["b0"], "fc2": ["b0"]}, method="wan").save(split)
-    out = run_cli("compare", str(gpath), "two-sites", str(one), str(split), "--json",
+    out = run_cli("compare", str(gpath), str(one), str(split), "--cluster", "two-sites", "--json",
                   "--plot", str(tmp_path / "cmp.png"))
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)["plans"]
@@ -172,7 +172,7 @@ def test_compare_plans(tmp_path, tiny_graph):
     # crossing the 35 ms WAN twice (forward and backward) cannot be faster
     assert rows[1]["step_time"] > rows[0]["step_time"] + 0.07
     assert (tmp_path / "cmp.png").read_bytes()[:4] == b"\x89PNG"
-    bad = run_cli("compare", str(gpath), "two-sites", str(gpath))
+    bad = run_cli("compare", str(gpath), str(gpath), "--cluster", "two-sites")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
 
 
