@@ -1,3 +1,4 @@
+import argparse
 import json
 import subprocess
 import sys
@@ -229,3 +230,126 @@ def test_bench_learned_passes_seeds_and_evaluations(monkeypatch, tmp_path):
     assert main(["bench", "learned", "--seeds", "2", "0", "--evaluations", "500",
                  "-o", out]) == 0
     assert seen["seeds"] == [2, 0] and seen["evaluations"] == 500 and seen["out"] == out
+
+
+MYMODELS = """
+import torch
+def mlp(width=16):
+    return torch.nn.Sequential(torch.nn.Linear(16, width), torch.nn.ReLU(),
+                               torch.nn.Linear(width, 4))
+"""
+
+
+@pytest.mark.parametrize("command", ["run", "launch"])
+@pytest.mark.parametrize("model, words", [
+    ("not-a-zoo-model", "unknown model 'not-a-zoo-model'"),
+    ("mymodels:nope", "'mymodels' has no callable 'nope'"),
+    ("no_such_module:make", "cannot import 'no_such_module'"),
+])
+def test_run_and_launch_unknown_model_is_one_line_exit_2(tmp_path, monkeypatch, capsys,
+                                                         tiny_graph, command, model, words):
+    (tmp_path / "mymodels.py").write_text(MYMODELS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    Plan({op.id: ["a0"] for op in tiny_graph}).save(tmp_path / "p.json")
+    try:
+        assert main([command, "p.json", "--model", model]) == 2
+    finally:
+        sys.modules.pop("mymodels", None)
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"placer {command}: error: MODEL: ") and words in err, err
+    assert "\n" not in err
+
+
+def test_run_own_model_matches_the_unplaced_loss(tmp_path, monkeypatch, capsys):
+    """``placer run --model MODULE:FACTORY`` with --config and --seed: the
+    same model and inputs trace's loader builds, and the unplaced loss."""
+    import torch
+    from placer.cli import load_model
+    from placer.runtime.run import default_loss
+    (tmp_path / "mymodels.py").write_text(MYMODELS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    try:
+        assert main(["trace", "mymodels:mlp", "--input-shape", "8,16", "--granularity", "op",
+                     "-o", "g.json"]) == 0
+        assert main(["plan", "g.json", "-c", "two-sites", "-m", "round_robin", "--no-plots",
+                     "-o", "p.json"]) == 0
+        capsys.readouterr()
+        assert main(["run", "p.json", "--model", "mymodels:mlp", "--input-shape", "8,16",
+                     "--config", '{"width": 24}', "--seed", "3", "--steps", "1",
+                     "--json"]) == 0
+        model, inputs = load_model("mymodels:mlp", ["8,16"], seed=3, config={"width": 24})
+    finally:
+        sys.modules.pop("mymodels", None)
+    assert model[0].out_features == 24
+    data = json.loads(capsys.readouterr().out)
+    with torch.no_grad():
+        assert data["loss"] == pytest.approx(float(default_loss(model(*inputs))), rel=1e-6)
+    assert len(Plan.load(tmp_path / "p.json").devices_used()) > 1
+
+
+def test_every_positional_has_help():
+    from placer.cli import build_parser
+    from placer.runtime.dist import _parser
+    parsers = dict(build_parser()._subparsers._group_actions[0].choices)
+    parsers.update({"run": _parser("placer run", False), "launch": _parser("placer launch", True)})
+    for name, parser in parsers.items():
+        for action in parser._actions:
+            if not action.option_strings and action.help != argparse.SUPPRESS:
+                assert action.help, (name, action.dest)
+
+
+def test_cluster_is_spelled_the_same_on_every_command():
+    from placer.cli import build_parser
+    from placer.runtime.dist import _parser
+    parsers = dict(build_parser()._subparsers._group_actions[0].choices)
+    parsers.update({"run": _parser("placer run", False), "launch": _parser("placer launch", True)})
+    for name in ("plan", "replan", "simulate", "compare", "run", "launch"):
+        flags = {s for a in parsers[name]._actions for s in a.option_strings}
+        assert {"-c", "--cluster"} <= flags, name
+        positionals = [a.dest for a in parsers[name]._actions if not a.option_strings]
+        assert "cluster" not in positionals, name
+
+
+def test_old_positional_cluster_still_works_with_one_deprecation_line(tmp_path, tiny_graph,
+                                                                      capsys):
+    gpath, ppath = tmp_path / "g.json", tmp_path / "p.json"
+    tiny_graph.save(gpath)
+    Plan({op.id: ["a0"] for op in tiny_graph}, method="one").save(ppath)
+    results = {}
+    for spelling in (["simulate", str(gpath), str(ppath), "--cluster", "two-sites"],
+                     ["simulate", str(gpath), "two-sites", str(ppath)],
+                     ["compare", str(gpath), str(ppath), str(ppath), "-c", "two-sites"],
+                     ["compare", str(gpath), "two-sites", str(ppath), str(ppath)]):
+        assert main(spelling + ["--json"]) == 0
+        out = capsys.readouterr()
+        old = "two-sites" in spelling[2:3]
+        assert bool(out.err) == old, out.err
+        if old:
+            assert len(out.err.strip().splitlines()) == 1
+            assert "deprecated" in out.err and "--cluster two-sites" in out.err
+        results[tuple(spelling)] = json.loads(out.out)
+    new_sim, old_sim, new_cmp, old_cmp = results.values()
+    assert new_sim["report"]["step_time"] == old_sim["report"]["step_time"] > 0
+    assert new_cmp["plans"] == old_cmp["plans"] and len(new_cmp["plans"]) == 2
+    assert main(["simulate", str(gpath), str(ppath)]) == 2
+    assert "--cluster" in capsys.readouterr().err
+
+
+def test_trace_and_plan_share_one_default_granularity(tmp_path, monkeypatch, capsys):
+    from placer.cli import DEFAULT_GRANULARITY
+    (tmp_path / "mymodels.py").write_text(MYMODELS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    try:
+        assert main(["trace", "mymodels:mlp", "--input-shape", "8,16", "-o", "g.json"]) == 0
+        assert "--granularity op" in capsys.readouterr().err     # says the default changed
+        assert main(["plan", "mymodels:mlp", "--input-shape", "8,16", "-c", "two-sites",
+                     "-m", "single", "--no-plots", "-o", "p.json"]) == 0
+    finally:
+        sys.modules.pop("mymodels", None)
+    from placer import Graph
+    graph = Graph.load(tmp_path / "g.json")
+    assert DEFAULT_GRANULARITY == "module" and graph.meta.get("granularity") == "module"
+    assert set(Plan.load(tmp_path / "p.json").placement) == set(graph.ids)
