@@ -353,3 +353,23 @@ def test_trace_and_plan_share_one_default_granularity(tmp_path, monkeypatch, cap
     graph = Graph.load(tmp_path / "g.json")
     assert DEFAULT_GRANULARITY == "module" and graph.meta.get("granularity") == "module"
     assert set(Plan.load(tmp_path / "p.json").placement) == set(graph.ids)
+
+
+@pytest.mark.parametrize("measured, predicted, times, expect, unsteady", [
+    (16.54e-3, 14.38e-3, [0.0159, 0.01654, 0.0183], "14.4 ms predicted (-13%)", False),
+    (0.28, 8e-5, [0.0015, 0.28, 0.305], "3,500x slower than the 80 us predicted", True),
+    (0.01, 0.05, [0.01, 0.011], "5x faster than the 50 ms predicted", False),
+])
+def test_measured_line_gives_factor_and_spread(capsys, measured, predicted, times, expect,
+                                               unsteady):
+    from types import SimpleNamespace
+    from placer.runtime.dist import _print
+    ns = SimpleNamespace(output=None, json=False, _calibrated=True)
+    _print({"report": {"step_time": measured, "predicted": predicted, "step_times": times},
+            "loss": 1.5}, ns)
+    out = capsys.readouterr().out
+    first = out.splitlines()[0]
+    assert expect in first and "-100%" not in first, first
+    low, high = min(times), max(times)
+    assert f"min {low * 1e3:.3g}, max {high * 1e3:.3g} ms over {len(times)} steps" in first
+    assert ("slowest step took" in out) == unsteady, out

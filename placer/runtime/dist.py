@@ -1252,6 +1252,10 @@ def _calibrate_here(plan, build, kwargs: dict, cluster):
             "problem_options": {"op_overhead": ovh, "task_overhead": task}}, cal
 
 
+#: slowest over fastest measured step from which a run is called unsteady
+UNSTEADY = 2.0
+
+
 def _print(result: dict, ns) -> None:
     """Print the measured report (text, or JSON with ``--json``); write it to ``-o``."""
     from .._io import atomic_write_text, dump_json
@@ -1262,13 +1266,24 @@ def _print(result: dict, ns) -> None:
         if path:
             atomic_write_text(path, dump_json({**rep, "calibration": result.get("calibration")}))
         return
+    from ..cost.report import _time, gap, spread
     pred = rep.get("predicted")
-    line = f"step {rep['step_time'] * 1e3:.2f} ms measured"
+    times = rep.get("step_times") or []
+    line = f"step {_time(rep['step_time'])} measured"
+    if len(times) > 1:
+        line += f" (median; {spread(times)})"
     if pred:
-        line += f", {pred * 1e3:.2f} ms predicted ({(pred - rep['step_time']) / rep['step_time']:+.0%})"
+        said = f"{_time(pred)} predicted"
+        how = gap(rep["step_time"], pred, than=f"the {said}")
+        line += f", {said} ({how})" if how.endswith("%") else f", {how}"
     if result.get("loss") is not None:
         line += f", loss {result['loss']:.6g}"
     print(line)
+    if len(times) > 1 and min(times) > 0 and max(times) / min(times) >= UNSTEADY:
+        print(f"note: the slowest step took {max(times) / min(times):.3g}x as long as the "
+              "fastest: other work on this host, or caches and allocators still warming "
+              "up; the median is the figure to compare (more --warmup and --steps, "
+              "--threads 1 or fewer ranks per core steady it)")
     cal = result.get("calibration") or {}
     if pred and cal.get("predicted_model"):
         print(calibration_line(cal))
