@@ -327,23 +327,25 @@ def show_cluster(cluster) -> tuple[dict, str]:
             "sites": sites, "fingerprint": cluster.fingerprint()}, text
 
 
-def show_plan(plan) -> tuple[dict, str]:
-    """Summary of a plan: ops per device, pipeline settings, prediction."""
-    per_device: dict[str, int] = {}
-    replicated = 0
-    for devices in plan.placement.values():
-        replicated += len(devices) > 1
-        for d in devices:
-            per_device[d] = per_device.get(d, 0) + 1
-    rows = [[d, str(n)] for d, n in sorted(per_device.items())]
+def show_plan(plan, order=None) -> tuple[dict, str]:
+    """Summary of a plan: its shape (stages, data-parallel groups, pipeline
+    settings), the prediction, and per device its stages, ops (module names
+    or op ranges), predicted memory and busy share. ``order``: the ops in
+    the graph's order, when the graph is at hand."""
+    from .describe import device_rows, shape
+    rows = device_rows(plan, order)
+    table = [[r["device"], ",".join(map(str, r["stages"])), str(r["ops"]), r["ranges"],
+              "-" if r["peak_memory"] is None else _fmt_bytes(r["peak_memory"]),
+              "-" if r["busy_share"] is None else f"{r['busy_share']:.0%}"]
+             for r in rows]
     predicted = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                           for k, v in plan.predicted.items()
-                          if k in ("step_time", "feasible", "microbatches", "schedule"))
-    text = (f"plan by {plan.method}: {len(plan.placement)} ops on {len(per_device)} device(s), "
-            f"{replicated} data-parallel; {plan.microbatches} microbatch(es), {plan.schedule}\n"
+                          if k in ("step_time", "feasible"))
+    text = (f"plan by {plan.method}: {shape(plan, order)}\n"
             + (f"predicted: {predicted}\n" if predicted else "") + "\n"
-            + _table(rows, ["device", "ops"]))
-    return {"kind": "plan", **plan.to_dict(), "ops_per_device": per_device}, text
+            + _table(table, ["device", "stage", "ops", "modules / op ranges", "memory", "busy"]))
+    return {"kind": "plan", **plan.to_dict(), "shape": shape(plan, order),
+            "ops_per_device": {r["device"]: r["ops"] for r in rows}, "devices": rows}, text
 
 
 def cmd_show(args) -> int:
@@ -498,7 +500,7 @@ def cmd_plan(args) -> int:
                            for p, r in results],
             "method": plan.method, "microbatches": plan.microbatches,
             "schedule": plan.schedule, "report": report.to_dict()}
-    _, plan_text = show_plan(plan)
+    _, plan_text = show_plan(plan, graph.topological_order())
     why = plan.predicted.get("infeasible") or []
     if why:
         data["infeasible"] = why
@@ -534,7 +536,7 @@ def cmd_replan(args) -> int:
     report = simulate(graph, reduced, plan)
     plan.save(output)
     info = plan.extra["replan"]
-    _, plan_text = show_plan(plan)
+    _, plan_text = show_plan(plan, graph.topological_order())
     _emit(args, {"plan": output, "method": plan.method, **info, "report": report.to_dict()},
           f"{graph.name} on {cluster.name} without {', '.join(args.without)} "
           f"({len(reduced)} devices left), method {plan.method}: "

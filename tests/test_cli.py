@@ -373,3 +373,60 @@ def test_measured_line_gives_factor_and_spread(capsys, measured, predicted, time
     low, high = min(times), max(times)
     assert f"min {low * 1e3:.3g}, max {high * 1e3:.3g} ms over {len(times)} steps" in first
     assert ("slowest step took" in out) == unsteady, out
+
+
+def _chain_plan(tmp_path, placement: dict, **predicted):
+    """A plan over a chain of ops named like modules, with a prediction."""
+    plan = Plan({op: list(devs) for op, devs in placement.items()}, microbatches=8,
+                schedule="1f1b", method="manual")
+    plan.predicted = {"step_time": 0.1, "feasible": True, **predicted}
+    path = tmp_path / "p.json"
+    plan.save(path)
+    return path
+
+
+def test_show_plan_lists_stages_per_device(tmp_path, capsys):
+    names = ["embed"] + [f"blocks.{i}" for i in range(6)] + ["head"]
+    where = ([("a0",)] * 3 + [("b0", "b1", "b2")] * 2 + [("c0",)] * 2 + [("d0",)])
+    path = _chain_plan(tmp_path, dict(zip(names, where)),
+                       peak_memory={"a0": 2.5e9, "b0": 1e9, "b1": 1e9, "b2": 1e9, "c0": 5e8,
+                                    "d0": 4e8},
+                       busy={"a0": 0.09, "b0": 0.05, "b1": 0.05, "b2": 0.05, "c0": 0.04,
+                             "d0": 0.02})
+    assert main(["show", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert ("4 pipeline stages, stage 2 data-parallel over 3 devices; 8 microbatches, 1f1b"
+            in text), text
+    rows = {line.split()[0]: line for line in text.splitlines() if line[:2] in
+            ("a0", "b0", "b2", "c0", "d0")}
+    assert "embed, blocks.0, blocks.1" in rows["a0"] and "2.5 GB" in rows["a0"]
+    assert "90%" in rows["a0"] and rows["b2"].split()[1] == "2"
+    assert "blocks.4, blocks.5" in rows["c0"] and rows["d0"].split()[1] == "4"
+    assert main(["show", str(path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [d["stages"] for d in data["devices"]] == [[1], [2], [2], [2], [3], [4]]
+
+
+def test_show_plan_says_when_ops_are_scattered(tmp_path, capsys):
+    names = [f"op{i}" for i in range(12)]
+    path = _chain_plan(tmp_path, {n: (["a0"] if i % 2 else ["a1"]) for i, n in enumerate(names)})
+    assert main(["show", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "op-level placement over 2 devices" in text and "change device 11 times" in text
+
+
+def test_placement_picture_labels_ops_and_boxes_stages(monkeypatch, tmp_path):
+    import placer.plots as plots
+    from placer import Edge, Graph, Op
+    names = ["embed"] + [f"blocks.{i}" for i in range(4)] + ["head"]
+    graph = Graph("chain", [Op(n, flops=1e9) for n in names],
+                  [Edge(a, b, 8) for a, b in zip(names, names[1:])])
+    plan = Plan(dict(zip(names, [["a0"]] * 3 + [["b0", "b1"]] * 2 + [["c0"]])))
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig))
+    plots.plot_placement(graph, plan, tmp_path / "p.png")
+    ax = figures[0].axes[0]
+    texts = {t.get_text() for t in ax.texts}
+    assert set(names) <= texts, texts
+    assert {"stage 1 (a0)", "stage 2 (2 devices)", "stage 3 (c0)"} <= texts, texts
+    assert len(ax.patches) == 3
