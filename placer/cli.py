@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import __version__
-from ._cli import add_model_options, add_seed, add_time_budget, formatter
+from ._cli import add_model_options, add_seed, add_time_budget, formatter, slow_stage
 from .errors import PlacerError, TraceError
 
 EXIT_BAD_INPUT = 2
@@ -240,7 +240,8 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 def cmd_trace(args) -> int:
     start = time.perf_counter()
-    graph = load_graph(args.model, args)
+    with slow_stage("placer trace", f"tracing {args.model}"):
+        graph = load_graph(args.model, args)
     elapsed = time.perf_counter() - start
     if args.granularity is None and not _is_graph_file(args.model):
         print(f"placer trace: note: traces whole modules by default since {__version__} "
@@ -433,8 +434,10 @@ def cmd_plan(args) -> int:
     if args.checkpoint and methods != ["evolution"]:
         raise PlacerError(f"method {args.method!r} cannot checkpoint", field="--checkpoint",
                           fix="use --method evolution, or drop --checkpoint/--resume")
-    graph = load_graph(args.model, args)
-    cluster = load_cluster(args.cluster)
+    with slow_stage("placer plan", f"loading {args.model}"):
+        graph = load_graph(args.model, args)
+        cluster = load_cluster(args.cluster)
+    _warm("plan", policy=bool({"rl", "hybrid"} & set(methods)))
     options: dict[str, Any] = {}
     if args.microbatches:
         options["microbatches"] = args.microbatches
@@ -455,10 +458,15 @@ def cmd_plan(args) -> int:
         for method in methods:
             if bar is not None and results:
                 bar.next_search(method)
-            results.append(optimize_with_report(
-                graph, cluster, method=method, seed=args.seed, time_budget=args.time_budget,
-                progress=convergence.labelled(method) if len(methods) > 1 else convergence,
-                **options))
+            budget = (f"{args.evaluations} evaluations" if args.evaluations and
+                      args.time_budget is None else f"up to {args.time_budget:g} s")
+            with slow_stage("placer plan", f"searching with {method} ({budget})",
+                            quiet=bar is not None):
+                results.append(optimize_with_report(
+                    graph, cluster, method=method, seed=args.seed,
+                    time_budget=args.time_budget,
+                    progress=convergence.labelled(method) if len(methods) > 1 else convergence,
+                    **options))
     except KeyboardInterrupt as exc:
         stopped = exc if isinstance(exc, SearchInterrupted) else SearchInterrupted(
             message="interrupted")
@@ -482,17 +490,9 @@ def cmd_plan(args) -> int:
     plan, report = _best_of(results)
     plan.save(args.output)
     stem = _outputs_next_to(args.output)
-    pictures = []
-    report.to_chrome_trace(stem + ".trace.json")
-    if not args.no_plots:
-        from .plots import plot_placement
-        plot_placement(graph, plan, stem + ".placement.png",
-                       title=f"{graph.name} on {cluster.name}: placement by {plan.method}")
-        report.plot_gantt(stem + ".gantt.png", title=f"{graph.name} on {cluster.name} ({plan.method})")
-        convergence.plot(stem + ".convergence.png",
-                         title=f"{graph.name} on {cluster.name}: search convergence "
-                               "(search model's step time)")
-        pictures += [stem + ".placement.png", stem + ".gantt.png", stem + ".convergence.png"]
+    with slow_stage("placer plan", "writing the trace and pictures"):
+        pictures = _plan_pictures(graph, cluster, plan, report, convergence, stem,
+                                  args.no_plots)
     data = {"plan": args.output, "trace": stem + ".trace.json", "pictures": pictures,
             "convergence": convergence.to_dict(),
             "candidates": [{"method": p.method, "step_time": r.step_time, "feasible": r.feasible,
@@ -516,6 +516,22 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def _plan_pictures(graph, cluster, plan, report, convergence, stem: str,
+                   no_plots: bool) -> list[str]:
+    """``placer plan``'s trace (always) and pictures (unless ``no_plots``)."""
+    report.to_chrome_trace(stem + ".trace.json")
+    if no_plots:
+        return []
+    from .plots import plot_placement
+    plot_placement(graph, plan, stem + ".placement.png",
+                   title=f"{graph.name} on {cluster.name}: placement by {plan.method}")
+    report.plot_gantt(stem + ".gantt.png", title=f"{graph.name} on {cluster.name} ({plan.method})")
+    convergence.plot(stem + ".convergence.png",
+                     title=f"{graph.name} on {cluster.name}: search convergence "
+                           "(search model's step time)")
+    return [stem + ".placement.png", stem + ".gantt.png", stem + ".convergence.png"]
+
+
 def cmd_replan(args) -> int:
     """``placer replan PLAN --without DEV``: re-plan on the surviving devices."""
     from .api import simulate
@@ -524,6 +540,7 @@ def cmd_replan(args) -> int:
     graph = load_graph(args.graph, args)
     cluster = load_cluster(args.cluster)
     old = Plan.load(args.plan)
+    _warm("replan", policy=args.method in ("rl", "hybrid"))
     output = args.output or _outputs_next_to(args.plan) + ".replanned.json"
     options: dict[str, Any] = {}
     if args.evaluations:
@@ -555,6 +572,7 @@ def cmd_simulate(args) -> int:
     plan = Plan.load(plan_path)
     plan.validate(graph, cluster, check_fingerprints=not args.ignore_fingerprints,
                   file=plan_path)
+    _warm("simulate")
     report = simulate(graph, cluster, plan)
     written = []
     if args.trace:
@@ -576,6 +594,7 @@ def cmd_compare(args) -> int:
     cluster = _cluster_of(args, args.plans.pop(0) if legacy else None)
     graph = load_graph(args.graph, args)
     rows, data = [], []
+    _warm("compare")
     for path in args.plans:
         plan = Plan.load(path)
         plan.validate(graph, cluster, check_fingerprints=not args.ignore_fingerprints,
@@ -598,6 +617,32 @@ def cmd_compare(args) -> int:
     _emit(args, {"graph": graph.name, "cluster": cluster.name, "plans": data},
           _table(rows, ["plan", "method", "step", "vs best", "fits", "peak mem", "devices",
                         "pipeline"]) + (f"\nwrote {args.plot}" if args.plot else ""))
+    return 0
+
+
+def _warm(command: str, policy: bool = False) -> None:
+    """Compile the numba kernels now, saying so, if this is their first use."""
+    from .warmup import warm_if_cold
+    warm_if_cold(f"placer {command}", policy=policy)
+
+
+def cmd_warmup(args) -> int:
+    """``placer warmup``: compile and cache every numba kernel."""
+    from .warmup import uncompiled, warmup
+    todo = uncompiled(policy=not args.no_policy)
+    if todo and not args.json:
+        print(f"placer warmup: compiling {len(todo)} numba kernels (about 15 s)",
+              file=sys.stderr, flush=True)
+    result = warmup(policy=not args.no_policy)
+    left = result["uncompiled_after"]
+    if left:
+        raise PlacerError(f"{len(left)} kernels could not be cached ({left[0]}, ...)",
+                          field="NUMBA_CACHE_DIR",
+                          fix="set NUMBA_CACHE_DIR to a writable folder")
+    _emit(args, result,
+          f"compiled and cached {len(result['compiled'])} of {result['kernels']} kernels in "
+          f"{result['seconds']:.1f} s" if result["compiled"] else
+          f"all {result['kernels']} kernels were already cached ({result['seconds']:.1f} s)")
     return 0
 
 
@@ -794,6 +839,13 @@ def build_parser() -> argparse.ArgumentParser:
              "placer datasets --json")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_datasets)
+
+    p = _add(sub, "warmup", "Compile and cache the numba kernels of the cost models and the "
+             "GNN policy, so the first plan is as quick as later ones.", "placer warmup")
+    p.add_argument("--no-policy", action="store_true",
+                   help="only the cost models' kernels (skip the GNN policy's)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_warmup)
 
     p = _add(sub, "bench", "Run a benchmark and write its JSON results.",
              "placer bench search --suite hetero -o bench-search.json")

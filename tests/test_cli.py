@@ -128,7 +128,7 @@ CONVENTIONS = {
     "trace": ["-o", "--json"], "show": ["--json"],
     "plan": ["-o", "--json", "--seed", "--time-budget"],
     "replan": ["-o", "--json", "--seed", "--time-budget"],
-    "simulate": ["--json"], "compare": ["--json"], "datasets": ["--json"],
+    "simulate": ["--json"], "compare": ["--json"], "datasets": ["--json"], "warmup": ["--json"],
     "bench": ["-o", "--seed", "--time-budget"],
     "run": ["-o", "--json", "--seed"], "launch": ["-o", "--json", "--seed"],
     "profile": ["-o", "--json", "--seed"],
