@@ -171,7 +171,9 @@ def load_graph(spec: str, args: argparse.Namespace | None = None):
                                getattr(args, "input_dtype", "float32"),
                                getattr(args, "batch", None), getattr(args, "seq", None),
                                getattr(args, "tiny", False))
-    return trace(model, inputs, granularity=granularity, name=spec.rpartition(":")[2])
+    with slow_stage(f"placer {getattr(args, 'command', None) or 'trace'}",
+                    f"tracing {spec} ({granularity} granularity)"):
+        return trace(model, inputs, granularity=granularity, name=spec.rpartition(":")[2])
 
 
 def load_cluster(spec: str):
@@ -240,8 +242,7 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 def cmd_trace(args) -> int:
     start = time.perf_counter()
-    with slow_stage("placer trace", f"tracing {args.model}"):
-        graph = load_graph(args.model, args)
+    graph = load_graph(args.model, args)
     elapsed = time.perf_counter() - start
     if args.granularity is None and not _is_graph_file(args.model):
         print(f"placer trace: note: traces whole modules by default since {__version__} "
@@ -434,9 +435,8 @@ def cmd_plan(args) -> int:
     if args.checkpoint and methods != ["evolution"]:
         raise PlacerError(f"method {args.method!r} cannot checkpoint", field="--checkpoint",
                           fix="use --method evolution, or drop --checkpoint/--resume")
-    with slow_stage("placer plan", f"loading {args.model}"):
-        graph = load_graph(args.model, args)
-        cluster = load_cluster(args.cluster)
+    graph = load_graph(args.model, args)
+    cluster = load_cluster(args.cluster)
     _warm("plan", policy=bool({"rl", "hybrid"} & set(methods)))
     options: dict[str, Any] = {}
     if args.microbatches:
@@ -684,8 +684,10 @@ def cmd_run(argv: list[str]) -> int:
     from .runtime.run import run
     ns = _parser("placer run", False, pictures=True).parse_args(argv)
     plan, build, kwargs, cluster = _common(ns)
-    model, inputs = build()
-    result = run(model, plan, inputs, cluster=cluster, **kwargs)
+    with slow_stage("placer run", f"building {ns.model}"):
+        model, inputs = build()
+    with slow_stage("placer run", f"running {ns.warmup} warm-up and {ns.steps} measured steps"):
+        result = run(model, plan, inputs, cluster=cluster, **kwargs)
     report = result.report
     write_pictures(report, ns, _outputs_next_to)
     _print({"report": {**report.to_dict(), "predicted": report.predicted,

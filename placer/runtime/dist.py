@@ -1345,10 +1345,13 @@ def launch_main(argv: list[str] | None = None) -> int:
     """``placer launch PLAN --model MODEL [--nproc N] ...``: local ranks."""
     from ..cli import _outputs_next_to
     ns = _parser("placer launch", True, pictures=True).parse_args(argv)
+    from .._cli import slow_stage
     plan, build, kwargs, cluster = _common(ns)
-    result = launch(plan, build, nproc=ns.nproc, backend=ns.backend, timeout=ns.timeout,
-                    cluster=cluster, fault_timeout=ns.fault_timeout, pin=_pin_arg(ns.pin),
-                    **kwargs)
+    with slow_stage("placer launch", f"{len(rank_devices(plan, cluster))} ranks building "
+                    f"{ns.model} and running {ns.warmup} warm-up and {ns.steps} measured steps"):
+        result = launch(plan, build, nproc=ns.nproc, backend=ns.backend, timeout=ns.timeout,
+                        cluster=cluster, fault_timeout=ns.fault_timeout, pin=_pin_arg(ns.pin),
+                        **kwargs)
     write_pictures(measured_report(result), ns, _outputs_next_to)
     _print(result, ns)
     return 0
