@@ -139,7 +139,8 @@ def _short(op_id: str, width: int = 22) -> str:
 
 def _group_stages(ax, plan: "Plan", order: list[str], pos: dict, colors: dict) -> None:
     """Box each stretch of a pipeline stage's ops and number the stage on
-    its longest stretch (op-level placements are left unboxed)."""
+    its last stretch, where it sits in the pipeline (op-level placements are
+    left unboxed)."""
     from matplotlib.patches import FancyBboxPatch
     from .describe import is_pipeline, stages
     found = stages(plan, order)
@@ -147,7 +148,7 @@ def _group_stages(ax, plan: "Plan", order: list[str], pos: dict, colors: dict) -
         return
     for stage in found:
         face = colors[stage.devices[0]] if len(stage.devices) == 1 else "#999999"
-        longest = max(reversed(stage.runs), key=len)   # ties: the later stretch
+        last = stage.runs[-1]       # where the stage sits in the pipeline
         for run in stage.runs:
             xs, ys = [pos[o][0] for o in run], [pos[o][1] for o in run]
             x0, y0 = min(xs) - 0.4, min(ys) - 0.45
@@ -155,7 +156,7 @@ def _group_stages(ax, plan: "Plan", order: list[str], pos: dict, colors: dict) -
                                  boxstyle="round,pad=0.02,rounding_size=0.2", linewidth=0.8,
                                  edgecolor=face, facecolor=face, alpha=0.12, zorder=0)
             ax.add_patch(box)
-            if run is longest:
+            if run is last:
                 where = (stage.devices[0] if len(stage.devices) == 1
                          else f"{len(stage.devices)} devices")
                 ax.text(x0 + 0.05, y0 - 0.05, f"stage {stage.index} ({where})", fontsize=7,
