@@ -69,3 +69,44 @@ class SearchBar:
     def close(self) -> None:
         """Remove the bar."""
         self.bar.close()
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """How a model named as ``MODULE:FACTORY`` or a zoo name is built: the
+    same flags on ``trace``, ``plan``, ``run`` and ``launch``."""
+    p.add_argument("--input-shape", action="append", metavar="SHAPE",
+                   help="MODULE:FACTORY: shape of one example input, e.g. 8,3,224,224 "
+                        "(repeat per input)")
+    p.add_argument("--input-dtype", default="float32",
+                   help="MODULE:FACTORY: dtype of the example inputs (default float32)")
+    p.add_argument("--batch", type=int, help="batch size for zoo models")
+    p.add_argument("--seq", type=int, help="sequence length / image side for zoo models")
+    p.add_argument("--tiny", action="store_true",
+                   help="zoo models: the small test configuration")
+
+
+class slow_stage:
+    """``with slow_stage("placer plan", "tracing gpt-125m"):`` prints
+    ``placer plan: tracing gpt-125m ...`` on stderr once the stage has run
+    for ``after`` seconds (on a terminal or not: one line per slow stage),
+    and nothing for quick ones. ``quiet`` turns it off."""
+
+    def __init__(self, prog: str, label: str, after: float = 2.0, quiet: bool = False):
+        import threading
+        self.line = f"{prog}: {label} ..."
+        self.timer = None if quiet else threading.Timer(after, self._say)
+        if self.timer is not None:
+            self.timer.daemon = True
+
+    def _say(self) -> None:
+        import sys
+        print(self.line, file=sys.stderr, flush=True)
+
+    def __enter__(self) -> "slow_stage":
+        if self.timer is not None:
+            self.timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.timer is not None:
+            self.timer.cancel()

@@ -16,10 +16,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import __version__
-from ._cli import add_seed, add_time_budget, formatter
+from ._cli import add_model_options, add_seed, add_time_budget, formatter, slow_stage
 from .errors import PlacerError, TraceError
 
 EXIT_BAD_INPUT = 2
+
+#: what ``trace``, ``plan MODEL`` and every other command that traces a model
+#: make of it unless ``--granularity`` says otherwise
+DEFAULT_GRANULARITY = "module"
 
 
 _formatter = formatter
@@ -48,28 +52,81 @@ def _parse_shape(text: str) -> tuple[int, ...]:
     return shape
 
 
+def _factory(spec: str):
+    """``MODULE:FACTORY`` -> the callable, imported from the current directory."""
+    module_name, _, attr = spec.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        # the one import of user code: named on the command line by the user
+        # themselves, never read from a graph, cluster or plan file
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # the user's module may raise anything on import
+        raise TraceError(f"cannot import {module_name!r}: {exc}", field="MODEL",
+                         fix="give MODULE:FACTORY importable from the current directory") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise TraceError(f"{module_name!r} has no callable {attr!r}", field="MODEL",
+                         fix="FACTORY must be a function or class returning the model")
+    return factory
+
+
+def _dtype(name: str):
+    import torch
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise PlacerError(f"unknown dtype {name!r}", field="--input-dtype",
+                          fix="use e.g. float32 or int64")
+    return dtype
+
+
+def _unknown_model(spec: str) -> PlacerError:
+    from . import datasets
+    return PlacerError(f"unknown model {spec!r}", field="MODEL",
+                       fix="give MODULE:FACTORY, a graph file, or a zoo model: "
+                       + ", ".join(datasets.models()))
+
+
+def check_model(spec: str, input_shapes: list[str] | None = None,
+                input_dtype: str = "float32") -> None:
+    """Raise the one-line error :func:`load_model` would raise for a model
+    that cannot be found, without building it (for launchers that build it
+    in other processes)."""
+    from . import datasets
+    if ":" in spec:
+        _factory(spec)
+        _dtype(input_dtype)
+        for text in input_shapes or []:
+            _parse_shape(text)
+    elif spec not in datasets.models():
+        raise _unknown_model(spec)
+
+
 def load_model(spec: str, input_shapes: list[str] | None = None, input_dtype: str = "float32",
-               batch: int | None = None, seq: int | None = None, tiny: bool = False):
-    """``module:factory`` or a zoo name -> ``(module, example_inputs)``."""
+               batch: int | None = None, seq: int | None = None, tiny: bool = False,
+               seed: int = 0, config: dict | None = None):
+    """``module:factory`` or a zoo name -> ``(module, example_inputs)``.
+
+    The one loader of ``trace``, ``plan``, ``run`` and ``launch`` (and the
+    ranks under torchrun): the same spec and seed give the same weights and
+    inputs in every process. ``config`` goes to the factory as keyword
+    arguments (zoo models: config overrides such as ``n_layer``)."""
     import torch
     from . import datasets
 
     if ":" in spec:
-        module_name, _, attr = spec.partition(":")
-        if os.getcwd() not in sys.path:
-            sys.path.insert(0, os.getcwd())
-        try:
-            # the one import of user code: named on the command line by the user
-            # themselves, never read from a graph, cluster or plan file
-            module = importlib.import_module(module_name)
-        except Exception as exc:  # the user's module may raise anything on import
-            raise TraceError(f"cannot import {module_name!r}: {exc}", field="MODEL",
-                             fix="give MODULE:FACTORY importable from the current directory") from None
-        factory = getattr(module, attr, None)
-        if not callable(factory):
-            raise TraceError(f"{module_name!r} has no callable {attr!r}", field="MODEL",
-                             fix="FACTORY must be a function or class returning the model")
-        made = factory()
+        factory = _factory(spec)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            try:
+                made = factory(**(config or {}))
+            except TypeError as exc:
+                if config:
+                    raise PlacerError(f"{spec} does not take {sorted(config)}: {exc}",
+                                      field="--config",
+                                      fix="give only keyword arguments the factory accepts"
+                                      ) from None
+                raise
         if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module):
             return made
         if not isinstance(made, torch.nn.Module):
@@ -78,11 +135,8 @@ def load_model(spec: str, input_shapes: list[str] | None = None, input_dtype: st
         if not input_shapes:
             raise TraceError(f"{spec} returned only a model", field="--input-shape",
                              fix="pass --input-shape (e.g. 8,3,224,224) or return (model, inputs)")
-        generator = torch.Generator().manual_seed(0)
-        dtype = getattr(torch, input_dtype, None)
-        if not isinstance(dtype, torch.dtype):
-            raise PlacerError(f"unknown dtype {input_dtype!r}", field="--input-dtype",
-                              fix="use e.g. float32 or int64")
+        generator = torch.Generator().manual_seed(seed)
+        dtype = _dtype(input_dtype)
         inputs = []
         for text in input_shapes:
             shape = _parse_shape(text)
@@ -92,10 +146,9 @@ def load_model(spec: str, input_shapes: list[str] | None = None, input_dtype: st
                 inputs.append(torch.randint(0, 2, shape, generator=generator, dtype=dtype))
         return made, tuple(inputs)
     if spec in datasets.models():
-        return datasets.model(spec, batch=batch, seq=seq, tiny=tiny)
-    raise PlacerError(f"unknown model {spec!r}", field="MODEL",
-                      fix="give MODULE:FACTORY, a graph file, or a zoo model: "
-                      + ", ".join(datasets.models()))
+        from . import zoo
+        return zoo.build(spec, batch, seq, tiny=tiny, seed=seed, **(config or {}))
+    raise _unknown_model(spec)
 
 
 def load_graph(spec: str, args: argparse.Namespace | None = None):
@@ -107,7 +160,7 @@ def load_graph(spec: str, args: argparse.Namespace | None = None):
         return Graph.load(spec)
     if ":" not in spec and spec in datasets.graphs() and not getattr(args, "tiny", False):
         return datasets.graph(spec)
-    granularity = getattr(args, "granularity", None) or "module"
+    granularity = getattr(args, "granularity", None) or DEFAULT_GRANULARITY
     if ":" not in spec and spec not in datasets.models():
         try:
             return datasets.graph(spec)  # synthetic names like layered-n100-w8-s0
@@ -118,7 +171,9 @@ def load_graph(spec: str, args: argparse.Namespace | None = None):
                                getattr(args, "input_dtype", "float32"),
                                getattr(args, "batch", None), getattr(args, "seq", None),
                                getattr(args, "tiny", False))
-    return trace(model, inputs, granularity=granularity, name=spec.rpartition(":")[2])
+    with slow_stage(f"placer {getattr(args, 'command', None) or 'trace'}",
+                    f"tracing {spec} ({granularity} granularity)"):
+        return trace(model, inputs, granularity=granularity, name=spec.rpartition(":")[2])
 
 
 def load_cluster(spec: str):
@@ -130,6 +185,28 @@ def load_cluster(spec: str):
     if spec == "local":
         return Cluster.local()
     return Cluster.preset(spec)
+
+
+def deprecated(old: str, new: str) -> None:
+    """One line on stderr: ``old`` still works in this version; use ``new``."""
+    print(f"placer: deprecated: {old} (still accepted in {__version__}; "
+          f"removed in the next version): {new}", file=sys.stderr)
+
+
+def _cluster_of(args, positional: str | None = None):
+    """``--cluster``, or (the old spelling) the cluster as a positional argument."""
+    if args.cluster is not None:
+        if positional is not None:
+            raise PlacerError(f"a cluster given twice ({positional!r} and --cluster "
+                              f"{args.cluster!r})", field="--cluster",
+                              fix=f"placer {args.command} GRAPH PLAN... --cluster CLUSTER")
+        return load_cluster(args.cluster)
+    if positional is None:
+        raise PlacerError("no cluster given", field="--cluster",
+                          fix="add --cluster CLUSTER (a file or a preset: placer datasets)")
+    deprecated(f"the cluster as a positional argument of placer {args.command}",
+               f"write placer {args.command} GRAPH PLAN... --cluster {positional}")
+    return load_cluster(positional)
 
 
 def _emit(args, data: dict, text: str) -> None:
@@ -167,6 +244,10 @@ def cmd_trace(args) -> int:
     start = time.perf_counter()
     graph = load_graph(args.model, args)
     elapsed = time.perf_counter() - start
+    if args.granularity is None and not _is_graph_file(args.model):
+        print(f"placer trace: note: traces whole modules by default since {__version__} "
+              "(as placer plan MODEL does); --granularity op gives the op-level graph "
+              "the earlier default made", file=sys.stderr)
     if args.output:
         graph.save(args.output)
     totals = graph.totals()
@@ -248,23 +329,25 @@ def show_cluster(cluster) -> tuple[dict, str]:
             "sites": sites, "fingerprint": cluster.fingerprint()}, text
 
 
-def show_plan(plan) -> tuple[dict, str]:
-    """Summary of a plan: ops per device, pipeline settings, prediction."""
-    per_device: dict[str, int] = {}
-    replicated = 0
-    for devices in plan.placement.values():
-        replicated += len(devices) > 1
-        for d in devices:
-            per_device[d] = per_device.get(d, 0) + 1
-    rows = [[d, str(n)] for d, n in sorted(per_device.items())]
+def show_plan(plan, order=None) -> tuple[dict, str]:
+    """Summary of a plan: its shape (stages, data-parallel groups, pipeline
+    settings), the prediction, and per device its stages, ops (module names
+    or op ranges), predicted memory and busy share. ``order``: the ops in
+    the graph's order, when the graph is at hand."""
+    from .describe import device_rows, shape
+    rows = device_rows(plan, order)
+    table = [[r["device"], ",".join(map(str, r["stages"])), str(r["ops"]), r["ranges"],
+              "-" if r["peak_memory"] is None else _fmt_bytes(r["peak_memory"]),
+              "-" if r["busy_share"] is None else f"{r['busy_share']:.0%}"]
+             for r in rows]
     predicted = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                           for k, v in plan.predicted.items()
-                          if k in ("step_time", "feasible", "microbatches", "schedule"))
-    text = (f"plan by {plan.method}: {len(plan.placement)} ops on {len(per_device)} device(s), "
-            f"{replicated} data-parallel; {plan.microbatches} microbatch(es), {plan.schedule}\n"
+                          if k in ("step_time", "feasible"))
+    text = (f"plan by {plan.method}: {shape(plan, order)}\n"
             + (f"predicted: {predicted}\n" if predicted else "") + "\n"
-            + _table(rows, ["device", "ops"]))
-    return {"kind": "plan", **plan.to_dict(), "ops_per_device": per_device}, text
+            + _table(table, ["device", "stage", "ops", "modules / op ranges", "memory", "busy"]))
+    return {"kind": "plan", **plan.to_dict(), "shape": shape(plan, order),
+            "ops_per_device": {r["device"]: r["ops"] for r in rows}, "devices": rows}, text
 
 
 def cmd_show(args) -> int:
@@ -354,6 +437,7 @@ def cmd_plan(args) -> int:
                           fix="use --method evolution, or drop --checkpoint/--resume")
     graph = load_graph(args.model, args)
     cluster = load_cluster(args.cluster)
+    _warm("plan", policy=bool({"rl", "hybrid"} & set(methods)))
     options: dict[str, Any] = {}
     if args.microbatches:
         options["microbatches"] = args.microbatches
@@ -374,10 +458,15 @@ def cmd_plan(args) -> int:
         for method in methods:
             if bar is not None and results:
                 bar.next_search(method)
-            results.append(optimize_with_report(
-                graph, cluster, method=method, seed=args.seed, time_budget=args.time_budget,
-                progress=convergence.labelled(method) if len(methods) > 1 else convergence,
-                **options))
+            budget = (f"{args.evaluations} evaluations" if args.evaluations and
+                      args.time_budget is None else f"up to {args.time_budget:g} s")
+            with slow_stage("placer plan", f"searching with {method} ({budget})",
+                            quiet=bar is not None):
+                results.append(optimize_with_report(
+                    graph, cluster, method=method, seed=args.seed,
+                    time_budget=args.time_budget,
+                    progress=convergence.labelled(method) if len(methods) > 1 else convergence,
+                    **options))
     except KeyboardInterrupt as exc:
         stopped = exc if isinstance(exc, SearchInterrupted) else SearchInterrupted(
             message="interrupted")
@@ -401,17 +490,9 @@ def cmd_plan(args) -> int:
     plan, report = _best_of(results)
     plan.save(args.output)
     stem = _outputs_next_to(args.output)
-    pictures = []
-    report.to_chrome_trace(stem + ".trace.json")
-    if not args.no_plots:
-        from .plots import plot_placement
-        plot_placement(graph, plan, stem + ".placement.png",
-                       title=f"{graph.name} on {cluster.name}: placement by {plan.method}")
-        report.plot_gantt(stem + ".gantt.png", title=f"{graph.name} on {cluster.name} ({plan.method})")
-        convergence.plot(stem + ".convergence.png",
-                         title=f"{graph.name} on {cluster.name}: search convergence "
-                               "(search model's step time)")
-        pictures += [stem + ".placement.png", stem + ".gantt.png", stem + ".convergence.png"]
+    with slow_stage("placer plan", "writing the trace and pictures"):
+        pictures = _plan_pictures(graph, cluster, plan, report, convergence, stem,
+                                  args.no_plots)
     data = {"plan": args.output, "trace": stem + ".trace.json", "pictures": pictures,
             "convergence": convergence.to_dict(),
             "candidates": [{"method": p.method, "step_time": r.step_time, "feasible": r.feasible,
@@ -419,7 +500,7 @@ def cmd_plan(args) -> int:
                            for p, r in results],
             "method": plan.method, "microbatches": plan.microbatches,
             "schedule": plan.schedule, "report": report.to_dict()}
-    _, plan_text = show_plan(plan)
+    _, plan_text = show_plan(plan, graph.topological_order())
     why = plan.predicted.get("infeasible") or []
     if why:
         data["infeasible"] = why
@@ -435,6 +516,22 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def _plan_pictures(graph, cluster, plan, report, convergence, stem: str,
+                   no_plots: bool) -> list[str]:
+    """``placer plan``'s trace (always) and pictures (unless ``no_plots``)."""
+    report.to_chrome_trace(stem + ".trace.json")
+    if no_plots:
+        return []
+    from .plots import plot_placement
+    plot_placement(graph, plan, stem + ".placement.png",
+                   title=f"{graph.name} on {cluster.name}: placement by {plan.method}")
+    report.plot_gantt(stem + ".gantt.png", title=f"{graph.name} on {cluster.name} ({plan.method})")
+    convergence.plot(stem + ".convergence.png",
+                     title=f"{graph.name} on {cluster.name}: search convergence "
+                           "(search model's step time)")
+    return [stem + ".placement.png", stem + ".gantt.png", stem + ".convergence.png"]
+
+
 def cmd_replan(args) -> int:
     """``placer replan PLAN --without DEV``: re-plan on the surviving devices."""
     from .api import simulate
@@ -443,6 +540,7 @@ def cmd_replan(args) -> int:
     graph = load_graph(args.graph, args)
     cluster = load_cluster(args.cluster)
     old = Plan.load(args.plan)
+    _warm("replan", policy=args.method in ("rl", "hybrid"))
     output = args.output or _outputs_next_to(args.plan) + ".replanned.json"
     options: dict[str, Any] = {}
     if args.evaluations:
@@ -455,7 +553,7 @@ def cmd_replan(args) -> int:
     report = simulate(graph, reduced, plan)
     plan.save(output)
     info = plan.extra["replan"]
-    _, plan_text = show_plan(plan)
+    _, plan_text = show_plan(plan, graph.topological_order())
     _emit(args, {"plan": output, "method": plan.method, **info, "report": report.to_dict()},
           f"{graph.name} on {cluster.name} without {', '.join(args.without)} "
           f"({len(reduced)} devices left), method {plan.method}: "
@@ -467,11 +565,14 @@ def cmd_replan(args) -> int:
 def cmd_simulate(args) -> int:
     from .api import simulate
     from .plan import Plan
+    legacy = args.legacy_plan is not None     # GRAPH CLUSTER PLAN
+    plan_path = args.legacy_plan if legacy else args.plan
+    cluster = _cluster_of(args, args.plan if legacy else None)
     graph = load_graph(args.graph, args)
-    cluster = load_cluster(args.cluster)
-    plan = Plan.load(args.plan)
+    plan = Plan.load(plan_path)
     plan.validate(graph, cluster, check_fingerprints=not args.ignore_fingerprints,
-                  file=args.plan)
+                  file=plan_path)
+    _warm("simulate")
     report = simulate(graph, cluster, plan)
     written = []
     if args.trace:
@@ -489,9 +590,11 @@ def cmd_compare(args) -> int:
     """Simulate several plans of one graph on one cluster side by side."""
     from .api import simulate
     from .plan import Plan
+    legacy = args.cluster is None and len(args.plans) > 1   # GRAPH CLUSTER PLAN...
+    cluster = _cluster_of(args, args.plans.pop(0) if legacy else None)
     graph = load_graph(args.graph, args)
-    cluster = load_cluster(args.cluster)
     rows, data = [], []
+    _warm("compare")
     for path in args.plans:
         plan = Plan.load(path)
         plan.validate(graph, cluster, check_fingerprints=not args.ignore_fingerprints,
@@ -514,6 +617,32 @@ def cmd_compare(args) -> int:
     _emit(args, {"graph": graph.name, "cluster": cluster.name, "plans": data},
           _table(rows, ["plan", "method", "step", "vs best", "fits", "peak mem", "devices",
                         "pipeline"]) + (f"\nwrote {args.plot}" if args.plot else ""))
+    return 0
+
+
+def _warm(command: str, policy: bool = False) -> None:
+    """Compile the numba kernels now, saying so, if this is their first use."""
+    from .warmup import warm_if_cold
+    warm_if_cold(f"placer {command}", policy=policy)
+
+
+def cmd_warmup(args) -> int:
+    """``placer warmup``: compile and cache every numba kernel."""
+    from .warmup import uncompiled, warmup
+    todo = uncompiled(policy=not args.no_policy)
+    if todo and not args.json:
+        print(f"placer warmup: compiling {len(todo)} numba kernels (about 15 s)",
+              file=sys.stderr, flush=True)
+    result = warmup(policy=not args.no_policy)
+    left = result["uncompiled_after"]
+    if left:
+        raise PlacerError(f"{len(left)} kernels could not be cached ({left[0]}, ...)",
+                          field="NUMBA_CACHE_DIR",
+                          fix="set NUMBA_CACHE_DIR to a writable folder")
+    _emit(args, result,
+          f"compiled and cached {len(result['compiled'])} of {result['kernels']} kernels in "
+          f"{result['seconds']:.1f} s" if result["compiled"] else
+          f"all {result['kernels']} kernels were already cached ({result['seconds']:.1f} s)")
     return 0
 
 
@@ -550,23 +679,19 @@ def cmd_bench(args) -> int:
 
 
 def cmd_run(argv: list[str]) -> int:
-    """``placer run PLAN --model NAME``: the plan in this process, measured."""
-    from .runtime.dist import _common, _parser, _print
+    """``placer run PLAN --model MODEL``: the plan in this process, measured."""
+    from .runtime.dist import _common, _parser, _print, write_pictures
     from .runtime.run import run
     ns = _parser("placer run", False, pictures=True).parse_args(argv)
     plan, build, kwargs, cluster = _common(ns)
-    model, inputs = build()
-    result = run(model, plan, inputs, cluster=cluster, **kwargs)
+    with slow_stage("placer run", f"building {ns.model}"):
+        model, inputs = build()
+    with slow_stage("placer run", f"running {ns.warmup} warm-up and {ns.steps} measured steps"):
+        result = run(model, plan, inputs, cluster=cluster, **kwargs)
     report = result.report
-    if ns.trace:
-        report.to_chrome_trace(ns.trace)
-        if report.prediction is not None:
-            report.prediction.to_chrome_trace(_outputs_next_to(ns.trace) + ".predicted.json")
-    if ns.gantt:
-        report.plot_gantt(ns.gantt, title=f"measured step: {report.step_time * 1e3:.3g} ms"
-                          + (f" (predicted {report.predicted * 1e3:.3g} ms)"
-                             if report.predicted else ""))
-    _print({"report": {**report.to_dict(), "predicted": report.predicted},
+    write_pictures(report, ns, _outputs_next_to)
+    _print({"report": {**report.to_dict(), "predicted": report.predicted,
+                       "step_times": report.step_times},
             "loss": None if result.loss is None else float(result.loss)}, ns)
     return 0
 
@@ -601,6 +726,10 @@ DELEGATED = {
 }
 
 
+#: what a GRAPH or MODEL argument may be, on every command that takes one
+GRAPH_HELP = "graph file, shipped graph, zoo model or MODULE:FACTORY"
+
+
 # --- parser -----------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -612,17 +741,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"placer {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
+    def cluster_option(p, what: str, required: bool = False):
+        p.add_argument("-c", "--cluster", required=required,
+                       help=f"{what}: a cluster file or preset name")
+
     def model_options(p):
         p.add_argument("--granularity", choices=["op", "module"], default=None,
-                       help="trace ops or whole modules (default: op for trace, "
-                            "module for plan)")
-        p.add_argument("--input-shape", action="append", metavar="SHAPE",
-                       help="shape of one example input, e.g. 8,3,224,224 (repeat per input)")
-        p.add_argument("--input-dtype", default="float32", help="dtype of the example inputs")
-        p.add_argument("--batch", type=int, help="batch size for zoo models")
-        p.add_argument("--seq", type=int, help="sequence length / image side for zoo models")
-        p.add_argument("--tiny", action="store_true",
-                       help="zoo models: the small test configuration (as `placer run --tiny`)")
+                       help=f"trace ops or whole modules (default: {DEFAULT_GRANULARITY})")
+        add_model_options(p)
 
     p = _add(sub, "trace", "Trace a PyTorch model into a placer.graph/v1 file.",
              "placer trace mymodels:resnet --input-shape 8,3,224,224 -o resnet.json")
@@ -630,20 +756,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="graph file to write (.json or .json.gz)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     model_options(p)
-    p.set_defaults(func=cmd_trace, granularity="op")
+    p.set_defaults(func=cmd_trace)
 
     p = _add(sub, "show", "Summarise a graph, cluster or plan file (or a preset name).",
              "placer show two-sites --plot two-sites.png")
-    p.add_argument("file", metavar="FILE")
+    p.add_argument("file", metavar="FILE",
+                   help="a graph, cluster or plan file, or a cluster preset name")
     p.add_argument("--plot", metavar="PNG", help="also draw a cluster as a picture")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_show)
 
     p = _add(sub, "plan", "Search a placement for a model on a cluster and write the plan.",
              "placer plan gpt-125m --cluster two-sites --method heft -o plan.json")
-    p.add_argument("model", metavar="MODEL",
-                   help="graph file, shipped graph, zoo model or MODULE:FACTORY")
-    p.add_argument("-c", "--cluster", required=True, help="cluster file or preset name")
+    p.add_argument("model", metavar="MODEL", help=GRAPH_HELP)
+    cluster_option(p, "the devices and links to place on", required=True)
     p.add_argument("-m", "--method", default="evolution",
                    help="strategy (see placer.strategies()); several comma-separated run "
                         "one after another (each with --time-budget) and the best plan is kept")
@@ -670,10 +796,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("plan", metavar="PLAN", help="the plan made for GRAPH on CLUSTER")
     p.add_argument("--without", action="append", required=True, metavar="DEVICE",
                    help="a lost device (repeat for several)")
-    p.add_argument("-g", "--graph", required=True,
-                   help="graph file, shipped graph, zoo model or MODULE:FACTORY")
-    p.add_argument("-c", "--cluster", required=True,
-                   help="the cluster the plan was made for (file or preset name)")
+    p.add_argument("-g", "--graph", required=True, help=GRAPH_HELP)
+    cluster_option(p, "the cluster the plan was made for", required=True)
     p.add_argument("-m", "--method", default="evolution",
                    help="strategy warm-started from the repaired plan, or 'repair' (no search)")
     p.add_argument("-o", "--output", help="plan file to write (default PLAN.replanned.json)")
@@ -687,10 +811,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_replan)
 
     p = _add(sub, "simulate", "Simulate a plan and report step time, memory and traffic.",
-             "placer simulate graph.json two-sites plan.json --trace run.trace.json")
-    p.add_argument("graph", metavar="GRAPH")
-    p.add_argument("cluster", metavar="CLUSTER")
-    p.add_argument("plan", metavar="PLAN")
+             "placer simulate graph.json plan.json --cluster two-sites --trace run.trace.json")
+    p.add_argument("graph", metavar="GRAPH", help=GRAPH_HELP)
+    p.add_argument("plan", metavar="PLAN", help="the plan file to score")
+    p.add_argument("legacy_plan", nargs="?", help=argparse.SUPPRESS)  # GRAPH CLUSTER PLAN
+    cluster_option(p, "the cluster the plan was made for")
     p.add_argument("--trace", help="write a Chrome/Perfetto trace here")
     p.add_argument("--gantt", help="write a Gantt chart PNG here")
     p.add_argument("--ignore-fingerprints", action="store_true",
@@ -700,10 +825,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_simulate)
 
     p = _add(sub, "compare", "Simulate several plans of one graph on one cluster side by side.",
-             "placer compare graph.json two-sites heft.json evolution.json --plot cmp.png")
-    p.add_argument("graph", metavar="GRAPH")
-    p.add_argument("cluster", metavar="CLUSTER")
-    p.add_argument("plans", metavar="PLAN", nargs="+")
+             "placer compare graph.json heft.json evolution.json --cluster two-sites "
+             "--plot cmp.png")
+    p.add_argument("graph", metavar="GRAPH", help=GRAPH_HELP)
+    p.add_argument("plans", metavar="PLAN", nargs="+", help="plan files to score")
+    cluster_option(p, "the cluster the plans were made for")
     p.add_argument("--plot", metavar="PNG", help="draw step times as bars")
     p.add_argument("--ignore-fingerprints", action="store_true",
                    help="compare even plans made for another graph/cluster")
@@ -716,9 +842,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_datasets)
 
+    p = _add(sub, "warmup", "Compile and cache the numba kernels of the cost models and the "
+             "GNN policy, so the first plan is as quick as later ones.", "placer warmup")
+    p.add_argument("--no-policy", action="store_true",
+                   help="only the cost models' kernels (skip the GNN policy's)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_warmup)
+
     p = _add(sub, "bench", "Run a benchmark and write its JSON results.",
              "placer bench search --suite hetero -o bench-search.json")
-    p.add_argument("what", choices=["cost", "search", "learned", "runtime"])
+    p.add_argument("what", choices=["cost", "search", "learned", "runtime"],
+                   help="which benchmark: cost models, search strategies, the learned "
+                        "policy or the runtime")
     p.add_argument("-o", "--output", help="JSON file to write (default bench-WHAT.json)")
     p.add_argument("--quick", action="store_true", help="small sizes (seconds)")
     p.add_argument("--suite", help="search: quick, hetero, homo, dtfm, scale or heuristics; "

@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from .plan import Plan
 
 MAX_DRAWN_OPS = 400
+#: placement pictures label every op up to this many ops drawn
+MAX_LABELLED_OPS = 80
+#: and box a pipeline's stages up to this many stages
+MAX_BOXED_STAGES = 16
 
 
 def _pyplot():
@@ -49,8 +53,11 @@ def device_colors(names: list[str]) -> dict[str, tuple]:
 def plot_placement(graph: "Graph", plan: "Plan", path: PathLike, *,
                    title: str | None = None) -> None:
     """Draw the computation graph by depth, ops coloured by device (striped
-    grey for data-parallel ops), cross-device edges thick and red. Graphs
-    over 400 ops are coarsened first (groups take their majority device).
+    grey for data-parallel ops), cross-device edges thick and red, each op
+    labelled with its id (module names at module granularity; up to
+    :data:`MAX_LABELLED_OPS` ops) and a pipeline's stages boxed and numbered
+    (see :mod:`placer.describe`). Graphs over 400 ops are coarsened first
+    (groups take their majority device).
 
     >>> import pathlib, tempfile
     >>> from placer import Edge, Graph, Op, Plan
@@ -101,6 +108,13 @@ def plot_placement(graph: "Graph", plan: "Plan", path: PathLike, *,
         face = colors[ds[0]] if len(ds) == 1 else "#999999"
         ax.scatter([x], [y], s=size, color=face, edgecolors="black", linewidths=0.3,
                    hatch="///" if len(ds) > 1 else None, zorder=3)
+    if len(shown) <= MAX_LABELLED_OPS:
+        for op_id, (x, y) in pos.items():
+            ax.annotate(_short(op_id), (x, y), xytext=(0, 5), textcoords="offset points",
+                        ha="left", va="bottom", rotation=35, fontsize=6, color="#333333",
+                        zorder=4)
+    if shown is graph:
+        _group_stages(ax, plan, graph.topological_order(), pos, colors)
     handles = [plt.Line2D([], [], marker="o", ls="", color=colors[d], label=d)
                for d in devices[:24]]
     if any(len(ds) > 1 for ds in placement.values()):
@@ -117,6 +131,36 @@ def plot_placement(graph: "Graph", plan: "Plan", path: PathLike, *,
     ax.set_title((title or f"{graph.name}: placement by {plan.method}") + note
                  + f"\n{cut} of {cut + same} edges cross devices", fontsize=10)
     _save(fig, path)
+
+
+def _short(op_id: str, width: int = 22) -> str:
+    return op_id if len(op_id) <= width else "…" + op_id[-(width - 1):]
+
+
+def _group_stages(ax, plan: "Plan", order: list[str], pos: dict, colors: dict) -> None:
+    """Box each stretch of a pipeline stage's ops and number the stage on
+    its last stretch, where it sits in the pipeline (op-level placements are
+    left unboxed)."""
+    from matplotlib.patches import FancyBboxPatch
+    from .describe import is_pipeline, stages
+    found = stages(plan, order)
+    if not is_pipeline(found) or len(found) < 2 or len(found) > MAX_BOXED_STAGES:
+        return
+    for stage in found:
+        face = colors[stage.devices[0]] if len(stage.devices) == 1 else "#999999"
+        last = stage.runs[-1]       # where the stage sits in the pipeline
+        for run in stage.runs:
+            xs, ys = [pos[o][0] for o in run], [pos[o][1] for o in run]
+            x0, y0 = min(xs) - 0.4, min(ys) - 0.45
+            box = FancyBboxPatch((x0, y0), max(xs) - min(xs) + 0.8, max(ys) - min(ys) + 0.9,
+                                 boxstyle="round,pad=0.02,rounding_size=0.2", linewidth=0.8,
+                                 edgecolor=face, facecolor=face, alpha=0.12, zorder=0)
+            ax.add_patch(box)
+            if run is last:
+                where = (stage.devices[0] if len(stage.devices) == 1
+                         else f"{len(stage.devices)} devices")
+                ax.text(x0 + 0.05, y0 - 0.05, f"stage {stage.index} ({where})", fontsize=7,
+                        ha="left", va="top", color="black", zorder=4)
 
 
 def plot_cluster(cluster: "Cluster", path: PathLike, *, title: str | None = None) -> None:

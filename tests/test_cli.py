@@ -1,3 +1,4 @@
+import argparse
 import json
 import subprocess
 import sys
@@ -100,7 +101,7 @@ def test_plan_run_and_simulate_end_to_end(tmp_path, capsys):
     assert series and series[-1]["step_time"] > 0
     plan = Plan.load(ppath)
     plan.validate(graph, Cluster.preset("two-sites"))
-    assert main(["simulate", str(gpath), "two-sites", str(ppath), "--json",
+    assert main(["simulate", str(gpath), str(ppath), "--cluster", "two-sites", "--json",
                  "--trace", str(tmp_path / "t.json")]) == 0
     simulated = json.loads(capsys.readouterr().out)["report"]
     assert simulated["step_time"] == pytest.approx(data["report"]["step_time"])
@@ -127,7 +128,7 @@ CONVENTIONS = {
     "trace": ["-o", "--json"], "show": ["--json"],
     "plan": ["-o", "--json", "--seed", "--time-budget"],
     "replan": ["-o", "--json", "--seed", "--time-budget"],
-    "simulate": ["--json"], "compare": ["--json"], "datasets": ["--json"],
+    "simulate": ["--json"], "compare": ["--json"], "datasets": ["--json"], "warmup": ["--json"],
     "bench": ["-o", "--seed", "--time-budget"],
     "run": ["-o", "--json", "--seed"], "launch": ["-o", "--json", "--seed"],
     "profile": ["-o", "--json", "--seed"],
@@ -152,7 +153,7 @@ def test_bad_plan_for_graph_is_exit_2(tmp_path, tiny_graph):
     gpath, ppath = tmp_path / "g.json", tmp_path / "p.json"
     tiny_graph.save(gpath)
     Plan({"fc1": ["a0"]}).save(ppath)
-    out = run_cli("simulate", str(gpath), "two-sites", str(ppath))
+    out = run_cli("simulate", str(gpath), str(ppath), "--cluster", "two-sites")
     assert out.returncode == 2 and "not placed" in out.stderr
 
 
@@ -164,7 +165,7 @@ def test_compare_plans(tmp_path, tiny_graph):
     split = tmp_path / "split.json"
     Plan({op.id: ["a0"] for op in tiny_graph}, method="one").save(one)
     Plan({"x": ["a0"], "fc1": ["a0"], "act": ["b0"], "fc2": ["b0"]}, method="wan").save(split)
-    out = run_cli("compare", str(gpath), "two-sites", str(one), str(split), "--json",
+    out = run_cli("compare", str(gpath), str(one), str(split), "--cluster", "two-sites", "--json",
                   "--plot", str(tmp_path / "cmp.png"))
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)["plans"]
@@ -172,7 +173,7 @@ def test_compare_plans(tmp_path, tiny_graph):
     # crossing the 35 ms WAN twice (forward and backward) cannot be faster
     assert rows[1]["step_time"] > rows[0]["step_time"] + 0.07
     assert (tmp_path / "cmp.png").read_bytes()[:4] == b"\x89PNG"
-    bad = run_cli("compare", str(gpath), "two-sites", str(gpath))
+    bad = run_cli("compare", str(gpath), str(gpath), "--cluster", "two-sites")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
 
 
@@ -229,3 +230,203 @@ def test_bench_learned_passes_seeds_and_evaluations(monkeypatch, tmp_path):
     assert main(["bench", "learned", "--seeds", "2", "0", "--evaluations", "500",
                  "-o", out]) == 0
     assert seen["seeds"] == [2, 0] and seen["evaluations"] == 500 and seen["out"] == out
+
+
+MYMODELS = """
+import torch
+def mlp(width=16):
+    return torch.nn.Sequential(torch.nn.Linear(16, width), torch.nn.ReLU(),
+                               torch.nn.Linear(width, 4))
+"""
+
+
+@pytest.mark.parametrize("command", ["run", "launch"])
+@pytest.mark.parametrize("model, words", [
+    ("not-a-zoo-model", "unknown model 'not-a-zoo-model'"),
+    ("mymodels:nope", "'mymodels' has no callable 'nope'"),
+    ("no_such_module:make", "cannot import 'no_such_module'"),
+])
+def test_run_and_launch_unknown_model_is_one_line_exit_2(tmp_path, monkeypatch, capsys,
+                                                         tiny_graph, command, model, words):
+    (tmp_path / "mymodels.py").write_text(MYMODELS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    Plan({op.id: ["a0"] for op in tiny_graph}).save(tmp_path / "p.json")
+    try:
+        assert main([command, "p.json", "--model", model]) == 2
+    finally:
+        sys.modules.pop("mymodels", None)
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"placer {command}: error: MODEL: ") and words in err, err
+    assert "\n" not in err
+
+
+def test_run_own_model_matches_the_unplaced_loss(tmp_path, monkeypatch, capsys):
+    """``placer run --model MODULE:FACTORY`` with --config and --seed: the
+    same model and inputs trace's loader builds, and the unplaced loss."""
+    import torch
+    from placer.cli import load_model
+    from placer.runtime.run import default_loss
+    (tmp_path / "mymodels.py").write_text(MYMODELS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    try:
+        assert main(["trace", "mymodels:mlp", "--input-shape", "8,16", "--granularity", "op",
+                     "-o", "g.json"]) == 0
+        assert main(["plan", "g.json", "-c", "two-sites", "-m", "round_robin", "--no-plots",
+                     "-o", "p.json"]) == 0
+        capsys.readouterr()
+        assert main(["run", "p.json", "--model", "mymodels:mlp", "--input-shape", "8,16",
+                     "--config", '{"width": 24}', "--seed", "3", "--steps", "1",
+                     "--json"]) == 0
+        model, inputs = load_model("mymodels:mlp", ["8,16"], seed=3, config={"width": 24})
+    finally:
+        sys.modules.pop("mymodels", None)
+    assert model[0].out_features == 24
+    data = json.loads(capsys.readouterr().out)
+    with torch.no_grad():
+        assert data["loss"] == pytest.approx(float(default_loss(model(*inputs))), rel=1e-6)
+    assert len(Plan.load(tmp_path / "p.json").devices_used()) > 1
+
+
+def test_every_positional_has_help():
+    from placer.cli import build_parser
+    from placer.runtime.dist import _parser
+    parsers = dict(build_parser()._subparsers._group_actions[0].choices)
+    parsers.update({"run": _parser("placer run", False), "launch": _parser("placer launch", True)})
+    for name, parser in parsers.items():
+        for action in parser._actions:
+            if not action.option_strings and action.help != argparse.SUPPRESS:
+                assert action.help, (name, action.dest)
+
+
+def test_cluster_is_spelled_the_same_on_every_command():
+    from placer.cli import build_parser
+    from placer.runtime.dist import _parser
+    parsers = dict(build_parser()._subparsers._group_actions[0].choices)
+    parsers.update({"run": _parser("placer run", False), "launch": _parser("placer launch", True)})
+    for name in ("plan", "replan", "simulate", "compare", "run", "launch"):
+        flags = {s for a in parsers[name]._actions for s in a.option_strings}
+        assert {"-c", "--cluster"} <= flags, name
+        positionals = [a.dest for a in parsers[name]._actions if not a.option_strings]
+        assert "cluster" not in positionals, name
+
+
+def test_old_positional_cluster_still_works_with_one_deprecation_line(tmp_path, tiny_graph,
+                                                                      capsys):
+    gpath, ppath = tmp_path / "g.json", tmp_path / "p.json"
+    tiny_graph.save(gpath)
+    Plan({op.id: ["a0"] for op in tiny_graph}, method="one").save(ppath)
+    results = {}
+    for spelling in (["simulate", str(gpath), str(ppath), "--cluster", "two-sites"],
+                     ["simulate", str(gpath), "two-sites", str(ppath)],
+                     ["compare", str(gpath), str(ppath), str(ppath), "-c", "two-sites"],
+                     ["compare", str(gpath), "two-sites", str(ppath), str(ppath)]):
+        assert main(spelling + ["--json"]) == 0
+        out = capsys.readouterr()
+        old = "two-sites" in spelling[2:3]
+        assert bool(out.err) == old, out.err
+        if old:
+            assert len(out.err.strip().splitlines()) == 1
+            assert "deprecated" in out.err and "--cluster two-sites" in out.err
+        results[tuple(spelling)] = json.loads(out.out)
+    new_sim, old_sim, new_cmp, old_cmp = results.values()
+    assert new_sim["report"]["step_time"] == old_sim["report"]["step_time"] > 0
+    assert new_cmp["plans"] == old_cmp["plans"] and len(new_cmp["plans"]) == 2
+    assert main(["simulate", str(gpath), str(ppath)]) == 2
+    assert "--cluster" in capsys.readouterr().err
+
+
+def test_trace_and_plan_share_one_default_granularity(tmp_path, monkeypatch, capsys):
+    from placer.cli import DEFAULT_GRANULARITY
+    (tmp_path / "mymodels.py").write_text(MYMODELS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    try:
+        assert main(["trace", "mymodels:mlp", "--input-shape", "8,16", "-o", "g.json"]) == 0
+        assert "--granularity op" in capsys.readouterr().err     # says the default changed
+        assert main(["plan", "mymodels:mlp", "--input-shape", "8,16", "-c", "two-sites",
+                     "-m", "single", "--no-plots", "-o", "p.json"]) == 0
+    finally:
+        sys.modules.pop("mymodels", None)
+    from placer import Graph
+    graph = Graph.load(tmp_path / "g.json")
+    assert DEFAULT_GRANULARITY == "module" and graph.meta.get("granularity") == "module"
+    assert set(Plan.load(tmp_path / "p.json").placement) == set(graph.ids)
+
+
+@pytest.mark.parametrize("measured, predicted, times, expect, unsteady", [
+    (16.54e-3, 14.38e-3, [0.0159, 0.01654, 0.0183], "14.4 ms predicted (-13%)", False),
+    (0.28, 8e-5, [0.0015, 0.28, 0.305], "3,500x slower than the 80 us predicted", True),
+    (0.01, 0.05, [0.01, 0.011], "5x faster than the 50 ms predicted", False),
+])
+def test_measured_line_gives_factor_and_spread(capsys, measured, predicted, times, expect,
+                                               unsteady):
+    from types import SimpleNamespace
+    from placer.runtime.dist import _print
+    ns = SimpleNamespace(output=None, json=False, _calibrated=True)
+    _print({"report": {"step_time": measured, "predicted": predicted, "step_times": times},
+            "loss": 1.5}, ns)
+    out = capsys.readouterr().out
+    first = out.splitlines()[0]
+    assert expect in first and "-100%" not in first, first
+    low, high = min(times), max(times)
+    assert f"min {low * 1e3:.3g}, max {high * 1e3:.3g} ms over {len(times)} steps" in first
+    assert ("slowest step took" in out) == unsteady, out
+
+
+def _chain_plan(tmp_path, placement: dict, **predicted):
+    """A plan over a chain of ops named like modules, with a prediction."""
+    plan = Plan({op: list(devs) for op, devs in placement.items()}, microbatches=8,
+                schedule="1f1b", method="manual")
+    plan.predicted = {"step_time": 0.1, "feasible": True, **predicted}
+    path = tmp_path / "p.json"
+    plan.save(path)
+    return path
+
+
+def test_show_plan_lists_stages_per_device(tmp_path, capsys):
+    names = ["embed"] + [f"blocks.{i}" for i in range(6)] + ["head"]
+    where = ([("a0",)] * 3 + [("b0", "b1", "b2")] * 2 + [("c0",)] * 2 + [("d0",)])
+    path = _chain_plan(tmp_path, dict(zip(names, where)),
+                       peak_memory={"a0": 2.5e9, "b0": 1e9, "b1": 1e9, "b2": 1e9, "c0": 5e8,
+                                    "d0": 4e8},
+                       busy={"a0": 0.09, "b0": 0.05, "b1": 0.05, "b2": 0.05, "c0": 0.04,
+                             "d0": 0.02})
+    assert main(["show", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert ("4 pipeline stages, stage 2 data-parallel over 3 devices; 8 microbatches, 1f1b"
+            in text), text
+    rows = {line.split()[0]: line for line in text.splitlines() if line[:2] in
+            ("a0", "b0", "b2", "c0", "d0")}
+    assert "embed, blocks.0, blocks.1" in rows["a0"] and "2.5 GB" in rows["a0"]
+    assert "90%" in rows["a0"] and rows["b2"].split()[1] == "2"
+    assert "blocks.4, blocks.5" in rows["c0"] and rows["d0"].split()[1] == "4"
+    assert main(["show", str(path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [d["stages"] for d in data["devices"]] == [[1], [2], [2], [2], [3], [4]]
+
+
+def test_show_plan_says_when_ops_are_scattered(tmp_path, capsys):
+    names = [f"op{i}" for i in range(12)]
+    path = _chain_plan(tmp_path, {n: (["a0"] if i % 2 else ["a1"]) for i, n in enumerate(names)})
+    assert main(["show", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "op-level placement over 2 devices" in text and "change device 11 times" in text
+
+
+def test_placement_picture_labels_ops_and_boxes_stages(monkeypatch, tmp_path):
+    import placer.plots as plots
+    from placer import Edge, Graph, Op
+    names = ["embed"] + [f"blocks.{i}" for i in range(4)] + ["head"]
+    graph = Graph("chain", [Op(n, flops=1e9) for n in names],
+                  [Edge(a, b, 8) for a, b in zip(names, names[1:])])
+    plan = Plan(dict(zip(names, [["a0"]] * 3 + [["b0", "b1"]] * 2 + [["c0"]])))
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig))
+    plots.plot_placement(graph, plan, tmp_path / "p.png")
+    ax = figures[0].axes[0]
+    texts = {t.get_text() for t in ax.texts}
+    assert set(names) <= texts, texts
+    assert {"stage 1 (a0)", "stage 2 (2 devices)", "stage 3 (c0)"} <= texts, texts
+    assert len(ax.patches) == 3

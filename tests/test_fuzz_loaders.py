@@ -186,9 +186,9 @@ PLAN_BREAKS = ["missing op", "repeated op", "unknown op", "unknown device", "no 
 
 COMMANDS = {   # command line -> the files it writes
     "show": (["show", "{target}"], []),
-    "simulate": (["simulate", "{g}", "{c}", "{p}", "--trace", "{out}/t.json",
+    "simulate": (["simulate", "{g}", "{p}", "-c", "{c}", "--trace", "{out}/t.json",
                   "--gantt", "{out}/gantt.png", "--json"], ["t.json", "gantt.png"]),
-    "compare": (["compare", "{g}", "{c}", "{p}", "{p}", "--plot", "{out}/cmp.png", "--json"],
+    "compare": (["compare", "{g}", "{p}", "{p}", "-c", "{c}", "--plot", "{out}/cmp.png", "--json"],
                 ["cmp.png"]),
     "replan": (["replan", "{p}", "-g", "{g}", "-c", "{c}", "--without", "y1", "-m", "heft",
                 "-o", "{out}/r.json", "--json"], ["r.json"]),

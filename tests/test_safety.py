@@ -35,10 +35,10 @@ IMPORTERS = {"importlib.import_module", "__import__", "importlib.__import__"}
 #: that name never comes from a graph, cluster or plan file
 DYNAMIC_IMPORTS = {
     # MODULE:FACTORY is the user's own model, given on the command line (the
-    # MODEL/GRAPH argument of `placer trace/plan/...`); importing it is the
-    # point. Nothing read from a file reaches it: graph files are recognised
-    # by name and loaded as data first.
-    ("placer/cli.py", "load_model"),
+    # MODEL/GRAPH argument of `placer trace/plan/...`, --model of `placer
+    # run/launch`); importing it is the point. Nothing read from a file
+    # reaches it: graph files are recognised by name and loaded as data first.
+    ("placer/cli.py", "_factory"),
     # subcommand table _DELEGATE_TARGETS: constants in the source
     ("placer/cli.py", "_delegate"),
     # lazy attributes of the package: the constant table _LAZY
@@ -282,8 +282,8 @@ def test_module_like_strings_are_only_data(tmp_path, sentinel):
 
 @pytest.mark.parametrize("command", [
     ["show", "{g}"], ["show", "{c}"], ["show", "{p}"],
-    ["simulate", "{g}", "{c}", "{p}", "--json"],
-    ["compare", "{g}", "{c}", "{p}", "{p}", "--json"],
+    ["simulate", "{g}", "{p}", "-c", "{c}", "--json"],
+    ["compare", "{g}", "{p}", "{p}", "-c", "{c}", "--json"],
     ["replan", "{p}", "-g", "{g}", "-c", "{c}", "--without", "os:system", "-m", "heft",
      "-o", "{tmp}/r.json", "--json"],
 ])

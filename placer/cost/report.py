@@ -171,6 +171,46 @@ class Report:
         plot_gantt(self, path, title=title)
 
 
+def gap(measured: float, predicted: float, *, factor_from: float = 2.0,
+        than: str = "predicted") -> str:
+    """How far a prediction is from what was measured, in words a person
+    reads at once: a signed percentage while the two are within
+    ``factor_from`` of each other, a factor beyond (``"... than " + than``).
+
+    >>> gap(16.54e-3, 14.38e-3)
+    '-13%'
+    >>> gap(0.28, 8e-5)
+    '3,500x slower than predicted'
+    >>> gap(0.01, 0.05)
+    '5x faster than predicted'
+    """
+    if not (measured > 0 and predicted > 0):
+        return "no prediction" if not predicted else "nothing measured"
+    ratio = measured / predicted
+    if 1 / factor_from < ratio < factor_from:
+        return f"{(predicted - measured) / measured:+.0%}"
+    slower = ratio >= 1
+    factor = ratio if slower else 1 / ratio
+    text = f"{factor:.2g}" if factor < 10 else f"{factor:,.0f}" if factor < 1e6 else f"{factor:.2g}"
+    return f"{text}x {'slower' if slower else 'faster'} than {than}"
+
+
+def spread(times: list[float]) -> str:
+    """The run-to-run spread of measured step times, printed beside their
+    median: ``"min 15.1, max 18.3 ms over 5 steps"``.
+
+    >>> spread([0.0151, 0.0165, 0.0183])
+    'min 15.1, max 18.3 ms over 3 steps'
+    >>> spread([0.2])
+    'one step'
+    """
+    if len(times) < 2:
+        return "one step" if times else "no steps"
+    low, high = min(times), max(times)
+    unit, scale = ("s", 1.0) if high >= 1 else ("ms", 1e3) if high >= 1e-3 else ("us", 1e6)
+    return f"min {low * scale:.3g}, max {high * scale:.3g} {unit} over {len(times)} steps"
+
+
 class _Frozen:
     """A timeline already built: calling it returns its events."""
 

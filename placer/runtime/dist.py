@@ -1135,20 +1135,23 @@ _EXAMPLES = {
 
 
 def _parser(prog: str, with_nproc: bool, pictures: bool = False) -> argparse.ArgumentParser:
-    from .._cli import add_json, add_seed, command_parser
+    from .._cli import add_json, add_model_options, add_seed, command_parser
     description = ("Run a plan on torch.distributed ranks, one per device, and measure it."
                    if with_nproc else "Run a plan on this machine's devices and measure it.")
     ap = command_parser(prog, description, *_EXAMPLES.get(
         prog, ("torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d "
                "--rdzv-endpoint HOST:29500 -m placer.runtime.dist plan.json --model gpt-125m",)))
-    ap.add_argument("plan", help="placer.plan/v1 JSON")
-    ap.add_argument("--model", required=True, help="zoo model name (placer datasets models)")
-    ap.add_argument("--tiny", action="store_true", help="the zoo's small test configuration")
-    ap.add_argument("--batch", type=int, default=None)
-    ap.add_argument("--seq", type=int, default=None)
+    ap.add_argument("plan", help="the placer.plan/v1 file to run")
+    ap.add_argument("--model", required=True, metavar="MODEL",
+                    help="MODULE:FACTORY (as placer trace) or a zoo model name "
+                         "(placer datasets)")
+    add_model_options(ap)
     ap.add_argument("--config", default=None,
-                    help='zoo config overrides as JSON, e.g. \'{"n_layer": 2}\'')
-    ap.add_argument("--cluster", default=None, help="cluster file or preset (rank order, prediction)")
+                    help='keyword arguments of the factory (zoo: config overrides) as JSON, '
+                         'e.g. \'{"n_layer": 2}\'')
+    ap.add_argument("-c", "--cluster", default=None,
+                    help="the cluster the plan was made for: a cluster file or preset name "
+                         "(rank order, prediction)")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--lr", type=float, default=None, help="SGD learning rate (default: no step)")
@@ -1185,9 +1188,25 @@ def _parser(prog: str, with_nproc: bool, pictures: bool = False) -> argparse.Arg
     return ap
 
 
-def _zoo_build(name, tiny, batch, seq, config=None, seed=0):
-    from .. import zoo
-    return zoo.build(name, batch=batch, seq=seq, tiny=tiny, seed=seed, **(config or {}))
+def model_builder(ns) -> Callable[[], tuple]:
+    """``--model`` and its options -> a picklable ``build()`` returning
+    ``(model, example_inputs)``, the same in every rank (the loader of
+    ``placer trace``). A model that cannot be found is a one-line error
+    here, before any process starts."""
+    from ..cli import check_model, load_model
+    config = None
+    if ns.config:
+        try:
+            config = json.loads(ns.config)
+        except json.JSONDecodeError as exc:
+            raise PlacerError(f"--config is not JSON: {exc}", field="--config",
+                              fix='write an object, e.g. \'{"n_layer": 2}\'') from None
+        if not isinstance(config, dict):
+            raise PlacerError("--config must be a JSON object", field="--config",
+                              fix='write an object, e.g. \'{"n_layer": 2}\'')
+    check_model(ns.model, ns.input_shape, ns.input_dtype)
+    return functools.partial(load_model, ns.model, ns.input_shape, ns.input_dtype, ns.batch,
+                             ns.seq, ns.tiny, ns.seed, config)
 
 
 def _cluster(arg):
@@ -1198,8 +1217,7 @@ def _cluster(arg):
 def _common(ns) -> tuple:
     from ..plan import Plan
     plan = Plan.load(ns.plan)
-    build = functools.partial(_zoo_build, ns.model, ns.tiny, ns.batch, ns.seq,
-                              json.loads(ns.config) if ns.config else None, ns.seed)
+    build = model_builder(ns)
     kwargs = {"steps": ns.steps, "warmup": ns.warmup, "training": not ns.inference}
     if ns.lr is not None:
         kwargs["optimizer"] = functools.partial(torch.optim.SGD, lr=ns.lr)
@@ -1234,6 +1252,10 @@ def _calibrate_here(plan, build, kwargs: dict, cluster):
             "problem_options": {"op_overhead": ovh, "task_overhead": task}}, cal
 
 
+#: slowest over fastest measured step from which a run is called unsteady
+UNSTEADY = 2.0
+
+
 def _print(result: dict, ns) -> None:
     """Print the measured report (text, or JSON with ``--json``); write it to ``-o``."""
     from .._io import atomic_write_text, dump_json
@@ -1244,13 +1266,24 @@ def _print(result: dict, ns) -> None:
         if path:
             atomic_write_text(path, dump_json({**rep, "calibration": result.get("calibration")}))
         return
+    from ..cost.report import _time, gap, spread
     pred = rep.get("predicted")
-    line = f"step {rep['step_time'] * 1e3:.2f} ms measured"
+    times = rep.get("step_times") or []
+    line = f"step {_time(rep['step_time'])} measured"
+    if len(times) > 1:
+        line += f" (median; {spread(times)})"
     if pred:
-        line += f", {pred * 1e3:.2f} ms predicted ({(pred - rep['step_time']) / rep['step_time']:+.0%})"
+        said = f"{_time(pred)} predicted"
+        how = gap(rep["step_time"], pred, than=f"the {said}")
+        line += f", {said} ({how})" if how.endswith("%") else f", {how}"
     if result.get("loss") is not None:
         line += f", loss {result['loss']:.6g}"
     print(line)
+    if len(times) > 1 and min(times) > 0 and max(times) / min(times) >= UNSTEADY:
+        print(f"note: the slowest step took {max(times) / min(times):.3g}x as long as the "
+              "fastest: other work on this host, or caches and allocators still warming "
+              "up; the median is the figure to compare (more --warmup and --steps, "
+              "--threads 1 or fewer ranks per core steady it)")
     cal = result.get("calibration") or {}
     if pred and cal.get("predicted_model"):
         print(calibration_line(cal))
@@ -1280,13 +1313,46 @@ def _pin_arg(value: str) -> bool | None:
     return {"auto": None, "on": True, "off": False}[value]
 
 
+def measured_report(result: dict):
+    """The :class:`MeasuredReport` of a :func:`launch` result (rank 0's
+    figures and every rank's timeline of a typical step)."""
+    from ..cost.report import Event, _Frozen
+    from .run import MeasuredReport
+    rep = result["report"]
+    fields = {k: rep[k] for k in ("step_time", "feasible", "peak_memory", "busy", "compute",
+                                  "comm", "idle", "microbatches", "schedule") if k in rep}
+    events = [Event(*e) for e in result.get("events") or []]
+    return MeasuredReport(**fields, model="measured", predicted=rep.get("predicted"),
+                          step_times=list(rep.get("step_times") or []),
+                          timeline=_Frozen(events))
+
+
+def write_pictures(report, ns, outputs_next_to: Callable[[str], str]) -> None:
+    """``--trace``/``--gantt`` of ``placer run`` and ``placer launch``: the
+    measured step's timeline (and the prediction's trace beside it when the
+    report carries the whole prediction)."""
+    if ns.trace:
+        report.to_chrome_trace(ns.trace)
+        if report.prediction is not None:
+            report.prediction.to_chrome_trace(outputs_next_to(ns.trace) + ".predicted.json")
+    if ns.gantt:
+        report.plot_gantt(ns.gantt, title=f"measured step: {report.step_time * 1e3:.3g} ms"
+                          + (f" (predicted {report.predicted * 1e3:.3g} ms)"
+                             if report.predicted else ""))
+
+
 def launch_main(argv: list[str] | None = None) -> int:
-    """``placer launch PLAN --model NAME [--nproc N] ...``: local ranks."""
-    ns = _parser("placer launch", True).parse_args(argv)
+    """``placer launch PLAN --model MODEL [--nproc N] ...``: local ranks."""
+    from ..cli import _outputs_next_to
+    ns = _parser("placer launch", True, pictures=True).parse_args(argv)
+    from .._cli import slow_stage
     plan, build, kwargs, cluster = _common(ns)
-    result = launch(plan, build, nproc=ns.nproc, backend=ns.backend, timeout=ns.timeout,
-                    cluster=cluster, fault_timeout=ns.fault_timeout, pin=_pin_arg(ns.pin),
-                    **kwargs)
+    with slow_stage("placer launch", f"{len(rank_devices(plan, cluster))} ranks building "
+                    f"{ns.model} and running {ns.warmup} warm-up and {ns.steps} measured steps"):
+        result = launch(plan, build, nproc=ns.nproc, backend=ns.backend, timeout=ns.timeout,
+                        cluster=cluster, fault_timeout=ns.fault_timeout, pin=_pin_arg(ns.pin),
+                        **kwargs)
+    write_pictures(measured_report(result), ns, _outputs_next_to)
     _print(result, ns)
     return 0
 

@@ -396,7 +396,7 @@ class Strategy(ABC):
 def predicted_figures(report: "Report") -> dict:
     """The ``predicted`` block of a plan from a cost-model report."""
     data = report.to_dict()
-    keep = ("step_time", "feasible", "objective", "peak_memory", "memory_excess",
+    keep = ("step_time", "feasible", "objective", "peak_memory", "memory_excess", "busy",
             "bottleneck", "model", "microbatches", "schedule")
     return {k: data[k] for k in keep if k in data}
 
