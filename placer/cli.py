@@ -699,6 +699,21 @@ def build_parser() -> argparse.ArgumentParser:
     model_options(p)
     p.set_defaults(func=cmd_simulate)
 
+    p = _add(sub, "export", "Write a plan for torch pipelining, accelerate or DeepSpeed.",
+             "placer export plan.json --to pipelining --graph gpt-125m --tiny -o split.json")
+    p.add_argument("plan", metavar="PLAN")
+    p.add_argument("--to", required=True, choices=["pipelining", "device-map", "deepspeed"],
+                   help="pipelining: pipeline() split points, stage map and schedule class; "
+                        "device-map: an accelerate device_map; deepspeed: a layer partition")
+    p.add_argument("-g", "--graph", help="the plan's graph: graph file, shipped graph, zoo "
+                                         "model or MODULE:FACTORY")
+    p.add_argument("-o", "--output", help="JSON file to write (default: print it)")
+    p.add_argument("--snippet", metavar="PY", help="pipelining: also write a short runnable "
+                                                   "script that builds the pipeline")
+    p.add_argument("--json", action="store_true", help="print the JSON even with -o")
+    model_options(p)
+    p.set_defaults(func=lambda args: importlib.import_module("placer.export").cmd_export(args))
+
     p = _add(sub, "compare", "Simulate several plans of one graph on one cluster side by side.",
              "placer compare graph.json two-sites heft.json evolution.json --plot cmp.png")
     p.add_argument("graph", metavar="GRAPH")

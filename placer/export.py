@@ -410,3 +410,45 @@ def export(graph, plan, to: str, *, file: str | None = None) -> dict:
         return to_deepspeed(graph, plan, file=file)
     raise PlanError(f"unknown export target {to!r}", field="--to",
                     fix="use one of: " + ", ".join(TARGETS))
+
+
+def cmd_export(args) -> int:
+    """``placer export PLAN --to TARGET --graph GRAPH``: write the plan in
+    the form TARGET consumes (JSON to ``-o`` or stdout)."""
+    from ._io import atomic_write_text, dump_json
+    from .cli import load_graph
+    from .plan import Plan
+    if not args.graph:
+        from .errors import PlacerError
+        raise PlacerError("export needs the graph the plan was made for", field="--graph",
+                          fix="pass --graph GRAPH (a graph file, zoo model or MODULE:FACTORY)")
+    plan = Plan.load(args.plan)
+    graph = load_graph(args.graph, args)
+    data = export(graph, plan, args.to, file=args.plan)
+    text = dump_json(data)
+    written = []
+    if args.output:
+        atomic_write_text(args.output, text)
+        written.append(args.output)
+    if args.snippet:
+        if args.to != "pipelining":
+            raise PlanError("--snippet writes a torch pipelining script", field="--snippet",
+                            fix="use it with --to pipelining")
+        atomic_write_text(args.snippet, pipelining_snippet(data))
+        written.append(args.snippet)
+    if args.json or not written:
+        print(text.rstrip())
+    else:
+        print(f"{args.to}: {_summary(data)}; wrote {', '.join(written)}")
+    return 0
+
+
+def _summary(data: dict) -> str:
+    if "split_spec" in data:
+        return (f"{data['num_stages']} stages at {list(data['split_spec']) or 'none'}, "
+                f"{data['schedule_class']}, {data['microbatches']} microbatches, "
+                f"{data['data_parallel']} replica(s)")
+    if "device_map" in data:
+        return f"{len(data['device_map'])} modules on {len(data['devices'])} devices"
+    return (f"{len(data['layers'])} layers, parts {data['parts']}, pipeline "
+            f"{data['pipe_parallel_size']} x data {data['data_parallel_size']}")
