@@ -536,13 +536,15 @@ def cmd_bench(args) -> int:
         bench_learned(out=out, quick=args.quick, seed=args.seed, seeds=args.seeds,
                       evaluations=args.evaluations, **extra)
     elif args.what == "runtime":
+        from .bench.engines import engines
         from .bench.runtime import accuracy, netns, overhead
         from ._io import atomic_write_text, dump_json
         which = args.suite or "overhead"
-        runner = {"overhead": overhead, "accuracy": accuracy, "netns": netns}.get(which)
+        runner = {"overhead": overhead, "accuracy": accuracy, "netns": netns,
+                  "engines": engines}.get(which)
         if runner is None:
             raise PlacerError(f"unknown runtime suite {which!r}", field="--suite",
-                              fix="use overhead, accuracy or netns")
+                              fix="use overhead, accuracy, netns or engines")
         result = runner()
         atomic_write_text(out, dump_json(result))
         print(json.dumps(result, indent=1, default=str))
@@ -737,7 +739,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="JSON file to write (default bench-WHAT.json)")
     p.add_argument("--quick", action="store_true", help="small sizes (seconds)")
     p.add_argument("--suite", help="search: quick, hetero, homo, dtfm, scale or heuristics; "
-                                   "runtime: overhead, accuracy or netns")
+                                   "runtime: overhead, accuracy, netns or engines")
     add_seed(p, "benchmark's searches")
     p.add_argument("--time-budget", type=float, metavar="SECONDS",
                    help="search and learned: seconds per strategy and case "
