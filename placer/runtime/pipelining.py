@@ -296,7 +296,9 @@ def _run_here(model, plan, graph, cluster, sp, inputs, mb_rows, layout, keys, bo
         loss = _Loss(sp, loss_fn or default_loss, targets is not None, sp.batch, loss_reduction)
         sched, cls = _schedule(stages, len(mb_rows), loss, plan.schedule)
         lo, hi = bounds[r]
-        replicas.append((sched, loss, [t[lo:hi] for t in inputs], target_all[lo:hi]))
+        # the loss runs on the last stage's device
+        replicas.append((sched, loss, [t[lo:hi] for t in inputs],
+                         target_all[lo:hi].to(mods[-1].device)))
     opt = build_optimizer(optimizer, engine.parameters())
     params = engine.parameters()
     shared = {}
