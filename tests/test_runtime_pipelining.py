@@ -165,3 +165,27 @@ def test_cli_run_with_the_pipelining_engine(tmp_path, capsys, gpt):
     err = capsys.readouterr().err.strip()
     assert err.startswith("placer run: error:") and "data-parallel" in err
     assert len(err.splitlines()) == 1
+
+
+def test_integers_cross_stages_with_static_shapes():
+    # DLRM's sparse ids leave the first stage as int64: torch's own shape
+    # inference would run the next stage on uninitialised indices
+    model, inputs = zoo.build("dlrm", tiny=True, batch=4)
+    graph = placer.trace(model, inputs, granularity="module")
+    order = graph.topological_order()
+    plan = _plan(graph, lambda k: [["a", "b", "a", "b"][min(3, 4 * k // len(order))]])
+    _, loss, grads = reference(model, inputs)
+    result = placer.run(model, plan, inputs, steps=1, warmup=0, graph=graph,
+                        engine="pipelining")
+    _close(result.loss, result.gradients, loss, grads)
+    uneven = _plan(graph, lambda k: ["a" if k < len(order) // 2 else "b"], microbatches=3)
+    with pytest.raises(PlanError, match="equal microbatches"):
+        placer.run(model, uneven, inputs, steps=1, graph=graph, engine="pipelining")
+
+
+def test_unequal_microbatches_of_floats(gpt):
+    _, model, inputs, graph, (_, loss, grads) = gpt
+    plan = _plan(graph, PLANS["gpipe"][0], microbatches=3, schedule="gpipe")   # rows 2, 1, 1
+    result = placer.run(model, plan, inputs, steps=1, warmup=0, graph=graph,
+                        engine="pipelining")
+    _close(result.loss, result.gradients, loss, grads)

@@ -93,7 +93,7 @@ def _load() -> float:
         return -1.0
 
 
-def engines(steps: int = 10, warmup: int = 2, repeats: int = 3, only: list | None = None,
+def engines(steps: int = 10, warmup: int = 2, repeats: int = 5, only: list | None = None,
             progress: bool = True) -> dict:
     """Step time of both engines on the same plans; see the module doc."""
     import torch.multiprocessing as mp

@@ -201,6 +201,47 @@ def _stage_modules(engine: Engine, sp, keys: list, replica: int, stages: list, t
                         else keys[s - 1], keys[s], tdev(s)) for s in stages]
 
 
+def stage_shapes(sp, keys: list, stage: int, rows: int) -> tuple[tuple, tuple]:
+    """Example (input, output) tensors of ``stage`` for a microbatch of
+    ``rows`` rows, on the meta device: given to ``PipelineStage``, they spare
+    torch's shape inference, which runs a stage on uninitialised buffers
+    (an integer index among them can fault)."""
+    def example(key):
+        info = sp.values[key]
+        shape = ((rows * info.factor,) if info.batched else ()) + tuple(info.rest)
+        grad = bool(info.requires_grad and info.dtype.is_floating_point)
+        return torch.empty(shape, dtype=info.dtype, device="meta").requires_grad_(grad)
+    ins = [("input", i, 0) for i in range(sp.n_inputs)] if stage == 0 else keys[stage - 1]
+    return tuple(example(k) for k in ins), tuple(example(k) for k in keys[stage])
+
+
+def _equal_rows(sp, keys: list, rows: int, microbatches: int) -> int | None:
+    """The rows of every microbatch of a replica of ``rows`` rows, or None
+    when they differ (then torch infers the shapes itself, which a value
+    of integers crossing stages cannot survive: refused)."""
+    if rows % microbatches == 0:
+        return rows // microbatches
+    for stage in keys[:-1]:
+        for k in stage:
+            if not sp.values[k].dtype.is_floating_point:
+                raise PlanError(f"{rows} rows do not split into {microbatches} equal "
+                                "microbatches, and integers cross a stage; the pipelining "
+                                "engine needs equal microbatches then", field="microbatches",
+                                fix="make the batch a multiple of the microbatches (times "
+                                    "the data-parallel degree)")
+    return None
+
+
+def _stages(mods: list, stages: list, n: int, sp, keys, rows, group=None) -> list:
+    from torch.distributed.pipelining import PipelineStage
+    out = []
+    for s, m in zip(stages, mods):
+        ins, outs = stage_shapes(sp, keys, s, rows) if rows else (None, None)
+        out.append(PipelineStage(m, s, n, m.device, input_args=ins, output_args=outs,
+                                 group=group))
+    return out
+
+
 def _targets(targets, batch: int):
     if targets is None:
         return torch.arange(batch)
@@ -284,7 +325,6 @@ def run(model: torch.nn.Module, plan, example_inputs: Any, *, steps: int = 3, op
 def _run_here(model, plan, graph, cluster, sp, inputs, mb_rows, layout, keys, bounds, devices,
               dmap, *, steps, warmup, optimizer, loss_fn, targets, loss_reduction,
               problem_options, seed) -> RunResult:
-    from torch.distributed.pipelining import PipelineStage
     engine = _build(sp, plan, mb_rows, model, dmap, devices, True, seed, loss_fn)
     n = layout.num_stages
     target_all = _targets(targets, sp.batch)
@@ -292,10 +332,11 @@ def _run_here(model, plan, graph, cluster, sp, inputs, mb_rows, layout, keys, bo
     for r in range(layout.replicas):
         mods = _stage_modules(engine, sp, keys, r, list(range(n)),
                               lambda s, r=r: dmap[layout.device(s, r)])
-        stages = [PipelineStage(m, s, n, m.device) for s, m in enumerate(mods)]
+        lo, hi = bounds[r]
+        rows = _equal_rows(sp, keys, hi - lo, len(mb_rows))
+        stages = _stages(mods, list(range(n)), n, sp, keys, rows)
         loss = _Loss(sp, loss_fn or default_loss, targets is not None, sp.batch, loss_reduction)
         sched, cls = _schedule(stages, len(mb_rows), loss, plan.schedule)
-        lo, hi = bounds[r]
         # the loss runs on the last stage's device
         replicas.append((sched, loss, [t[lo:hi] for t in inputs],
                          target_all[lo:hi].to(mods[-1].device)))
@@ -374,8 +415,6 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     ``gradients``, ``parameters``, ``report``...); None elsewhere.
     ``ignored``: built-in engine options without a meaning here
     (``calibrate``, ``busy_poll``)."""
-    from torch.distributed.pipelining import PipelineStage
-
     from . import dist as rdist
     if not training:
         raise PlanError("the pipelining engine runs training steps",
@@ -421,10 +460,11 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
             shared.setdefault(tuple(sorted(rank_of[d] for d in holders)), []).append(p)
     mods = _stage_modules(engine, sp, keys, replica, mine, lambda s: tdev)
     n = layout.num_stages
-    stages = [PipelineStage(m, s, n, tdev, group=pipes[replica]) for s, m in zip(mine, mods)]
+    lo, hi = bounds[replica]
+    rows = _equal_rows(sp, keys, hi - lo, len(mb_rows))
+    stages = _stages(mods, mine, n, sp, keys, rows, group=pipes[replica])
     loss = _Loss(sp, loss_fn or default_loss, targets is not None, sp.batch, loss_reduction)
     sched, cls = _schedule(stages, len(mb_rows), loss, plan.schedule)
-    lo, hi = bounds[replica]
     args = [t[lo:hi].to(tdev) for t in inputs] if 0 in mine else []
     target = _targets(targets, sp.batch)[lo:hi].to(tdev)
     opt = build_optimizer(optimizer, engine.parameters())
