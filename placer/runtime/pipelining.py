@@ -437,6 +437,10 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     tdev = torch.device(device) if device is not None else (
         _as_device(me) or (torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
                            if backend == "nccl" else torch.device("cpu")))
+    if tdev.type == "cuda" and backend != "nccl" and world > 1:
+        raise PlanError(f"rank {rank} runs on {tdev}, but torch pipelining sends CUDA "
+                        f"tensors between ranks only over NCCL, not {backend}",
+                        field="--backend", fix="use --backend nccl (one GPU per rank)")
     if tdev.type == "cuda":
         torch.cuda.set_device(tdev)
     rank_of = {d: i for i, d in enumerate(devs)}
