@@ -253,11 +253,21 @@ def to_pipelining(graph, plan, *, file: str | None = None) -> dict:
     }
 
 
-def pipelining_snippet(spec: dict) -> str:
-    """A short runnable script (under ``torchrun --nproc-per-node N``) that
-    builds the pipeline of ``spec`` with ``pipeline()`` and steps it once."""
+def pipelining_snippet(spec: dict, model: str | None = None, **model_options) -> str:
+    """A short script (under ``torchrun --nproc-per-node N``) that builds
+    the pipeline of ``spec`` with ``pipeline()`` and steps it once: it runs
+    as written when ``model`` names how to build the model (a zoo name or
+    ``MODULE:FACTORY``, with :func:`placer.cli.load_model`'s options), else
+    its ``build()`` is for the user to fill in. One pipeline: data-parallel
+    replicas are left out."""
     n = len(spec["pipelines"][0])
     points = ", ".join(f"{k!r}: SplitPoint.BEGINNING" for k in spec["split_spec"])
+    if model is None:
+        body = 'raise NotImplementedError("build your model here")'
+    else:
+        args = ", ".join(f"{k}={v!r}" for k, v in model_options.items())
+        body = ("from placer.cli import load_model\n"
+                f"    return load_model({model!r}{', ' + args if args else ''})")
     return f'''"""torch pipelining for a placer plan: torchrun --nproc-per-node {n} THIS.py"""
 import torch
 import torch.distributed as dist
@@ -265,13 +275,14 @@ from torch.distributed.pipelining import SplitPoint, pipeline, {spec["schedule_c
 
 
 def build():
-    """Return (model, example_inputs): replace with your model."""
-    raise NotImplementedError("build your model here")
+    """Return (model, example_inputs); every rank builds the same."""
+    {body}
 
 
 def main():
     dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()  # {n} ranks
+    torch.manual_seed(0)
     model, inputs = build()
     microbatches = {spec["microbatches"]}
     chunk = tuple(t.tensor_split(microbatches)[0] for t in inputs)
@@ -283,10 +294,13 @@ def main():
     stage = stages if len(stages) > 1 else stages[0]
     schedule = {spec["schedule_class"]}(stage, microbatches, loss_fn=loss_fn)
     target = torch.zeros(inputs[0].shape[0])
+    losses = []
     if rank == 0:
-        schedule.step(*inputs, target=target)
+        schedule.step(*inputs, target=target, losses=losses)
     else:
-        schedule.step(target=target)
+        schedule.step(target=target, losses=losses)
+    if losses:   # the rank of the last stage
+        print(f"rank {{rank}}: loss {{sum(x.detach().item() for x in losses) / microbatches:.6g}}")
     dist.destroy_process_group()
 
 
@@ -434,7 +448,11 @@ def cmd_export(args) -> int:
         if args.to != "pipelining":
             raise PlanError("--snippet writes a torch pipelining script", field="--snippet",
                             fix="use it with --to pipelining")
-        atomic_write_text(args.snippet, pipelining_snippet(data))
+        from .cli import _is_graph_file
+        model = None if _is_graph_file(args.graph) else args.graph
+        options = dict(input_shapes=args.input_shape, input_dtype=args.input_dtype,
+                       batch=args.batch, seq=args.seq, tiny=args.tiny)
+        atomic_write_text(args.snippet, pipelining_snippet(data, model, **options))
         written.append(args.snippet)
     if args.json or not written:
         print(text.rstrip())

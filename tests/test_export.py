@@ -141,3 +141,23 @@ def test_cli_export_writes_json_and_refuses_in_one_line(tmp_path, capsys, gpt):
     err = capsys.readouterr().err.strip()
     assert err.startswith("placer export: error:") and len(err.splitlines()) == 1
     assert str(plan) in err
+
+
+@pytest.mark.slow
+def test_snippet_runs_under_torchrun_with_the_unplaced_loss(tmp_path, gpt):
+    import os
+    import subprocess
+    import sys
+    model, inputs, graph, _ = gpt
+    plan = tmp_path / "plan.json"
+    _plan(graph, LOOPED).save(plan)
+    snippet = tmp_path / "pipe.py"
+    assert main(["export", str(plan), "--to", "pipelining", "--graph", "gpt-125m", "--tiny",
+                 "--batch", "4", "--seq", "8", "--snippet", str(snippet)]) == 0
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                          "2", str(snippet)], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "PYTHONPATH": root})
+    assert out.returncode == 0, out.stderr[-2000:]
+    loss = float(out.stdout.split("loss ")[1].split()[0])
+    assert abs(loss - float(model(*inputs).float().mean())) < 1e-5
