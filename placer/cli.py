@@ -665,13 +665,15 @@ def cmd_bench(args) -> int:
         bench_learned(out=out, quick=args.quick, seed=args.seed, seeds=args.seeds,
                       evaluations=args.evaluations, **extra)
     elif args.what == "runtime":
+        from .bench.engines import engines
         from .bench.runtime import accuracy, netns, overhead
         from ._io import atomic_write_text, dump_json
         which = args.suite or "overhead"
-        runner = {"overhead": overhead, "accuracy": accuracy, "netns": netns}.get(which)
+        runner = {"overhead": overhead, "accuracy": accuracy, "netns": netns,
+                  "engines": engines}.get(which)
         if runner is None:
             raise PlacerError(f"unknown runtime suite {which!r}", field="--suite",
-                              fix="use overhead, accuracy or netns")
+                              fix="use overhead, accuracy, netns or engines")
         result = runner()
         atomic_write_text(out, dump_json(result))
         print(json.dumps(result, indent=1, default=str))
@@ -824,6 +826,21 @@ def build_parser() -> argparse.ArgumentParser:
     model_options(p)
     p.set_defaults(func=cmd_simulate)
 
+    p = _add(sub, "export", "Write a plan for torch pipelining, accelerate or DeepSpeed.",
+             "placer export plan.json --to pipelining --graph gpt-125m --tiny -o split.json")
+    p.add_argument("plan", metavar="PLAN")
+    p.add_argument("--to", required=True, choices=["pipelining", "device-map", "deepspeed"],
+                   help="pipelining: pipeline() split points, stage map and schedule class; "
+                        "device-map: an accelerate device_map; deepspeed: a layer partition")
+    p.add_argument("-g", "--graph", help="the plan's graph: graph file, shipped graph, zoo "
+                                         "model or MODULE:FACTORY")
+    p.add_argument("-o", "--output", help="JSON file to write (default: print it)")
+    p.add_argument("--snippet", metavar="PY", help="pipelining: also write a short runnable "
+                                                   "script that builds the pipeline")
+    p.add_argument("--json", action="store_true", help="print the JSON even with -o")
+    model_options(p)
+    p.set_defaults(func=lambda args: importlib.import_module("placer.export").cmd_export(args))
+
     p = _add(sub, "compare", "Simulate several plans of one graph on one cluster side by side.",
              "placer compare graph.json heft.json evolution.json --cluster two-sites "
              "--plot cmp.png")
@@ -857,7 +874,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="JSON file to write (default bench-WHAT.json)")
     p.add_argument("--quick", action="store_true", help="small sizes (seconds)")
     p.add_argument("--suite", help="search: quick, hetero, homo, dtfm, scale or heuristics; "
-                                   "runtime: overhead, accuracy or netns")
+                                   "runtime: overhead, accuracy, netns or engines")
     add_seed(p, "benchmark's searches")
     p.add_argument("--time-budget", type=float, metavar="SECONDS",
                    help="search and learned: seconds per strategy and case "

@@ -8,6 +8,8 @@
   joined through a bridge by veth pairs whose egress is rate-limited with
   ``tc tbf`` (needs root; only namespaces and links it creates are touched,
   and removed afterwards). The cluster file says the same rate.
+- :func:`placer.bench.engines.engines` (``--suite engines``): the built-in
+  engine vs torch.distributed.pipelining on the same plans, side by side.
 
     python -m placer.bench.runtime overhead
     python -m placer.bench.runtime accuracy --plans 4

@@ -285,7 +285,7 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
              cluster=None, device: str | torch.device | None = None, training: bool = True,
              loss_reduction: str = "mean", problem_options: dict | None = None,
              seed: int = 0, calibrate: bool = False,
-             busy_poll: bool | None = None) -> dict | None:
+             busy_poll: bool | None = None, engine: str = "builtin") -> dict | None:
     """Run this rank's share of the plan; the process group must be up.
 
     Returns, on rank 0, a dict with ``loss``, ``losses``, ``outputs``,
@@ -308,7 +308,19 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     keep this rank's cores awake (:mod:`placer.runtime.waiting`),
     calibration included; point-to-point receives block either way. None:
     when this process was pinned to cores of its own (:func:`pin_cores`)
-    and is a CPU rank over gloo."""
+    and is a CPU rank over gloo.
+
+    ``engine="pipelining"``: run on torch.distributed.pipelining instead
+    (:func:`placer.runtime.pipelining.run_rank`)."""
+    if engine != "builtin":
+        from . import pipelining
+        pipelining.check_engine(engine)
+        return pipelining.run_rank(model, plan, example_inputs, steps=steps, warmup=warmup,
+                                   optimizer=optimizer, loss_fn=loss_fn, targets=targets,
+                                   graph=graph, cluster=cluster, device=device,
+                                   training=training, loss_reduction=loss_reduction,
+                                   problem_options=problem_options, seed=seed,
+                                   calibrate=calibrate)
     torch.manual_seed(seed)
     rank, world = dist.get_rank(), dist.get_world_size()
     graph, plan, sp, inputs, mb_rows = prepare(model, plan, example_inputs, graph=graph,
@@ -1157,6 +1169,9 @@ def _parser(prog: str, with_nproc: bool, pictures: bool = False) -> argparse.Arg
     ap.add_argument("--lr", type=float, default=None, help="SGD learning rate (default: no step)")
     ap.add_argument("--inference", action="store_true")
     ap.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
+    ap.add_argument("--engine", default="builtin", choices=["builtin", "pipelining"],
+                    help="pipelining: run a stage-contiguous plan on "
+                         "torch.distributed.pipelining")
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--calibrate", action="store_true",
                     help="measure op times (and, for ranks, the links between them) before "
@@ -1219,6 +1234,8 @@ def _common(ns) -> tuple:
     plan = Plan.load(ns.plan)
     build = model_builder(ns)
     kwargs = {"steps": ns.steps, "warmup": ns.warmup, "training": not ns.inference}
+    if ns.engine != "builtin":
+        kwargs["engine"] = ns.engine
     if ns.lr is not None:
         kwargs["optimizer"] = functools.partial(torch.optim.SGD, lr=ns.lr)
     if ns.threads and ns._prog == "placer launch":

@@ -277,7 +277,8 @@ def run(model: torch.nn.Module, plan, example_inputs: Any, *, steps: int = 3,
         optimizer=None, loss_fn: Callable | None = None, targets: Any = None,
         graph=None, cluster=None, device_map: dict | None = None, warmup: int = 1,
         training: bool = True, loss_reduction: str = "mean", granularity: str | None = None,
-        leaf_modules=None, problem_options: dict | None = None, seed: int = 0) -> RunResult:
+        leaf_modules=None, problem_options: dict | None = None, seed: int = 0,
+        engine: str = "builtin") -> RunResult:
     """Run ``steps`` training steps (or inference passes) of ``model`` the way
     ``plan`` says, in this process, and measure them.
 
@@ -297,7 +298,8 @@ def run(model: torch.nn.Module, plan, example_inputs: Any, *, steps: int = 3,
     ``device_map`` maps plan device names to torch devices (default
     :func:`default_device_map`, so any plan runs on the CPU). ``cluster``
     gives the prediction (default: :meth:`Cluster.local` when the plan's
-    devices are in it).
+    devices are in it). ``engine="pipelining"`` runs a stage-contiguous plan
+    on torch.distributed.pipelining instead (:mod:`placer.runtime.pipelining`).
 
     A tiny GPT split over two CPU-backed devices in two microbatches gives
     the unplaced model's loss:
@@ -320,6 +322,15 @@ def run(model: torch.nn.Module, plan, example_inputs: Any, *, steps: int = 3,
     if loss_reduction not in LOSS_REDUCTIONS:
         raise PlanError(f"unknown loss_reduction {loss_reduction!r}",
                         fix="use 'mean' or 'sum'")
+    if engine != "builtin":
+        from . import pipelining
+        pipelining.check_engine(engine)
+        return pipelining.run(model, plan, example_inputs, steps=steps, optimizer=optimizer,
+                              loss_fn=loss_fn, targets=targets, graph=graph, cluster=cluster,
+                              device_map=device_map, warmup=warmup, training=training,
+                              loss_reduction=loss_reduction, granularity=granularity,
+                              leaf_modules=leaf_modules, problem_options=problem_options,
+                              seed=seed)
     torch.manual_seed(seed)
     runner = Runner(model, plan, example_inputs, optimizer=optimizer, loss_fn=loss_fn,
                     targets=targets, graph=graph, cluster=cluster, device_map=device_map,
