@@ -828,7 +828,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _add(sub, "export", "Write a plan for torch pipelining, accelerate or DeepSpeed.",
              "placer export plan.json --to pipelining --graph gpt-125m --tiny -o split.json")
-    p.add_argument("plan", metavar="PLAN")
+    p.add_argument("plan", metavar="PLAN", help="the plan file to export")
     p.add_argument("--to", required=True, choices=["pipelining", "device-map", "deepspeed"],
                    help="pipelining: pipeline() split points, stage map and schedule class; "
                         "device-map: an accelerate device_map; deepspeed: a layer partition")
