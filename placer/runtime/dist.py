@@ -1127,10 +1127,13 @@ def _watch(processes, status_paths: list[str], devs: list[str], timeout: float,
 # --------------------------------------------------------------------------
 _EXAMPLES = {
     "placer run": ("placer plan gpt-125m --tiny --cluster local -o plan.json",
-                   "placer run plan.json --model gpt-125m --tiny --steps 3 --cluster local"),
+                   "placer run plan.json --model gpt-125m --tiny --steps 3 --cluster local",
+                   "placer run plan.json --model mymodel:make --input-shape 32,64"),
     "placer launch": ("placer plan gpt-125m --tiny --cluster hetero-lab --method even_pipeline "
                       "-o plan.json",
-                      "placer launch plan.json --model gpt-125m --tiny -o measured.json"),
+                      "placer launch plan.json --model gpt-125m --tiny -o measured.json",
+                      "placer launch plan.json --model mymodel:make --input-shape 32,64 "
+                      "--trace launch.trace.json"),
 }
 
 
@@ -1179,7 +1182,9 @@ def _parser(prog: str, with_nproc: bool, pictures: bool = False) -> argparse.Arg
     if pictures:
         ap.add_argument("--trace", metavar="JSON",
                         help="write a Chrome/Perfetto trace of a measured step (a row per "
-                             "device; the prediction's, when there is one, as PATH.predicted.json)")
+                             "device" + ("; the prediction's, when there is one, as "
+                                         "PATH.predicted.json)" if prog == "placer run" else
+                                         "; placer simulate --trace draws the prediction's)"))
         ap.add_argument("--gantt", metavar="PNG", help="write a Gantt chart of a measured step")
     add_json(ap)
     if with_nproc:
