@@ -1352,6 +1352,11 @@ def launch_main(argv: list[str] | None = None) -> int:
     ns = _parser("placer launch", True, pictures=True).parse_args(argv)
     from .._cli import slow_stage
     plan, build, kwargs, cluster = _common(ns)
+    if ":" in ns.model:
+        # a user's factory is built once here, so that its mistakes (no
+        # --input-shape, a factory that raises) are one line, not a rank's death
+        with slow_stage("placer launch", f"building {ns.model} to check it"):
+            build()
     with slow_stage("placer launch", f"{len(rank_devices(plan, cluster))} ranks building "
                     f"{ns.model} and running {ns.warmup} warm-up and {ns.steps} measured steps"):
         result = launch(plan, build, nproc=ns.nproc, backend=ns.backend, timeout=ns.timeout,
