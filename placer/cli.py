@@ -244,7 +244,9 @@ def cmd_trace(args) -> int:
     start = time.perf_counter()
     graph = load_graph(args.model, args)
     elapsed = time.perf_counter() - start
-    if args.granularity is None and not _is_graph_file(args.model):
+    from . import datasets
+    traced = ":" in args.model or args.model in datasets.models()
+    if args.granularity is None and traced:
         print(f"placer trace: note: traces whole modules by default since {__version__} "
               "(as placer plan MODEL does); --granularity op gives the op-level graph "
               "the earlier default made", file=sys.stderr)
