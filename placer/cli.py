@@ -696,7 +696,7 @@ def cmd_run(argv: list[str]) -> int:
     with slow_stage("placer run", f"running {ns.warmup} warm-up and {ns.steps} measured steps"):
         result = run(model, plan, inputs, cluster=cluster, **kwargs)
     report = result.report
-    write_pictures(report, ns, _outputs_next_to)
+    write_pictures(report, ns)
     _print({"report": {**report.to_dict(), "predicted": report.predicted,
                        "step_times": report.step_times},
             "loss": None if result.loss is None else float(result.loss)}, ns)

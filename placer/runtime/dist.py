@@ -1332,14 +1332,15 @@ def measured_report(result: dict):
                           timeline=_Frozen(events))
 
 
-def write_pictures(report, ns, outputs_next_to: Callable[[str], str]) -> None:
+def write_pictures(report, ns) -> None:
     """``--trace``/``--gantt`` of ``placer run`` and ``placer launch``: the
     measured step's timeline (and the prediction's trace beside it when the
     report carries the whole prediction)."""
+    from ..cli import _outputs_next_to
     if ns.trace:
         report.to_chrome_trace(ns.trace)
         if report.prediction is not None:
-            report.prediction.to_chrome_trace(outputs_next_to(ns.trace) + ".predicted.json")
+            report.prediction.to_chrome_trace(_outputs_next_to(ns.trace) + ".predicted.json")
     if ns.gantt:
         report.plot_gantt(ns.gantt, title=f"measured step: {report.step_time * 1e3:.3g} ms"
                           + (f" (predicted {report.predicted * 1e3:.3g} ms)"
@@ -1348,9 +1349,8 @@ def write_pictures(report, ns, outputs_next_to: Callable[[str], str]) -> None:
 
 def launch_main(argv: list[str] | None = None) -> int:
     """``placer launch PLAN --model MODEL [--nproc N] ...``: local ranks."""
-    from ..cli import _outputs_next_to
-    ns = _parser("placer launch", True, pictures=True).parse_args(argv)
     from .._cli import slow_stage
+    ns = _parser("placer launch", True, pictures=True).parse_args(argv)
     plan, build, kwargs, cluster = _common(ns)
     if ":" in ns.model:
         # a user's factory is built once here, so that its mistakes (no
@@ -1362,7 +1362,7 @@ def launch_main(argv: list[str] | None = None) -> int:
         result = launch(plan, build, nproc=ns.nproc, backend=ns.backend, timeout=ns.timeout,
                         cluster=cluster, fault_timeout=ns.fault_timeout, pin=_pin_arg(ns.pin),
                         **kwargs)
-    write_pictures(measured_report(result), ns, _outputs_next_to)
+    write_pictures(measured_report(result), ns)
     _print(result, ns)
     return 0
 
