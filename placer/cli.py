@@ -244,7 +244,9 @@ def cmd_trace(args) -> int:
     start = time.perf_counter()
     graph = load_graph(args.model, args)
     elapsed = time.perf_counter() - start
-    if args.granularity is None and not _is_graph_file(args.model):
+    from . import datasets
+    traced = ":" in args.model or args.model in datasets.models()
+    if args.granularity is None and traced:
         print(f"placer trace: note: traces whole modules by default since {__version__} "
               "(as placer plan MODEL does); --granularity op gives the op-level graph "
               "the earlier default made", file=sys.stderr)
@@ -545,10 +547,13 @@ def cmd_replan(args) -> int:
     options: dict[str, Any] = {}
     if args.evaluations:
         options["evaluations"] = args.evaluations
-    plan = replan(graph, cluster, old, args.without, method=args.method, seed=args.seed,
-                  time_budget=args.time_budget, file=args.plan,
-                  check_fingerprints=not args.ignore_fingerprints,
-                  progress=not args.json and sys.stderr.isatty(), **options)
+    # a broken plan is one line before any progress line
+    old.validate(graph, cluster, check_fingerprints=not args.ignore_fingerprints, file=args.plan)
+    bar = not args.json and sys.stderr.isatty()
+    with slow_stage("placer replan", f"re-planning with {args.method}", quiet=bar):
+        plan = replan(graph, cluster, old, args.without, method=args.method, seed=args.seed,
+                      time_budget=args.time_budget, file=args.plan,
+                      check_fingerprints=not args.ignore_fingerprints, progress=bar, **options)
     reduced = cluster.without(args.without)
     report = simulate(graph, reduced, plan)
     plan.save(output)
@@ -573,7 +578,8 @@ def cmd_simulate(args) -> int:
     plan.validate(graph, cluster, check_fingerprints=not args.ignore_fingerprints,
                   file=plan_path)
     _warm("simulate")
-    report = simulate(graph, cluster, plan)
+    with slow_stage("placer simulate", f"simulating {plan_path}"):
+        report = simulate(graph, cluster, plan)
     written = []
     if args.trace:
         report.to_chrome_trace(args.trace)
@@ -599,7 +605,8 @@ def cmd_compare(args) -> int:
         plan = Plan.load(path)
         plan.validate(graph, cluster, check_fingerprints=not args.ignore_fingerprints,
                       file=path)
-        report = simulate(graph, cluster, plan)
+        with slow_stage("placer compare", f"simulating {path}"):
+            report = simulate(graph, cluster, plan)
         peak = max(report.peak_memory.values(), default=0.0)
         data.append({"plan": path, "method": plan.method, "step_time": report.step_time,
                      "feasible": report.feasible, "peak_memory": peak,
@@ -691,7 +698,7 @@ def cmd_run(argv: list[str]) -> int:
     with slow_stage("placer run", f"running {ns.warmup} warm-up and {ns.steps} measured steps"):
         result = run(model, plan, inputs, cluster=cluster, **kwargs)
     report = result.report
-    write_pictures(report, ns, _outputs_next_to)
+    write_pictures(report, ns)
     _print({"report": {**report.to_dict(), "predicted": report.predicted,
                        "step_times": report.step_times},
             "loss": None if result.loss is None else float(result.loss)}, ns)

@@ -245,6 +245,7 @@ def mlp(width=16):
     ("not-a-zoo-model", "unknown model 'not-a-zoo-model'"),
     ("mymodels:nope", "'mymodels' has no callable 'nope'"),
     ("no_such_module:make", "cannot import 'no_such_module'"),
+    ("mymodels:mlp", "--input-shape: mymodels:mlp returned only a model"),
 ])
 def test_run_and_launch_unknown_model_is_one_line_exit_2(tmp_path, monkeypatch, capsys,
                                                          tiny_graph, command, model, words):
@@ -257,7 +258,7 @@ def test_run_and_launch_unknown_model_is_one_line_exit_2(tmp_path, monkeypatch, 
     finally:
         sys.modules.pop("mymodels", None)
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"placer {command}: error: MODEL: ") and words in err, err
+    assert err.startswith(f"placer {command}: error: ") and words in err, err
     assert "\n" not in err
 
 

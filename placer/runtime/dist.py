@@ -1139,10 +1139,13 @@ def _watch(processes, status_paths: list[str], devs: list[str], timeout: float,
 # --------------------------------------------------------------------------
 _EXAMPLES = {
     "placer run": ("placer plan gpt-125m --tiny --cluster local -o plan.json",
-                   "placer run plan.json --model gpt-125m --tiny --steps 3 --cluster local"),
+                   "placer run plan.json --model gpt-125m --tiny --steps 3 --cluster local",
+                   "placer run plan.json --model mymodel:make --input-shape 32,64"),
     "placer launch": ("placer plan gpt-125m --tiny --cluster hetero-lab --method even_pipeline "
                       "-o plan.json",
-                      "placer launch plan.json --model gpt-125m --tiny -o measured.json"),
+                      "placer launch plan.json --model gpt-125m --tiny -o measured.json",
+                      "placer launch plan.json --model mymodel:make --input-shape 32,64 "
+                      "--trace launch.trace.json"),
 }
 
 
@@ -1194,7 +1197,9 @@ def _parser(prog: str, with_nproc: bool, pictures: bool = False) -> argparse.Arg
     if pictures:
         ap.add_argument("--trace", metavar="JSON",
                         help="write a Chrome/Perfetto trace of a measured step (a row per "
-                             "device; the prediction's, when there is one, as PATH.predicted.json)")
+                             "device" + ("; the prediction's, when there is one, as "
+                                         "PATH.predicted.json)" if prog == "placer run" else
+                                         "; placer simulate --trace draws the prediction's)"))
         ap.add_argument("--gantt", metavar="PNG", help="write a Gantt chart of a measured step")
     add_json(ap)
     if with_nproc:
@@ -1344,14 +1349,15 @@ def measured_report(result: dict):
                           timeline=_Frozen(events))
 
 
-def write_pictures(report, ns, outputs_next_to: Callable[[str], str]) -> None:
+def write_pictures(report, ns) -> None:
     """``--trace``/``--gantt`` of ``placer run`` and ``placer launch``: the
     measured step's timeline (and the prediction's trace beside it when the
     report carries the whole prediction)."""
+    from ..cli import _outputs_next_to
     if ns.trace:
         report.to_chrome_trace(ns.trace)
         if report.prediction is not None:
-            report.prediction.to_chrome_trace(outputs_next_to(ns.trace) + ".predicted.json")
+            report.prediction.to_chrome_trace(_outputs_next_to(ns.trace) + ".predicted.json")
     if ns.gantt:
         report.plot_gantt(ns.gantt, title=f"measured step: {report.step_time * 1e3:.3g} ms"
                           + (f" (predicted {report.predicted * 1e3:.3g} ms)"
@@ -1360,16 +1366,20 @@ def write_pictures(report, ns, outputs_next_to: Callable[[str], str]) -> None:
 
 def launch_main(argv: list[str] | None = None) -> int:
     """``placer launch PLAN --model MODEL [--nproc N] ...``: local ranks."""
-    from ..cli import _outputs_next_to
-    ns = _parser("placer launch", True, pictures=True).parse_args(argv)
     from .._cli import slow_stage
+    ns = _parser("placer launch", True, pictures=True).parse_args(argv)
     plan, build, kwargs, cluster = _common(ns)
+    if ":" in ns.model:
+        # a user's factory is built once here, so that its mistakes (no
+        # --input-shape, a factory that raises) are one line, not a rank's death
+        with slow_stage("placer launch", f"building {ns.model} to check it"):
+            build()
     with slow_stage("placer launch", f"{len(rank_devices(plan, cluster))} ranks building "
                     f"{ns.model} and running {ns.warmup} warm-up and {ns.steps} measured steps"):
         result = launch(plan, build, nproc=ns.nproc, backend=ns.backend, timeout=ns.timeout,
                         cluster=cluster, fault_timeout=ns.fault_timeout, pin=_pin_arg(ns.pin),
                         **kwargs)
-    write_pictures(measured_report(result), ns, _outputs_next_to)
+    write_pictures(measured_report(result), ns)
     _print(result, ns)
     return 0
 
