@@ -189,3 +189,13 @@ def test_unequal_microbatches_of_floats(gpt):
     result = placer.run(model, plan, inputs, steps=1, warmup=0, graph=graph,
                         engine="pipelining")
     _close(result.loss, result.gradients, loss, grads)
+
+
+@pytest.mark.slow
+def test_a_dead_rank_is_named_by_this_engine_rank_order(gpt, monkeypatch):
+    from placer.runtime.dist import RankError
+    build, _, _, graph, _ = gpt
+    plan = _plan(graph, PLANS["data-parallel"][0])     # ranks a, c | b, d
+    monkeypatch.setenv("PLACER_TEST_FAULT", "1:0:exit")
+    with pytest.raises(RankError, match=r"rank 1 \(device c\)"):
+        launch(plan, build, steps=1, warmup=0, timeout=180, engine="pipelining", graph=graph)

@@ -398,10 +398,19 @@ def _sync(devices) -> None:
 # --------------------------------------------------------------------------
 # one rank of several
 # --------------------------------------------------------------------------
-def rank_order(model, plan, example_inputs, graph=None) -> list[str]:
-    """The plan's devices in this engine's rank order (see the module doc)."""
-    _, plan, sp, _, _ = prepare(model, plan, example_inputs, graph=graph)
-    return layout_of(sp, plan).rank_order()
+def rank_order(plan) -> list[str] | None:
+    """The plan's devices in this engine's rank order (see the module doc),
+    read from the placement's order without the model (a launcher's labels
+    for its ranks), or None when the placement's runs do not form a layout
+    (the ranks then refuse the plan themselves)."""
+    runs: list[tuple] = []
+    for group in plan.placement.values():
+        if not runs or runs[-1] != tuple(group):
+            runs.append(tuple(group))
+    try:
+        return stage_layout(runs, plan.microbatches, plan.schedule).rank_order()
+    except PlanError:
+        return None
 
 
 def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, warmup: int = 1,
@@ -476,6 +485,7 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     times, losses, grads = [], [], {}
     for step in range(steps + warmup):
         rdist._STATUS.set(f"step {step}")
+        rdist._maybe_inject_fault(rank, step)
         for p in params:
             p.grad = None
         if tdev.type == "cuda":
