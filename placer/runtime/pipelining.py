@@ -24,6 +24,12 @@ group rank ``s mod size``, so rank ``r`` hosts the ``r``-th device of
 pipeline's order), not the built-in engine's order. :func:`run` (one
 process) runs every stage here in a one-rank gloo group of its own,
 replicas one after another.
+
+The measured report has the built-in engine's shape; torch runs the
+schedule, so per-device ``busy``/``compute``/``comm`` are not measured
+(empty), and ``peak_memory`` counts weights, gradients and optimizer state
+(CUDA: the allocator's peak). ``extra`` (``report.to_dict()``) names the
+engine and the schedule class.
 """
 
 from __future__ import annotations
@@ -106,7 +112,8 @@ def carries(sp) -> list[list[tuple]]:
         for k in keys:
             info = sp.values.get(k)
             if info is not None and not info.is_tensor:
-                raise PlanError(f"a non-tensor value ({k[0]} {k[1]}) crosses stage {s}; "
+                raise PlanError(f"a non-tensor value ({k[0]} {k[1]} output {k[2]}) crosses "
+                                f"stage {s}; "
                                 "torch pipelining sends only tensors between stages",
                                 field="placement", fix="run the plan with the built-in engine")
     return out
