@@ -199,3 +199,17 @@ def test_a_dead_rank_is_named_by_this_engine_rank_order(gpt, monkeypatch):
     monkeypatch.setenv("PLACER_TEST_FAULT", "1:0:exit")
     with pytest.raises(RankError, match=r"rank 1 \(device c\)"):
         launch(plan, build, steps=1, warmup=0, timeout=180, engine="pipelining", graph=graph)
+
+
+@pytest.mark.slow
+def test_ranks_send_integer_slices():
+    # DLRM's sparse ids cross ranks as a non-contiguous int64 slice
+    build = functools.partial(zoo.build, "dlrm", tiny=True, batch=4)
+    model, inputs = build()
+    graph = placer.trace(model, inputs, granularity="module")
+    order = graph.topological_order()
+    plan = _plan(graph, lambda k: [["a", "b", "a", "b"][min(3, 4 * k // len(order))]])
+    _, loss, grads = reference(model, inputs)
+    result = launch(plan, build, steps=1, warmup=0, timeout=180, engine="pipelining",
+                    graph=graph)
+    _close(result["loss"], result["gradients"], loss, grads)

@@ -84,7 +84,9 @@ class StageModule(torch.nn.Module):
         out = self.piece(*ins)
         for k, v in enumerate(out if self.multi else (out,)):
             env[("piece", self.index, k)] = v
-        return tuple(env[k] for k in self.carry_out)
+        # gloo sends only contiguous tensors (a slice of the ids is not)
+        return tuple(env[k].contiguous() if isinstance(env[k], torch.Tensor) else env[k]
+                     for k in self.carry_out)
 
 
 def carries(sp) -> list[list[tuple]]:
