@@ -213,3 +213,21 @@ def test_ranks_send_integer_slices():
     result = launch(plan, build, steps=1, warmup=0, timeout=180, engine="pipelining",
                     graph=graph)
     _close(result["loss"], result["gradients"], loss, grads)
+
+
+def test_targets_split_with_the_inputs(gpt):
+    _, model, inputs, graph, _ = gpt
+    targets = torch.randint(0, 128, inputs[0].shape, generator=torch.Generator().manual_seed(1))
+
+    def loss_fn(out, tgt):
+        return torch.nn.functional.cross_entropy(out.flatten(0, 1), tgt.flatten())
+
+    model.zero_grad(set_to_none=True)
+    ref = loss_fn(model(*inputs), targets)
+    ref.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    plan = _plan(graph, PLANS["data-parallel"][0])
+    result = placer.run(model, plan, inputs, steps=1, warmup=0, graph=graph, loss_fn=loss_fn,
+                        targets=targets, engine="pipelining")
+    _close(result.loss, result.gradients, float(ref), grads)
