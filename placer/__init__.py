@@ -25,6 +25,7 @@ _LAZY = {
     "optimize": ("placer.api", "optimize"),
     "strategies": ("placer.api", "strategies"),
     "run": ("placer.runtime", "run"),
+    "launch": ("placer.runtime", "launch"),
     "Report": ("placer.cost", "Report"),
     "Problem": ("placer.cost", "Problem"),
     "CostModel": ("placer.cost", "CostModel"),

@@ -362,6 +362,10 @@ def to_device_map(graph, plan, *, file: str | None = None) -> dict:
                 break
         if not any(_within(name, k) for k in mapping):
             mapping[name] = dev
+    if not mapping:
+        raise PlanError("the graph names no modules (op extra 'module'), so there is no "
+                        "device_map to write", field="--graph",
+                        fix="export with the graph traced from the model (placer trace)")
     return {"format": "placer.export.device-map/v1", "device_map": mapping,
             "devices": {str(v): k for k, v in names.items()}}
 

@@ -161,3 +161,10 @@ def test_snippet_runs_under_torchrun_with_the_unplaced_loss(tmp_path, gpt):
     assert out.returncode == 0, out.stderr[-2000:]
     loss = float(out.stdout.split("loss ")[1].split()[0])
     assert abs(loss - float(model(*inputs).float().mean())) < 1e-5
+
+
+def test_a_graph_without_modules_has_no_device_map():
+    graph = placer.Graph("bare", [placer.Op("x", flops=1e9), placer.Op("y", flops=1e9)],
+                         [placer.Edge("x", "y", 4)])
+    with pytest.raises(PlanError, match="names no modules"):
+        export(graph, Plan({"x": ["a"], "y": ["b"]}), "device-map")

@@ -189,3 +189,45 @@ def test_unequal_microbatches_of_floats(gpt):
     result = placer.run(model, plan, inputs, steps=1, warmup=0, graph=graph,
                         engine="pipelining")
     _close(result.loss, result.gradients, loss, grads)
+
+
+@pytest.mark.slow
+def test_a_dead_rank_is_named_by_this_engine_rank_order(gpt, monkeypatch):
+    from placer.runtime.dist import RankError
+    build, _, _, graph, _ = gpt
+    plan = _plan(graph, PLANS["data-parallel"][0])     # ranks a, c | b, d
+    monkeypatch.setenv("PLACER_TEST_FAULT", "1:0:exit")
+    with pytest.raises(RankError, match=r"rank 1 \(device c\)"):
+        launch(plan, build, steps=1, warmup=0, timeout=180, engine="pipelining", graph=graph)
+
+
+@pytest.mark.slow
+def test_ranks_send_integer_slices():
+    # DLRM's sparse ids cross ranks as a non-contiguous int64 slice
+    build = functools.partial(zoo.build, "dlrm", tiny=True, batch=4)
+    model, inputs = build()
+    graph = placer.trace(model, inputs, granularity="module")
+    order = graph.topological_order()
+    plan = _plan(graph, lambda k: [["a", "b", "a", "b"][min(3, 4 * k // len(order))]])
+    _, loss, grads = reference(model, inputs)
+    result = launch(plan, build, steps=1, warmup=0, timeout=180, engine="pipelining",
+                    graph=graph)
+    _close(result["loss"], result["gradients"], loss, grads)
+
+
+def test_targets_split_with_the_inputs(gpt):
+    _, model, inputs, graph, _ = gpt
+    targets = torch.randint(0, 128, inputs[0].shape, generator=torch.Generator().manual_seed(1))
+
+    def loss_fn(out, tgt):
+        return torch.nn.functional.cross_entropy(out.flatten(0, 1), tgt.flatten())
+
+    model.zero_grad(set_to_none=True)
+    ref = loss_fn(model(*inputs), targets)
+    ref.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    plan = _plan(graph, PLANS["data-parallel"][0])
+    result = placer.run(model, plan, inputs, steps=1, warmup=0, graph=graph, loss_fn=loss_fn,
+                        targets=targets, engine="pipelining")
+    _close(result.loss, result.gradients, float(ref), grads)

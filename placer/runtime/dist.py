@@ -1066,6 +1066,9 @@ def launch(plan, build: Callable[[], tuple], *, nproc: int | None = None, backen
     there are at least as many usable cores as ranks."""
     import torch.multiprocessing as mp
     devs = rank_devices(plan, cluster)
+    if kwargs.get("engine") == "pipelining":
+        from .pipelining import rank_order
+        devs = rank_order(plan) or devs    # that engine's ranks, for the error lines
     nproc = nproc or len(devs)
     if nproc != len(devs):
         raise PlanError(f"--nproc {nproc} but the plan uses {len(devs)} devices",

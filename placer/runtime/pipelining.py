@@ -24,6 +24,12 @@ group rank ``s mod size``, so rank ``r`` hosts the ``r``-th device of
 pipeline's order), not the built-in engine's order. :func:`run` (one
 process) runs every stage here in a one-rank gloo group of its own,
 replicas one after another.
+
+The measured report has the built-in engine's shape; torch runs the
+schedule, so per-device ``busy``/``compute``/``comm`` are not measured
+(empty), and ``peak_memory`` counts weights, gradients and optimizer state
+(CUDA: the allocator's peak). ``extra`` (``report.to_dict()``) names the
+engine and the schedule class.
 """
 
 from __future__ import annotations
@@ -78,7 +84,9 @@ class StageModule(torch.nn.Module):
         out = self.piece(*ins)
         for k, v in enumerate(out if self.multi else (out,)):
             env[("piece", self.index, k)] = v
-        return tuple(env[k] for k in self.carry_out)
+        # gloo sends only contiguous tensors (a slice of the ids is not)
+        return tuple(env[k].contiguous() if isinstance(env[k], torch.Tensor) else env[k]
+                     for k in self.carry_out)
 
 
 def carries(sp) -> list[list[tuple]]:
@@ -106,7 +114,8 @@ def carries(sp) -> list[list[tuple]]:
         for k in keys:
             info = sp.values.get(k)
             if info is not None and not info.is_tensor:
-                raise PlanError(f"a non-tensor value ({k[0]} {k[1]}) crosses stage {s}; "
+                raise PlanError(f"a non-tensor value ({k[0]} {k[1]} output {k[2]}) crosses "
+                                f"stage {s}; "
                                 "torch pipelining sends only tensors between stages",
                                 field="placement", fix="run the plan with the built-in engine")
     return out
@@ -398,10 +407,19 @@ def _sync(devices) -> None:
 # --------------------------------------------------------------------------
 # one rank of several
 # --------------------------------------------------------------------------
-def rank_order(model, plan, example_inputs, graph=None) -> list[str]:
-    """The plan's devices in this engine's rank order (see the module doc)."""
-    _, plan, sp, _, _ = prepare(model, plan, example_inputs, graph=graph)
-    return layout_of(sp, plan).rank_order()
+def rank_order(plan) -> list[str] | None:
+    """The plan's devices in this engine's rank order (see the module doc),
+    read from the placement's order without the model (a launcher's labels
+    for its ranks), or None when the placement's runs do not form a layout
+    (the ranks then refuse the plan themselves)."""
+    runs: list[tuple] = []
+    for group in plan.placement.values():
+        if not runs or runs[-1] != tuple(group):
+            runs.append(tuple(group))
+    try:
+        return stage_layout(runs, plan.microbatches, plan.schedule).rank_order()
+    except PlanError:
+        return None
 
 
 def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, warmup: int = 1,
@@ -476,6 +494,7 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     times, losses, grads = [], [], {}
     for step in range(steps + warmup):
         rdist._STATUS.set(f"step {step}")
+        rdist._maybe_inject_fault(rank, step)
         for p in params:
             p.grad = None
         if tdev.type == "cuda":
