@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import os
 import time as _time
 from typing import TYPE_CHECKING, Sequence
@@ -718,11 +719,16 @@ class Evolution(Strategy):
     def _restore(self, state: dict, space: Space, evaluate: Evaluator,
                  rng: np.random.Generator, budget: Budget) -> list[OpGenome]:
         """Put the checkpointed tables back; returns the seed genomes."""
+        _check_state(state, self.checkpoint, space)
         for devices in state["groups"]:
             space.table.id(devices)
         for key, value in state["cache"]:
             evaluate.cache[bytes.fromhex(key)] = _num_in(value)
-        rng.bit_generator.state = state["rng"]
+        try:
+            rng.bit_generator.state = state["rng"]
+        except (TypeError, ValueError, KeyError, OverflowError) as exc:
+            raise StrategyError(f"malformed random state ({exc})", file=self.checkpoint,
+                                field="rng", fix=_STATE_FIX) from None
         budget.restore(state["used"], state["elapsed"])
         return [_genome_in(d) for d in state["seeds"]]
 
@@ -761,6 +767,69 @@ def _json_default(x):
 def _genome_out(g: OpGenome) -> dict:
     return {"assign": g.assign.tolist(), "m": int(g.microbatches), "s": g.schedule,
             "o": g.origin, "f": _num_out(g.fitness.values[0])}
+
+
+_STATE_FIX = "delete the checkpoint to start afresh"
+
+
+def _check_state(state: dict, file, space: Space) -> None:
+    """Check every field of a checkpoint that :meth:`Evolution._restore` and
+    the resumed generation loop read, so a damaged file (whose identity still
+    matches) is one line naming the field rather than a deep traceback."""
+    from placer._io import MAX_MICROBATCHES, MAX_VALUES, Fields
+    top = Fields(state, "", None if file is None else str(file), StrategyError)
+    fix = _STATE_FIX
+    for key in ("gen", "stale", "used"):
+        top.number(key, integer=True)
+    for key in ("restarts", "starts"):
+        top.number(key, 0, integer=True)
+    top.number("elapsed")
+    if state.get("best") is not None:
+        top.number("best", minimum=None, allow_inf=True)
+    if not isinstance(state.get("rng"), dict):
+        top.fail("rng", "expected a mapping", fix=fix)
+    n_groups = space.n_devices
+    for k, devices in enumerate(top.sequence("groups")):
+        where = f"groups[{k}]"
+        if not isinstance(devices, list) or len(devices) < 2 or \
+                len(set(map(repr, devices))) != len(devices) or not all(
+                isinstance(d, int) and not isinstance(d, bool) and 0 <= d < space.n_devices
+                for d in devices):
+            top.fail(where, f"expected two or more distinct device indices below "
+                     f"{space.n_devices}", fix=fix)
+        n_groups += 1
+    for k, entry in enumerate(top.sequence("cache")):
+        ok = isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str) \
+            and re.fullmatch(r"[0-9a-f]{2,128}", entry[0]) is not None and len(entry[0]) % 2 == 0
+        if not ok:
+            top.fail(f"cache[{k}]", "expected [hex key, step time or null]", fix=fix)
+        if entry[1] is not None:
+            top.check_number(entry[1], f"cache[{k}][1]", minimum=None, allow_inf=True)
+    for key in ("seeds", "population", "hall_of_fame"):
+        genomes = top.sequence(key)
+        if len(genomes) * max(space.n_ops, 1) > MAX_VALUES:
+            top.fail(key, "too many genomes", fix=fix)
+        for k, raw in enumerate(genomes):
+            g = top.child(raw, f"{key}[{k}]")
+            assign = g.sequence("assign")
+            if len(assign) != space.n_ops or not all(
+                    isinstance(a, int) and not isinstance(a, bool) and 0 <= a < n_groups
+                    for a in assign):
+                g.fail("assign", f"expected {space.n_ops} group indices below {n_groups}",
+                       fix=fix)
+            g.count("m", MAX_MICROBATCHES)
+            if g.data.get("s") not in space.schedule_choices:
+                g.fail("s", f"expected one of {space.schedule_choices}", fix=fix)
+            if not isinstance(g.data.get("o", ""), str):
+                g.fail("o", "expected a string", fix=fix)
+            if g.data.get("f") is not None:
+                g.check_number(g.data["f"], "f", minimum=None, allow_inf=True)
+    if not top.sequence("population"):
+        top.fail("population", "is empty", fix=fix)
+    for k, record in enumerate(top.sequence("logbook")):
+        if not isinstance(record, dict) or not all(isinstance(x, str) and x.isidentifier()
+                                                   for x in record):
+            top.fail(f"logbook[{k}]", "expected a mapping of names to values", fix=fix)
 
 
 def _genome_in(d: dict) -> OpGenome:

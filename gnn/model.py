@@ -55,10 +55,26 @@ class PolicyConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    #: largest value of each field a checkpoint may give (a policy of these
+    #: sizes is already far larger than any trained one)
+    LIMITS = {"hidden": 4096, "layers": 64, "heads": 64, "proj": 4096, "dyn_hidden": 4096}
+
     @classmethod
-    def from_dict(cls, data: dict) -> "PolicyConfig":
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in known})
+    def from_dict(cls, data: dict, file: str | None = None,
+                  where: str = "policy") -> "PolicyConfig":
+        """The config in ``data``; a missing field keeps its default, a bad
+        one is a :class:`placer.errors.FormatError` naming it."""
+        from placer._io import Fields
+        from placer.errors import FormatError
+        fields = Fields(data, where, file, FormatError)
+        values = {}
+        for key, limit in cls.LIMITS.items():
+            value = fields.count(key, limit, cls.__dataclass_fields__[key].default)
+            values[key] = value
+        if values["hidden"] % values["heads"]:
+            fields.fail("heads", f"must divide hidden ({values['hidden']}), got "
+                        f"{values['heads']}", fix="give a divisor of hidden, e.g. 2")
+        return cls(**values)
 
 
 class _DirEdgeConv(DirGNNConv):

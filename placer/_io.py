@@ -179,8 +179,9 @@ def parse_yaml(text: str, file: str | None, error: type[PlacerError] = FormatErr
     """Parse YAML safely (no Python objects); errors name the line. The node
     graph is measured before anything is built, so an alias bomb or a
     self-referencing alias is refused instead of expanded."""
-    loader = _SafeLoader(text)
+    loader = None
     try:
+        loader = _SafeLoader(text)
         node = loader.get_single_node()
         if node is None:
             return None
@@ -199,7 +200,8 @@ def parse_yaml(text: str, file: str | None, error: type[PlacerError] = FormatErr
         raise error(f"invalid YAML: {_cut(str(exc), 80)}", file=file,
                     fix="fix the value") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _yaml_children(node) -> list:

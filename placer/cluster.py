@@ -400,6 +400,10 @@ class Cluster:
             for key, value in (("kind", kind), ("site", site)):
                 if value is not None and not isinstance(value, str):
                     item.fail(key, f"expected a string, got {value!r}")
+            for key in ("op_overhead", "task_overhead", "measured_step"):
+                item.number(key, None, unit="seconds")      # placer profile's figures
+            for key in ("cpu_share", "cpu_share_all"):
+                item.number(key, None, positive=True)
             efficiency = item.number("efficiency", None, positive=True)
             if efficiency is not None and efficiency > 1:
                 item.fail("efficiency", f"must be in (0, 1], got {efficiency!r}")

@@ -405,6 +405,8 @@ class Graph:
             colocate = node.get("colocate")
             if colocate is not None and not isinstance(colocate, str):
                 node.fail("colocate", f"expected a string or null, got {colocate!r}")
+            if node.has("measured"):
+                _check_measured(node, node.data["measured"])
             ops.append(Op(
                 id=op_id, op=node.string("op", "op"), flops=flops,
                 bwd_flops=node.number("bwd_flops", 2.0 * flops, unit="FLOP"),
@@ -455,3 +457,23 @@ class Graph:
         {'a': ['a'], 'b': ['b']}
         """
         return {op.id: list(op.extra.get("members", [op.id])) for op in self}
+
+
+def _check_measured(node: Fields, measured) -> None:
+    """Check an op's ``measured`` times (``placer profile``): a number of
+    seconds, ``{fwd, bwd, ...}`` seconds, or such a figure per device."""
+    if isinstance(measured, dict) and "fwd" not in measured:
+        for device, entry in measured.items():
+            _check_times(node, entry, f"measured.{device}")
+    else:
+        _check_times(node, measured, "measured")
+
+
+def _check_times(node: Fields, entry, where: str) -> None:
+    if isinstance(entry, dict):
+        if "fwd" not in entry:
+            node.fail(where, "missing 'fwd'", fix="give the forward seconds as 'fwd'")
+        for key, value in entry.items():
+            node.check_number(value, f"{where}.{key}", unit="seconds")
+    elif entry is not None:
+        node.check_number(entry, where, unit="seconds")
