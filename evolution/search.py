@@ -724,11 +724,7 @@ class Evolution(Strategy):
             space.table.id(devices)
         for key, value in state["cache"]:
             evaluate.cache[bytes.fromhex(key)] = _num_in(value)
-        try:
-            rng.bit_generator.state = state["rng"]
-        except (TypeError, ValueError, KeyError, OverflowError) as exc:
-            raise StrategyError(f"malformed random state ({exc})", file=self.checkpoint,
-                                field="rng", fix=_STATE_FIX) from None
+        rng.bit_generator.state = state["rng"]
         budget.restore(state["used"], state["elapsed"])
         return [_genome_in(d) for d in state["seeds"]]
 
@@ -786,8 +782,10 @@ def _check_state(state: dict, file, space: Space) -> None:
     top.number("elapsed")
     if state.get("best") is not None:
         top.number("best", minimum=None, allow_inf=True)
-    if not isinstance(state.get("rng"), dict):
-        top.fail("rng", "expected a mapping", fix=fix)
+    try:    # on a scratch generator of the same kind as the search's
+        np.random.default_rng(0).bit_generator.state = state.get("rng")
+    except (TypeError, ValueError, KeyError, OverflowError, AttributeError) as exc:
+        top.fail("rng", f"malformed random state ({str(exc)[:60]})", fix=fix)
     n_groups = space.n_devices
     for k, devices in enumerate(top.sequence("groups")):
         where = f"groups[{k}]"

@@ -400,10 +400,11 @@ class Cluster:
             for key, value in (("kind", kind), ("site", site)):
                 if value is not None and not isinstance(value, str):
                     item.fail(key, f"expected a string, got {value!r}")
-            for key in ("op_overhead", "task_overhead", "measured_step"):
-                item.number(key, None, unit="seconds")      # placer profile's figures
-            for key in ("cpu_share", "cpu_share_all"):
-                item.number(key, None, positive=True)
+            # placer profile's figures, read by the cost models as numbers
+            profiled = {key: item.number(key, None, unit="seconds", positive=positive)
+                        for key, positive in (("op_overhead", False), ("task_overhead", False),
+                                              ("measured_step", False), ("cpu_share", True),
+                                              ("cpu_share_all", True))}
             efficiency = item.number("efficiency", None, positive=True)
             if efficiency is not None and efficiency > 1:
                 item.fail("efficiency", f"must be in (0, 1], got {efficiency!r}")
@@ -414,7 +415,8 @@ class Cluster:
                 nic_bandwidth=item.number("nic_bandwidth", None, positive=True,
                                           unit="bytes/s"),
                 extra=item.extras({"name", "count", "flops", "memory", "site", "kind",
-                                   "efficiency", "nic_bandwidth"}, device_keys))
+                                   "efficiency", "nic_bandwidth", *profiled}, device_keys)
+                | {key: value for key, value in profiled.items() if value is not None})
             names = [base] if count == 1 and not item.has("count") else \
                 [f"{base}{i}" for i in range(count)]
             devices.extend(Device(name=n, **common) for n in names)
