@@ -138,9 +138,37 @@ def _gunzip(data: bytes, file: str, error: type[PlacerError], too_big: PlacerErr
     return bytes(out)
 
 
+class _TooDeep(yaml.YAMLError):
+    """A YAML document nests deeper than :data:`MAX_DEPTH`."""
+
+    def __init__(self, mark):
+        super().__init__(f"nested deeper than {MAX_DEPTH} levels")
+        self.problem_mark = mark
+        self.problem = f"nested deeper than {MAX_DEPTH} levels"
+
+
 class _SafeLoader(yaml.SafeLoader):
     """PyYAML's safe loader, but reading ``1e9`` and ``2.0e10`` as floats
-    (YAML 1.1 would read them as strings) and rejecting duplicate keys."""
+    (YAML 1.1 would read them as strings), rejecting duplicate keys, and
+    refusing to nest deeper than :data:`MAX_DEPTH` (the composer recurses)."""
+
+    _depth = 0
+
+    def fetch_flow_collection_start(self, TokenClass):
+        # the scanner keeps a possible key per open bracket and rescans them
+        # all per token: quadratic, so stop before thousands of brackets
+        if self.flow_level >= MAX_DEPTH:
+            raise _TooDeep(self.get_mark())
+        super().fetch_flow_collection_start(TokenClass)
+
+    def compose_node(self, parent, index):
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise _TooDeep(self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 _FLOAT_RE = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
