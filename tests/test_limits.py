@@ -368,7 +368,7 @@ def test_damaged_search_checkpoint_is_one_line(tmp_path, field, change):
 @pytest.mark.parametrize("key,value,words", [
     ("hidden", "x", "expected a number"), ("hidden", -4, "must be > 0"),
     ("hidden", 300_000, "limit of 4,096"), ("layers", 10_000_000, "limit of 64"),
-    ("heads", 3, "must divide hidden")])
+    ("heads", 3, "must divide hidden"), ("hidden", 4096, "over the limit of 4,194,304")])
 def test_bad_policy_config_is_one_line(tmp_path, key, value, words):
     from gnn.checkpoint import load_policy, save_policy
     from gnn.model import PlacementPolicy, PolicyConfig
