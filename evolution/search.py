@@ -348,9 +348,11 @@ class Evolution(Strategy):
         return None if best is None else best.to_plan(space, self.name)
 
     def _fine_seeds(self, problem: "Problem", screen, budget: Budget, seed: int):
-        """(name, plan) of the seed heuristics run on the full graph."""
+        """(name, plan) of the seed heuristics run on the full graph, while
+        the budget lasts: on a 10,000-op graph they take seconds each (most
+        of it coarsening), which once made a 10 s search take 60 s."""
         for name in [s for s in self.seeds if s != self.name]:
-            if budget.remaining_evaluations <= len(self.initial) + 1:
+            if budget.remaining_evaluations <= len(self.initial) + 1 or budget.out_of_time():
                 break
             try:
                 strategy = get_strategy(name, microbatches=self.microbatches,
