@@ -276,7 +276,9 @@ class Evolution(Strategy):
             # The seeds ran on the coarse graph; their full-graph plans can be
             # better than any expanded genome, so they compete too: the search
             # is then never worse than the heuristics it started from.
-            fine = list(self._fine_seeds(problem, screen, budget, seed))
+            ranked = sorted(by_origin.values(), key=lambda g: g.fitness.values[0])
+            fine = list(self._fine_seeds(problem, screen, budget, seed,
+                                         first=ranked[0].origin if ranked else None))
             plans[1:1] = [plan for _, plan in fine]
             origins[1:1] = [name for name, _ in fine]
             finalists[1:1] = [None] * len(fine)
@@ -347,12 +349,19 @@ class Evolution(Strategy):
         best = polish_with(space, ranker, budget, g, rng, len(self.initial) + 1)
         return None if best is None else best.to_plan(space, self.name)
 
-    def _fine_seeds(self, problem: "Problem", screen, budget: Budget, seed: int):
-        """(name, plan) of the seed heuristics run on the full graph, while
-        the budget lasts: on a 10,000-op graph they take seconds each (most
-        of it coarsening), which once made a 10 s search take 60 s."""
-        for name in [s for s in self.seeds if s != self.name]:
-            if budget.remaining_evaluations <= len(self.initial) + 1 or budget.out_of_time():
+    def _fine_seeds(self, problem: "Problem", screen, budget: Budget, seed: int,
+                    first: str | None = None):
+        """(name, plan) of the seed heuristics run on the full graph: ``first``
+        (the heuristic whose coarse seed scored best) always, the others
+        while the budget lasts (on a 10,000-op graph they take seconds each,
+        most of it coarsening, which once made a 10 s search take 60 s)."""
+        names = [s for s in self.seeds if s != self.name]
+        if first in names:
+            names.remove(first)
+            names.insert(0, first)
+        for k, name in enumerate(names):
+            if budget.remaining_evaluations <= len(self.initial) + 1 or (
+                    k and budget.out_of_time()):
                 break
             try:
                 strategy = get_strategy(name, microbatches=self.microbatches,
