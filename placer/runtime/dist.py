@@ -1233,7 +1233,7 @@ _EXAMPLES = {
 
 
 def _parser(prog: str, with_nproc: bool, pictures: bool = False) -> argparse.ArgumentParser:
-    from .._cli import add_json, add_seed, command_parser
+    from .._cli import add_json, add_seed, command_parser, note_atomic_outputs
     description = ("Run a plan on torch.distributed ranks, one per device, and measure it."
                    if with_nproc else "Run a plan on this machine's devices and measure it.")
     ap = command_parser(prog, description, *_EXAMPLES.get(
@@ -1280,7 +1280,7 @@ def _parser(prog: str, with_nproc: bool, pictures: bool = False) -> argparse.Arg
     if with_nproc:
         ap.add_argument("--nproc", type=int, default=None,
                         help="processes to start (default: the plan's devices)")
-    return ap
+    return note_atomic_outputs(ap)
 
 
 def _zoo_build(name, tiny, batch, seq, config=None, seed=0):
@@ -1381,6 +1381,8 @@ def _pin_arg(value: str) -> bool | None:
 def launch_main(argv: list[str] | None = None) -> int:
     """``placer launch PLAN --model NAME [--nproc N] ...``: local ranks."""
     ns = _parser("placer launch", True).parse_args(argv)
+    from .._io import check_outputs
+    check_outputs([("--output", ns.output)], [getattr(ns, k, None) for k in ("plan", "cluster")])
     plan, build, kwargs, cluster = _common(ns)
     result = launch(plan, build, nproc=ns.nproc, backend=ns.backend, timeout=ns.timeout,
                     cluster=cluster, fault_timeout=ns.fault_timeout, pin=_pin_arg(ns.pin),
