@@ -170,7 +170,7 @@ class MeteredCostModel(CostModel):
     It also guards the search against an erratic model: a NaN objective
     reads as an infeasible plan of infinite cost, and the best plan scored
     through :meth:`estimate`/:meth:`estimate_many` (the seed heuristics,
-    warm starts, finalists) is remembered in :attr:`best`, so
+    warm starts, finalists) is remembered per problem (:meth:`best_for`), so
     :func:`placer.search.optimize` never returns a plan this model scored
     worse than one it had seen."""
 
@@ -179,10 +179,16 @@ class MeteredCostModel(CostModel):
         self.budget = budget
         self.name = self.inner.name
         self.batched = getattr(self.inner, "batched", False)
-        #: ``(plan, report)`` of the lowest objective scored as a Plan, or None
-        self.best: tuple | None = None
+        #: problem id -> ``(problem, plan, report)`` of the lowest objective
+        #: scored as a Plan of that problem (a search may score coarsened ones)
+        self._best: dict[int, tuple] = {}
 
-    def _seen(self, plan, report):
+    def best_for(self, problem) -> tuple | None:
+        """``(plan, report)`` of the best plan of ``problem`` scored, or None."""
+        found = self._best.get(id(problem))
+        return None if found is None or found[0] is not problem else found[1:]
+
+    def _seen(self, problem, plan, report):
         objective = report.objective
         if objective is None or not math.isfinite(objective) or not math.isfinite(
                 report.step_time):
@@ -190,19 +196,20 @@ class MeteredCostModel(CostModel):
                 report.objective = float("inf")
                 report.feasible = False
             return report
-        if self.best is None or (not self.best[1].feasible, self.best[1].objective) > \
+        best = self.best_for(problem)
+        if best is None or (not best[1].feasible, best[1].objective) > \
                 (not report.feasible, objective):
-            self.best = (plan, report)
+            self._best[id(problem)] = (problem, plan, report)
         return report
 
     def estimate(self, problem, plan):
         self.budget.charge(1)
-        return self._seen(plan, self.inner.estimate(problem, plan))
+        return self._seen(problem, plan, self.inner.estimate(problem, plan))
 
     def estimate_many(self, problem, plans):
         self.budget.charge(len(plans))
         reports = self.inner.estimate_many(problem, plans)
-        return [self._seen(plan, report) for plan, report in zip(plans, reports)]
+        return [self._seen(problem, plan, report) for plan, report in zip(plans, reports)]
 
     def step_times(self, problem, assignments, **kwargs):
         rows = np.atleast_2d(np.asarray(assignments))

@@ -116,9 +116,10 @@ def _no_worse_than_seen(problem: Problem, plan: "Plan", metered) -> "Plan":
     it had already seen. The swap is noted in ``predicted["search"]``."""
     import math
     from ..plan import Plan
-    if metered.best is None:
+    found = metered.best_for(problem)
+    if found is None:
         return plan
-    seen, report = metered.best
+    seen, report = found
     objective = plan.predicted.get("objective", plan.predicted.get("step_time"))
     feasible = bool(plan.predicted.get("feasible", True))
     if objective is None or not isinstance(objective, (int, float)) or math.isnan(objective):
