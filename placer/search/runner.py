@@ -51,7 +51,11 @@ def optimize_with_report(graph: "Graph", cluster: "Cluster",
       keywords are options of the strategy.
 
     The plan is bound to ``graph`` and ``cluster`` (fingerprints) and its
-    ``method`` is the strategy's name. Raises
+    ``method`` is the strategy's name. It is never one the search model
+    scored worse than another plan of this problem it scored (a NaN counts
+    as infinitely slow). The search returns within ``time_budget`` + 10%;
+    building the problem, compiling the kernels (first call only) and the
+    final scoring come on top. Raises
     :class:`placer.errors.StrategyError` for an unknown method or bad
     options.
 
