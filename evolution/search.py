@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import os
 import time as _time
 from typing import TYPE_CHECKING, Sequence
@@ -275,7 +276,9 @@ class Evolution(Strategy):
             # The seeds ran on the coarse graph; their full-graph plans can be
             # better than any expanded genome, so they compete too: the search
             # is then never worse than the heuristics it started from.
-            fine = list(self._fine_seeds(problem, screen, budget, seed))
+            ranked = sorted(by_origin.values(), key=lambda g: g.fitness.values[0])
+            fine = list(self._fine_seeds(problem, screen, budget, seed,
+                                         first=ranked[0].origin if ranked else None))
             plans[1:1] = [plan for _, plan in fine]
             origins[1:1] = [name for name, _ in fine]
             finalists[1:1] = [None] * len(fine)
@@ -346,10 +349,19 @@ class Evolution(Strategy):
         best = polish_with(space, ranker, budget, g, rng, len(self.initial) + 1)
         return None if best is None else best.to_plan(space, self.name)
 
-    def _fine_seeds(self, problem: "Problem", screen, budget: Budget, seed: int):
-        """(name, plan) of the seed heuristics run on the full graph."""
-        for name in [s for s in self.seeds if s != self.name]:
-            if budget.remaining_evaluations <= len(self.initial) + 1:
+    def _fine_seeds(self, problem: "Problem", screen, budget: Budget, seed: int,
+                    first: str | None = None):
+        """(name, plan) of the seed heuristics run on the full graph: ``first``
+        (the heuristic whose coarse seed scored best) always, the others
+        while the budget lasts (on a 10,000-op graph they take seconds each,
+        most of it coarsening, which once made a 10 s search take 60 s)."""
+        names = [s for s in self.seeds if s != self.name]
+        if first in names:
+            names.remove(first)
+            names.insert(0, first)
+        for k, name in enumerate(names):
+            if budget.remaining_evaluations <= len(self.initial) + 1 or (
+                    k and budget.out_of_time()):
                 break
             try:
                 strategy = get_strategy(name, microbatches=self.microbatches,
@@ -718,6 +730,7 @@ class Evolution(Strategy):
     def _restore(self, state: dict, space: Space, evaluate: Evaluator,
                  rng: np.random.Generator, budget: Budget) -> list[OpGenome]:
         """Put the checkpointed tables back; returns the seed genomes."""
+        _check_state(state, self.checkpoint, space)
         for devices in state["groups"]:
             space.table.id(devices)
         for key, value in state["cache"]:
@@ -761,6 +774,71 @@ def _json_default(x):
 def _genome_out(g: OpGenome) -> dict:
     return {"assign": g.assign.tolist(), "m": int(g.microbatches), "s": g.schedule,
             "o": g.origin, "f": _num_out(g.fitness.values[0])}
+
+
+_STATE_FIX = "delete the checkpoint to start afresh"
+
+
+def _check_state(state: dict, file, space: Space) -> None:
+    """Check every field of a checkpoint that :meth:`Evolution._restore` and
+    the resumed generation loop read, so a damaged file (whose identity still
+    matches) is one line naming the field rather than a deep traceback."""
+    from placer._io import MAX_MICROBATCHES, MAX_VALUES, Fields
+    top = Fields(state, "", None if file is None else str(file), StrategyError)
+    fix = _STATE_FIX
+    for key in ("gen", "stale", "used"):
+        top.number(key, integer=True)
+    for key in ("restarts", "starts"):
+        top.number(key, 0, integer=True)
+    top.number("elapsed")
+    if state.get("best") is not None:
+        top.number("best", minimum=None, allow_inf=True)
+    try:    # on a scratch generator of the same kind as the search's
+        np.random.default_rng(0).bit_generator.state = state.get("rng")
+    except (TypeError, ValueError, KeyError, OverflowError, AttributeError) as exc:
+        top.fail("rng", f"malformed random state ({str(exc)[:60]})", fix=fix)
+    n_groups = space.n_devices
+    for k, devices in enumerate(top.sequence("groups")):
+        where = f"groups[{k}]"
+        if not isinstance(devices, list) or len(devices) < 2 or \
+                len(set(map(repr, devices))) != len(devices) or not all(
+                isinstance(d, int) and not isinstance(d, bool) and 0 <= d < space.n_devices
+                for d in devices):
+            top.fail(where, f"expected two or more distinct device indices below "
+                     f"{space.n_devices}", fix=fix)
+        n_groups += 1
+    for k, entry in enumerate(top.sequence("cache")):
+        ok = isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str) \
+            and re.fullmatch(r"[0-9a-f]{2,128}", entry[0]) is not None and len(entry[0]) % 2 == 0
+        if not ok:
+            top.fail(f"cache[{k}]", "expected [hex key, step time or null]", fix=fix)
+        if entry[1] is not None:
+            top.check_number(entry[1], f"cache[{k}][1]", minimum=None, allow_inf=True)
+    for key in ("seeds", "population", "hall_of_fame"):
+        genomes = top.sequence(key)
+        if len(genomes) * max(space.n_ops, 1) > MAX_VALUES:
+            top.fail(key, "too many genomes", fix=fix)
+        for k, raw in enumerate(genomes):
+            g = top.child(raw, f"{key}[{k}]")
+            assign = g.sequence("assign")
+            if len(assign) != space.n_ops or not all(
+                    isinstance(a, int) and not isinstance(a, bool) and 0 <= a < n_groups
+                    for a in assign):
+                g.fail("assign", f"expected {space.n_ops} group indices below {n_groups}",
+                       fix=fix)
+            g.count("m", MAX_MICROBATCHES)
+            if g.data.get("s") not in space.schedule_choices:
+                g.fail("s", f"expected one of {space.schedule_choices}", fix=fix)
+            if not isinstance(g.data.get("o", ""), str):
+                g.fail("o", "expected a string", fix=fix)
+            if g.data.get("f") is not None:
+                g.check_number(g.data["f"], "f", minimum=None, allow_inf=True)
+    if not top.sequence("population"):
+        top.fail("population", "is empty", fix=fix)
+    for k, record in enumerate(top.sequence("logbook")):
+        if not isinstance(record, dict) or not all(isinstance(x, str) and x.isidentifier()
+                                                   for x in record):
+            top.fail(f"logbook[{k}]", "expected a mapping of names to values", fix=fix)
 
 
 def _genome_in(d: dict) -> OpGenome:

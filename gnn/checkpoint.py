@@ -13,14 +13,13 @@ with ``torch.load(weights_only=True)``) and a JSON config beside it
 from __future__ import annotations
 
 import io
-import json
 import pickle
 import re
 from pathlib import Path
 
 import torch
 
-from placer._io import atomic_write_bytes, atomic_write_text, dump_json
+from placer._io import MAX_FILE_BYTES, _short, atomic_write_bytes, atomic_write_text, dump_json, load_document
 from placer.errors import FormatError
 
 from .model import PlacementPolicy, PolicyConfig
@@ -58,6 +57,9 @@ def load_tensors(path):
     if not path.is_file():
         raise FormatError("checkpoint not found", file=str(path),
                           fix="train one with train_policy.py or give the right path")
+    if path.stat().st_size > MAX_FILE_BYTES:
+        raise FormatError(f"larger than {MAX_FILE_BYTES // 2**20} MiB (the limit on files "
+                          "placer reads)", file=str(path), fix="check that this is the right file")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -91,18 +93,17 @@ def load_policy(stem=None) -> PlacementPolicy:
     if not config.is_file():
         raise FormatError("checkpoint config not found", file=str(config),
                           fix="train one with train_policy.py or give the right path")
-    try:
-        data = json.loads(config.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise FormatError(f"cannot read checkpoint config: {exc}", file=str(config)) from None
+    data = load_document(config, FormatError)
+    if not isinstance(data, dict):
+        raise FormatError(f"expected a mapping, got {type(data).__name__}", file=str(config))
     if data.get("format") != FORMAT:
-        raise FormatError(f"expected format {FORMAT!r}, got {data.get('format')!r}",
+        raise FormatError(f"expected format {FORMAT!r}, got {_short(data.get('format'))}",
                           file=str(config), field="format")
-    policy = PlacementPolicy(PolicyConfig.from_dict(data.get("policy", {})))
+    policy = PlacementPolicy(PolicyConfig.from_dict(data.get("policy") or {}, str(config)))
     state = load_tensors(weights)
     try:
         policy.load_state_dict(state)
-    except RuntimeError as exc:
+    except (RuntimeError, TypeError, AttributeError, KeyError, ValueError) as exc:
         raise FormatError(f"weights do not fit the config: {str(exc).splitlines()[0]}",
                           file=str(weights)) from None
     policy.info = data

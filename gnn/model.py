@@ -55,10 +55,33 @@ class PolicyConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    #: largest value of each field a checkpoint may give (a policy of these
+    #: sizes is already far larger than any trained one)
+    LIMITS = {"hidden": 4096, "layers": 64, "heads": 64, "proj": 4096, "dyn_hidden": 4096}
+    #: largest layers x hidden^2 (about 11 weights each: some 46 million)
+    MAX_SIZE = 2**22
+
     @classmethod
-    def from_dict(cls, data: dict) -> "PolicyConfig":
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in known})
+    def from_dict(cls, data: dict, file: str | None = None,
+                  where: str = "policy") -> "PolicyConfig":
+        """The config in ``data``; a missing field keeps its default, a bad
+        one is a :class:`placer.errors.FormatError` naming it."""
+        from placer._io import Fields
+        from placer.errors import FormatError
+        fields = Fields(data, where, file, FormatError)
+        values = {}
+        for key, limit in cls.LIMITS.items():
+            value = fields.count(key, limit, cls.__dataclass_fields__[key].default)
+            values[key] = value
+        size = values["layers"] * values["hidden"] ** 2
+        if size > cls.MAX_SIZE:
+            fields.fail("hidden", f"layers x hidden^2 = {size:,} is over the limit of "
+                        f"{cls.MAX_SIZE:,} (a policy of some {11 * size / 1e6:.0f} million "
+                        "weights)", fix="give a smaller hidden or fewer layers")
+        if values["hidden"] % values["heads"]:
+            fields.fail("heads", f"must divide hidden ({values['hidden']}), got "
+                        f"{values['heads']}", fix="give a divisor of hidden, e.g. 2")
+        return cls(**values)
 
 
 class _DirEdgeConv(DirGNNConv):

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from placer import datasets
-from placer._io import atomic_write_text, dump_json
+from placer._io import atomic_write_text, dump_json, load_document
 from placer.cost import Problem, get_cost_model
 from placer.errors import FormatError, PlacerError, StrategyError
 
@@ -87,12 +87,50 @@ class TrainConfig:
         data["stages"] = list(self.stages)
         return data
 
+    #: whole-number fields and their largest values
+    COUNTS = {"iterations": 10**9, "problems": 4096, "samples": 4096, "max_units": 10**6,
+              "max_random_devices": 8192, "checkpoint_every": 10**9}
+    #: fractions in [0, 1]
+    SHARES = ("random_clusters", "refine", "imitation")
+
     @classmethod
-    def from_dict(cls, data: dict) -> "TrainConfig":
-        known = set(cls.__dataclass_fields__)
-        out = cls(**{k: v for k, v in data.items() if k in known})
-        out.curriculum, out.stages = tuple(out.curriculum), tuple(out.stages)
-        return out
+    def from_dict(cls, data: dict, file: str | None = None,
+                  where: str = "train") -> "TrainConfig":
+        """The config in ``data`` (missing fields keep their defaults); a bad
+        field is a :class:`placer.errors.FormatError` naming it."""
+        from placer._io import Fields
+        fields = Fields(data, where, file, FormatError)
+        defaults = cls()
+        values: dict = {"seed": fields.number("seed", 0, minimum=None, integer=True),
+                        "val_every": fields.number("val_every", defaults.val_every,
+                                                   integer=True)}
+        if abs(values["seed"]) >= 2**63:
+            fields.fail("seed", "must be below 2**63")
+        for key, limit in cls.COUNTS.items():
+            values[key] = fields.count(key, limit, getattr(defaults, key))
+        for key in ("lr", "grad_clip"):
+            values[key] = fields.number(key, getattr(defaults, key), positive=True)
+        values["entropy"] = fields.number("entropy", defaults.entropy)
+        for key in cls.SHARES:
+            values[key] = fields.number(key, getattr(defaults, key))
+            if values[key] > 1:
+                fields.fail(key, f"must be at most 1, got {values[key]!r}")
+        for key, integer in (("curriculum", True), ("stages", False)):
+            items = fields.sequence(key, list(getattr(defaults, key)))
+            if not items or len(items) > 64:
+                fields.fail(key, "expected 1 to 64 numbers")
+            values[key] = tuple(fields.check_number(v, f"{key}[{i}]", integer=integer)
+                                for i, v in enumerate(items))
+        for key in ("graphs", "clusters"):
+            items = fields.sequence(key, None if key == "graphs" else list(defaults.clusters))
+            if items is not None and (len(items) > 100_000
+                                      or not all(isinstance(x, str) for x in items)):
+                fields.fail(key, "expected a list of names")
+            values[key] = items
+        policy = fields.get("policy", {})
+        PolicyConfig.from_dict(policy, file, f"{where}.policy")     # checks it
+        values["policy"] = dict(policy)
+        return cls(**values)
 
 
 class Trainer:
@@ -247,8 +285,14 @@ class Trainer:
     def resume(cls, stem, config: TrainConfig | None = None) -> "Trainer":
         """A trainer continuing the run saved at ``stem``."""
         weights, cfg_path = checkpoint_paths(stem)
-        data = json.loads(cfg_path.read_text(encoding="utf-8"))
-        saved = TrainConfig.from_dict(data.get("train", {}))
+        if not cfg_path.is_file():
+            raise FormatError("no checkpoint to resume", file=str(cfg_path),
+                              fix="restart without --resume, or give the -o of the run")
+        data = load_document(cfg_path, FormatError)
+        if not isinstance(data, dict):
+            raise FormatError(f"expected a mapping, got {type(data).__name__}",
+                              file=str(cfg_path), fix="restart without --resume")
+        saved = TrainConfig.from_dict(data.get("train") or {}, str(cfg_path))
         if config is not None:
             saved.iterations = config.iterations
         trainer = cls(saved)
@@ -258,7 +302,11 @@ class Trainer:
         if not isinstance(state, dict) or not {"optimizer", "iteration"} <= set(state):
             raise FormatError("not a training state (optimizer, iteration)",
                               file=str(train_path), fix="restart without --resume")
-        trainer.iteration = int(state["iteration"])
+        try:
+            trainer.iteration = int(state["iteration"])
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise FormatError(f"malformed iteration ({exc})", file=str(train_path),
+                              field="iteration", fix="restart without --resume") from None
         if trainer.iteration != data.get("iteration"):
             raise FormatError(f"training state is at iteration {trainer.iteration} but the "
                               f"policy at {data.get('iteration')} (a save was cut short)",
@@ -269,8 +317,16 @@ class Trainer:
             raise FormatError(f"optimizer state does not fit the policy: {exc}",
                               file=str(train_path), fix="restart without --resume") from None
         if "rng" in state:
-            set_rng_states(state["rng"])
-        trainer.elapsed_before = float(data.get("train_seconds", 0.0))
+            try:
+                set_rng_states(state["rng"])
+            except (TypeError, ValueError, KeyError, IndexError, AttributeError,
+                    RuntimeError, OverflowError) as exc:
+                raise FormatError(f"malformed random states ({str(exc)[:80]})",
+                                  file=str(train_path), field="rng",
+                                  fix="restart without --resume") from None
+        from placer._io import Fields
+        trainer.elapsed_before = Fields(data, "", str(cfg_path), FormatError).number(
+            "train_seconds", 0.0)
         trainer.saved_iteration = trainer.iteration
         return trainer
 

@@ -110,3 +110,19 @@ class slow_stage:
     def __exit__(self, *exc) -> None:
         if self.timer is not None:
             self.timer.cancel()
+#: what ``--help`` says about every file option
+OUTPUT_NOTE = ("; an existing file is replaced atomically (never left half-written), and "
+               "an output that is also an input is refused")
+
+
+def note_atomic_outputs(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Append :data:`OUTPUT_NOTE` to the help of every ``-o/--output`` of
+    ``parser`` and its subcommands."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in set(action.choices.values()):
+                note_atomic_outputs(sub)
+        elif "--output" in action.option_strings and action.help and \
+                OUTPUT_NOTE not in action.help:
+            action.help += OUTPUT_NOTE
+    return parser

@@ -12,12 +12,15 @@ import json
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
 from . import __version__
-from ._cli import add_model_options, add_seed, add_time_budget, formatter, slow_stage
-from .errors import PlacerError, TraceError
+from ._cli import (add_model_options, add_seed, add_time_budget, formatter, note_atomic_outputs,
+                   slow_stage)
+from ._io import check_outputs, set_strict
+from .errors import PlacerError, TraceError, UnknownKeyWarning
 
 EXIT_BAD_INPUT = 2
 
@@ -240,7 +243,18 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 # --- commands ---------------------------------------------------------------------
 
+def _inputs(args) -> list:
+    """The files a command reads (for :func:`placer._io.check_outputs`)."""
+    out = []
+    for key in ("model", "graph", "cluster", "plan", "file", "checkpoint", "legacy_plan"):
+        value = getattr(args, key, None)
+        if isinstance(value, str):
+            out.append(value)
+    return out + list(getattr(args, "plans", None) or [])
+
+
 def cmd_trace(args) -> int:
+    check_outputs([("--output", args.output)], _inputs(args))
     start = time.perf_counter()
     graph = load_graph(args.model, args)
     elapsed = time.perf_counter() - start
@@ -431,6 +445,12 @@ def cmd_plan(args) -> int:
     from .search import optimize_with_report
     from .search.base import SearchInterrupted
     methods = _methods(args.method)
+    stem = _outputs_next_to(args.output)
+    check_outputs([("--output", args.output), ("--output", stem + ".trace.json")]
+                  + [("--output", f"{stem}.{kind}.png") for kind in
+                     ([] if args.no_plots else ["placement", "gantt", "convergence"])],
+                  [i for i in _inputs(args) if i != args.checkpoint])
+    check_outputs([("--output", args.output)], [args.checkpoint])
     if args.resume and not args.checkpoint:
         raise PlacerError("--resume needs the checkpoint file", field="--resume",
                           fix="add --checkpoint STATE.json (the file the interrupted run wrote)")
@@ -544,6 +564,7 @@ def cmd_replan(args) -> int:
     old = Plan.load(args.plan)
     _warm("replan", policy=args.method in ("rl", "hybrid"))
     output = args.output or _outputs_next_to(args.plan) + ".replanned.json"
+    check_outputs([("--output", output)], _inputs(args))
     options: dict[str, Any] = {}
     if args.evaluations:
         options["evaluations"] = args.evaluations
@@ -573,6 +594,7 @@ def cmd_simulate(args) -> int:
     legacy = args.legacy_plan is not None     # GRAPH CLUSTER PLAN
     plan_path = args.legacy_plan if legacy else args.plan
     cluster = _cluster_of(args, args.plan if legacy else None)
+    check_outputs([("--trace", args.trace), ("--gantt", args.gantt)], _inputs(args))
     graph = load_graph(args.graph, args)
     plan = Plan.load(plan_path)
     plan.validate(graph, cluster, check_fingerprints=not args.ignore_fingerprints,
@@ -598,6 +620,7 @@ def cmd_compare(args) -> int:
     from .plan import Plan
     legacy = args.cluster is None and len(args.plans) > 1   # GRAPH CLUSTER PLAN...
     cluster = _cluster_of(args, args.plans.pop(0) if legacy else None)
+    check_outputs([("--plot", args.plot)], _inputs(args))
     graph = load_graph(args.graph, args)
     rows, data = [], []
     _warm("compare")
@@ -655,6 +678,7 @@ def cmd_warmup(args) -> int:
 
 def cmd_bench(args) -> int:
     out = args.output or f"bench-{args.what}.json"
+    check_outputs([("--output", out)])
     if args.what == "cost":
         from .bench.cost import bench_cost
         bench_cost(out=out, quick=args.quick)
@@ -748,6 +772,9 @@ def build_parser() -> argparse.ArgumentParser:
                                  "then run it that way.",
                      epilog="example:\n  placer plan gpt-125m --cluster two-sites -o plan.json")
     parser.add_argument("--version", action="version", version=f"placer {__version__}")
+    parser.add_argument("--strict", action="store_true",
+                        help="unknown keys in graph, cluster and plan files are errors, not "
+                             "warnings (also accepted after the command)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     def cluster_option(p, what: str, required: bool = False):
@@ -898,12 +925,17 @@ def build_parser() -> argparse.ArgumentParser:
         p = _add(sub, name, help_text, example)
         p.add_argument("args", nargs=argparse.REMAINDER,
                        help=f"see `placer {name} --help`")
-    return parser
+    return note_atomic_outputs(parser)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``placer`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    end = argv.index("--") if "--" in argv else len(argv)
+    strict = "--strict" in argv[:end]
+    if strict:      # a global flag, accepted before or after the command
+        argv = [a for a in argv[:end] if a != "--strict"] + argv[end:]
+    set_strict(strict)
     if argv and argv[0] in DELEGATED:
         return _guarded(argv[0], lambda: _delegate(argv[0])(argv[1:]))
     parser = build_parser()
@@ -915,15 +947,32 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _guarded(name: str, command: Callable[[], int | None]) -> int:
-    """Run a subcommand: bad input is one line and exit 2, Ctrl-C exit 130."""
+    """Run a subcommand: bad input is one line and exit 2, Ctrl-C exit 130, a
+    closed pipe (``placer ... | head -1``) a quiet exit 141; a warning about
+    an unknown key in a file is one line too."""
+    def show(message, category, *rest, **kw):
+        if issubclass(category, UnknownKeyWarning):
+            print(f"placer {name}: warning: {message}", file=sys.stderr)
+        else:
+            shown(message, category, *rest, **kw)
+    shown = warnings.showwarning
+    warnings.showwarning = show
     try:
         return command() or 0
+    except BrokenPipeError:
+        # the reader went away: stop writing, and keep Python from reporting
+        # the failed flush at exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
     except PlacerError as exc:
         print(f"placer {name}: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print(f"placer {name}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        warnings.showwarning = shown
 
 
 if __name__ == "__main__":

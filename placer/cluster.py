@@ -23,8 +23,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ._io import (Fields, PathLike, atomic_write_text, canonical_json, check_format,
-                  load_document, wrap_errors)
+from ._io import (MAX_DEVICES, Fields, PathLike, atomic_write_text, canonical_json,
+                  check_format, documented_keys, load_document, wrap_errors)
 from ._paths import data_dir
 from .errors import ClusterError
 
@@ -173,11 +173,13 @@ class Cluster:
     @classmethod
     def _from_links(cls, name, devices, links: Fields, *, meta, file) -> "Cluster":
         n = len(devices)
+        links.extras(documented_keys("cluster", "links"))
         if links.has("bandwidth") or links.has("latency"):
             bandwidth = _matrix(links, "bandwidth", n, positive=True)
             latency = _matrix(links, "latency", n, positive=False)
             return cls(name, devices, bandwidth, latency, meta=meta, file=file)
         default = links.mapping("default")
+        default.extras(documented_keys("cluster", "link"))
         bandwidth = np.full((n, n), default.number("bandwidth", positive=True, unit="bytes/s"))
         latency = np.full((n, n), default.number("latency", unit="seconds"))
         by_site: dict[str, list[int]] = {}
@@ -189,6 +191,7 @@ class Cluster:
                              ("pairs", {d.name: [index[d.name]] for d in devices})):
             for k, raw in enumerate(links.sequence(kind, [])):
                 rule = links.child(raw, f"{kind}[{k}]")
+                rule.extras(documented_keys("cluster", "rule"))
                 between = rule.sequence("between")
                 if len(between) != 2 or not all(isinstance(x, str) for x in between):
                     rule.fail("between", f"expected two names, got {between!r}",
@@ -356,14 +359,17 @@ class Cluster:
                                                default_flow_style=None, width=100))
 
     @classmethod
-    def load(cls, path: PathLike) -> "Cluster":
+    def load(cls, path: PathLike, *, strict: bool | None = None) -> "Cluster":
         """Read a ``placer.cluster/v1`` YAML (or JSON) file; see :meth:`save`
-        for an example."""
+        for an example. Unknown keys are warned about (a typo such as
+        ``site:`` for ``sites:`` would silently fall back to defaults), or
+        refused when ``strict``."""
         data = load_document(path, ClusterError)
-        return cls.from_dict(data, file=str(path))
+        return cls.from_dict(data, file=str(path), strict=strict)
 
     @classmethod
-    def from_dict(cls, data: dict, *, file: str | None = None) -> "Cluster":
+    def from_dict(cls, data: dict, *, file: str | None = None,
+                  strict: bool | None = None) -> "Cluster":
         """Build a cluster from a parsed ``placer.cluster/v1`` document.
 
         >>> c = Cluster.from_dict({
@@ -373,7 +379,7 @@ class Cluster:
         >>> c.names, c.link("gpu0", "gpu1")
         (['gpu0', 'gpu1'], (10000000000.0, 1e-05))
         """
-        return wrap_errors(lambda: cls._from_dict(data, file), file)
+        return wrap_errors(lambda: cls._from_dict(data, file), file, strict)
 
     @classmethod
     def _from_dict(cls, data: dict, file: str | None) -> "Cluster":
@@ -381,15 +387,24 @@ class Cluster:
         check_format(top, FORMAT)
         name = top.string("name", default=Path(file).stem if file else "cluster")
         devices: list[Device] = []
-        for k, raw in enumerate(top.sequence("devices")):
+        device_keys = documented_keys("cluster", "device")
+        for k, raw in enumerate(top.limit("devices", top.sequence("devices"), MAX_DEVICES,
+                                          "devices")):
             item = top.child(raw, f"devices[{k}]")
             base = item.string("name")
-            count = item.number("count", 1, integer=True, positive=True)
+            count = item.count("count", MAX_DEVICES - len(devices), 1,
+                               what=f" devices in a cluster ({len(devices):,} before it)"
+                               if devices else " devices in a cluster")
             kind = item.get("kind")
             site = item.get("site", "default")
             for key, value in (("kind", kind), ("site", site)):
                 if value is not None and not isinstance(value, str):
                     item.fail(key, f"expected a string, got {value!r}")
+            # placer profile's figures, read by the cost models as numbers
+            profiled = {key: item.number(key, None, unit="seconds", positive=positive)
+                        for key, positive in (("op_overhead", False), ("task_overhead", False),
+                                              ("measured_step", False), ("cpu_share", True),
+                                              ("cpu_share_all", True))}
             efficiency = item.number("efficiency", None, positive=True)
             if efficiency is not None and efficiency > 1:
                 item.fail("efficiency", f"must be in (0, 1], got {efficiency!r}")
@@ -400,7 +415,8 @@ class Cluster:
                 nic_bandwidth=item.number("nic_bandwidth", None, positive=True,
                                           unit="bytes/s"),
                 extra=item.extras({"name", "count", "flops", "memory", "site", "kind",
-                                   "efficiency", "nic_bandwidth"}))
+                                   "efficiency", "nic_bandwidth", *profiled}, device_keys)
+                | {key: value for key, value in profiled.items() if value is not None})
             names = [base] if count == 1 and not item.has("count") else \
                 [f"{base}{i}" for i in range(count)]
             devices.extend(Device(name=n, **common) for n in names)
@@ -412,7 +428,7 @@ class Cluster:
             seen[d.name] = k
         if not devices:
             top.fail("devices", "no devices", fix="list at least one device")
-        meta = top.extras({"format", "name", "devices", "links"})
+        meta = top.extras({"format", "name", "devices", "links"}, documented_keys("cluster"))
         return cls._from_links(name, devices, top.mapping("links"), meta=meta, file=file)
 
     # --- shipped and local clusters ---------------------------------------

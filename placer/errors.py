@@ -82,3 +82,9 @@ class InfeasibleError(PlacerError):
 
 class StrategyError(PlacerError):
     """An unknown strategy or cost model name, or bad strategy options."""
+
+
+class UnknownKeyWarning(UserWarning):
+    """A file holds a key placer does not know (often a typo); the message
+    names the file, the key and the nearest known key. ``--strict`` (or
+    ``strict=True`` in the loaders) makes it an error."""

@@ -25,8 +25,8 @@ from typing import Iterable, Iterator
 
 import networkx as nx
 
-from ._io import (Fields, PathLike, atomic_write_text, canonical_json, check_format,
-                  dump_json, load_document, wrap_errors)
+from ._io import (MAX_EDGES, MAX_OPS, Fields, PathLike, atomic_write_text, canonical_json,
+                  check_format, documented_keys, dump_json, load_document, wrap_errors)
 from .errors import GraphError
 
 FORMAT = "placer.graph/v1"
@@ -368,14 +368,16 @@ class Graph:
         atomic_write_text(path, dump_json(self.to_dict()))
 
     @classmethod
-    def load(cls, path: PathLike) -> "Graph":
+    def load(cls, path: PathLike, *, strict: bool | None = None) -> "Graph":
         """Read a ``placer.graph/v1`` file (JSON, optionally gzipped); see
-        :meth:`save` for an example."""
+        :meth:`save` for an example. Unknown keys are warned about
+        (:class:`placer.errors.UnknownKeyWarning`), or refused when ``strict``."""
         data = load_document(path, GraphError)
-        return cls.from_dict(data, file=str(path))
+        return cls.from_dict(data, file=str(path), strict=strict)
 
     @classmethod
-    def from_dict(cls, data: dict, *, file: str | None = None) -> "Graph":
+    def from_dict(cls, data: dict, *, file: str | None = None,
+                  strict: bool | None = None) -> "Graph":
         """Build a graph from a parsed ``placer.graph/v1`` document.
 
         >>> g = Graph.from_dict({"format": "placer.graph/v1", "name": "g",
@@ -384,7 +386,7 @@ class Graph:
         >>> g.op("a").bwd_flops, g.edge("a", "b").bytes
         (20.0, 4.0)
         """
-        return wrap_errors(lambda: cls._from_dict(data, file), file)
+        return wrap_errors(lambda: cls._from_dict(data, file), file, strict)
 
     @classmethod
     def _from_dict(cls, data: dict, file: str | None) -> "Graph":
@@ -395,13 +397,16 @@ class Graph:
         if not isinstance(training, bool):
             top.fail("training", f"expected true or false, got {training!r}")
         ops = []
-        for index, raw in enumerate(top.sequence("nodes")):
+        node_keys = documented_keys("graph", "node")
+        for index, raw in enumerate(top.limit("nodes", top.sequence("nodes"), MAX_OPS, "ops")):
             node = top.child(raw, f"nodes[{index}]")
             op_id = node.string("id")
             flops = node.number("flops", 0.0, unit="FLOP")
             colocate = node.get("colocate")
             if colocate is not None and not isinstance(colocate, str):
                 node.fail("colocate", f"expected a string or null, got {colocate!r}")
+            if node.has("measured"):
+                _check_measured(node, node.data["measured"])
             ops.append(Op(
                 id=op_id, op=node.string("op", "op"), flops=flops,
                 bwd_flops=node.number("bwd_flops", 2.0 * flops, unit="FLOP"),
@@ -409,14 +414,17 @@ class Graph:
                 output_bytes=node.number("output_bytes", 0.0, unit="bytes"),
                 colocate=colocate,
                 extra=node.extras({"id", "op", "flops", "bwd_flops", "param_bytes",
-                                   "output_bytes", "colocate"})))
+                                   "output_bytes", "colocate"}, node_keys)))
         edges = []
-        for index, raw in enumerate(top.sequence("edges", [])):
+        edge_keys = documented_keys("graph", "edge")
+        for index, raw in enumerate(top.limit("edges", top.sequence("edges", []), MAX_EDGES,
+                                              "edges")):
             item = top.child(raw, f"edges[{index}]")
             edges.append(Edge(item.string("src"), item.string("dst"),
                               item.number("bytes", 0.0, unit="bytes"),
-                              extra=item.extras({"src", "dst", "bytes"})))
-        meta = top.extras({"format", "name", "training", "nodes", "edges"})
+                              extra=item.extras({"src", "dst", "bytes"}, edge_keys)))
+        meta = top.extras({"format", "name", "training", "nodes", "edges"},
+                          documented_keys("graph"))
         return cls(name, ops, edges, training=training, meta=meta, file=file)
 
     # --- transformations --------------------------------------------------
@@ -449,3 +457,23 @@ class Graph:
         {'a': ['a'], 'b': ['b']}
         """
         return {op.id: list(op.extra.get("members", [op.id])) for op in self}
+
+
+def _check_measured(node: Fields, measured) -> None:
+    """Check an op's ``measured`` times (``placer profile``): a number of
+    seconds, ``{fwd, bwd, ...}`` seconds, or such a figure per device."""
+    if isinstance(measured, dict) and "fwd" not in measured:
+        for device, entry in measured.items():
+            _check_times(node, entry, f"measured.{device}")
+    else:
+        _check_times(node, measured, "measured")
+
+
+def _check_times(node: Fields, entry, where: str) -> None:
+    if isinstance(entry, dict):
+        if "fwd" not in entry:
+            node.fail(where, "missing 'fwd'", fix="give the forward seconds as 'fwd'")
+        for key, value in entry.items():
+            node.check_number(value, f"{where}.{key}", unit="seconds")
+    elif entry is not None:
+        node.check_number(entry, where, unit="seconds")

@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ._io import (Fields, PathLike, atomic_write_text, check_format, dump_json,
-                  load_document, wrap_errors)
+from ._io import (MAX_DEVICES, MAX_MICROBATCHES, MAX_OPS, Fields, PathLike, _short,
+                  atomic_write_text, check_format, documented_keys, dump_json, load_document,
+                  wrap_errors)
 from .errors import PlanError
 
 if TYPE_CHECKING:
@@ -234,13 +235,15 @@ class Plan:
         atomic_write_text(path, dump_json(self.to_dict()))
 
     @classmethod
-    def load(cls, path: PathLike) -> "Plan":
-        """Read a ``placer.plan/v1`` JSON file; see :meth:`save` for an example."""
+    def load(cls, path: PathLike, *, strict: bool | None = None) -> "Plan":
+        """Read a ``placer.plan/v1`` JSON file; see :meth:`save` for an example.
+        Unknown keys are warned about, or refused when ``strict``."""
         data = load_document(path, PlanError)
-        return cls.from_dict(data, file=str(path))
+        return cls.from_dict(data, file=str(path), strict=strict)
 
     @classmethod
-    def from_dict(cls, data: dict, *, file: str | None = None) -> "Plan":
+    def from_dict(cls, data: dict, *, file: str | None = None,
+                  strict: bool | None = None) -> "Plan":
         """Build a plan from a parsed ``placer.plan/v1`` document (a single
         device may be written as a string).
 
@@ -249,7 +252,7 @@ class Plan:
         >>> p.placement, p.microbatches, p.schedule
         ({'x': ['a0'], 'y': ['a0', 'a1']}, 1, '1f1b')
         """
-        return wrap_errors(lambda: cls._from_dict(data, file), file)
+        return wrap_errors(lambda: cls._from_dict(data, file), file, strict)
 
     @classmethod
     def _from_dict(cls, data: dict, file: str | None) -> "Plan":
@@ -257,11 +260,16 @@ class Plan:
         check_format(top, FORMAT)
         placement_raw = top.mapping("placement")
         placement = {}
+        if len(placement_raw.data) > MAX_OPS:
+            top.fail("placement", f"{len(placement_raw.data):,} ops, over the limit of "
+                     f"{MAX_OPS:,}", fix="check that this is the right file")
         for op_id, devices in placement_raw.data.items():
             if isinstance(devices, str):
                 devices = [devices]
             if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
-                placement_raw.fail(str(op_id), f"expected a list of device names, got {devices!r}")
+                placement_raw.fail(str(op_id), "expected a list of device names, got "
+                                   f"{_short(devices)}")
+            placement_raw.limit(str(op_id), devices, MAX_DEVICES, "devices")
             placement[str(op_id)] = list(devices)
         schedule = top.string("schedule", "1f1b")
         if schedule not in SCHEDULES:
@@ -277,9 +285,10 @@ class Plan:
         if not isinstance(predicted, dict):
             top.fail("predicted", f"expected a mapping, got {predicted!r}")
         return cls(placement=placement,
-                   microbatches=top.number("microbatches", 1, integer=True, positive=True),
+                   microbatches=top.count("microbatches", MAX_MICROBATCHES, 1),
                    schedule=schedule, method=top.string("method", "manual"),
                    graph=fingerprints["graph"], cluster=fingerprints["cluster"],
                    predicted=predicted,
                    extra=top.extras({"format", "graph", "cluster", "method", "placement",
-                                     "microbatches", "schedule", "predicted"}))
+                                     "microbatches", "schedule", "predicted"},
+                                    documented_keys("plan")))

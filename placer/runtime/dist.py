@@ -54,6 +54,7 @@ import json
 import math
 import os
 import socket
+import signal
 import statistics
 import sys
 import tempfile
@@ -916,14 +917,83 @@ def calibrated_options(calibration: dict) -> dict:
 # --------------------------------------------------------------------------
 # process start-up
 # --------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+def _free_port(host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` now (the store binds it a moment later)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
-def _init(backend: str, timeout: float) -> None:
-    dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout))
+class LauncherStopped(KeyboardInterrupt):
+    """The launcher got SIGTERM or SIGHUP (SIGINT stays KeyboardInterrupt);
+    its ranks were stopped. A KeyboardInterrupt, so the CLI reports it as
+    an interruption."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+class _StopOnSignals:
+    """Within the block, SIGTERM/SIGHUP (and SIGINT) raise in the launcher so
+    its ``finally`` stops the ranks (their default would end it at once and
+    leave them running). Until :meth:`arm` a signal is only remembered: the
+    ranks being started must all exist before it is raised. Only in the
+    main thread (the only one that can handle signals)."""
+
+    SIGNALS = ("SIGTERM", "SIGHUP", "SIGINT")
+
+    def __init__(self):
+        self.armed = False
+        self.pending: int | None = None
+        self.previous: dict = {}
+
+    def _handle(self, signum, frame):
+        if self.armed:
+            raise KeyboardInterrupt if signum == signal.SIGINT else LauncherStopped(signum)
+        self.pending = signum if self.pending is None else self.pending
+
+    def arm(self) -> None:
+        """From now on raise at once; raise a signal that came before."""
+        self.armed = True
+        if self.pending is not None:
+            self._handle(self.pending, None)
+
+    def __enter__(self) -> "_StopOnSignals":
+        if threading.current_thread() is threading.main_thread():
+            for name in self.SIGNALS:
+                number = getattr(signal, name, None)
+                if number is not None:
+                    self.previous[number] = signal.signal(number, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)
+
+
+def _init(backend: str, timeout: float, store_host: str | None = None) -> None:
+    """Join the process group. ``store_host``: rank 0 serves the rendezvous
+    store on that address only (``launch`` gives loopback, so nothing off
+    this machine can reach it; torch's own store listens on every
+    interface); None: the environment's (torchrun's) rendezvous."""
+    delta = datetime.timedelta(seconds=timeout)
+    if store_host is None:
+        dist.init_process_group(backend=backend, timeout=delta)
+        return
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    port = int(os.environ["MASTER_PORT"])
+    listen = None
+    if rank == 0:
+        family = socket.AF_INET6 if ":" in store_host else socket.AF_INET
+        listen = socket.socket(family, socket.SOCK_STREAM)
+        listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listen.bind((store_host, port))
+        listen.listen(max(128, world))
+    store = dist.TCPStore(store_host, port, world, rank == 0, timeout=delta,
+                          master_listen_fd=None if listen is None else listen.fileno())
+    dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world,
+                            timeout=delta)
 
 
 def pin_cores(local_rank: int, local_world: int) -> list[int] | None:
@@ -957,11 +1027,30 @@ def _auto_pin(pin: bool | None, world: int) -> bool:
     return hasattr(os, "sched_getaffinity") and world <= len(os.sched_getaffinity(0))
 
 
+def _die_with(parent: int | None) -> None:
+    """End this process when ``parent`` (its launcher) ends, however it
+    ends (SIGKILL included): Linux's parent-death signal, armed first, then
+    a check that the launcher did not already die while this rank started."""
+    if parent is None:
+        return
+    if sys.platform.startswith("linux"):
+        import ctypes
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)      # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:
+        os._exit(1)
+
+
 def _child(index: int, world: int, port: int, backend: str, timeout: float, build,
            plan_dict: dict, kwargs: dict, out_path: str, cluster_dict,
-           threads: int | None = None, pin: bool = False) -> None:
+           threads: int | None = None, pin: bool = False, parent: int | None = None,
+           host: str = "127.0.0.1") -> None:
     global _STATUS
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+    _die_with(parent)
+    os.environ.update({"MASTER_ADDR": host, "MASTER_PORT": str(port),
                        "RANK": str(index), "WORLD_SIZE": str(world),
                        "LOCAL_RANK": str(index)})
     _STATUS = _Status(_status_path(out_path, index), index)
@@ -972,7 +1061,7 @@ def _child(index: int, world: int, port: int, backend: str, timeout: float, buil
     from ..cluster import Cluster
     from ..plan import Plan
     _STATUS.set("joining the process group")
-    _init(backend, timeout)
+    _init(backend, timeout, store_host=host)
     try:
         _STATUS.set("building the model")
         model, inputs = build()
@@ -1048,9 +1137,16 @@ def _stop(processes) -> None:
 
 def launch(plan, build: Callable[[], tuple], *, nproc: int | None = None, backend: str = "gloo",
            timeout: float = 300.0, cluster=None, fault_timeout: float = 60.0,
-           threads: int | None = None, pin: bool | None = None, **kwargs) -> dict:
+           threads: int | None = None, pin: bool | None = None, host: str = "127.0.0.1",
+           **kwargs) -> dict:
     """Start one local process per plan device (torch.multiprocessing, spawn),
     run :func:`run_rank` in each and return rank 0's result.
+
+    The ranks die with the launcher whatever stops it (SIGTERM, SIGHUP,
+    SIGINT: it stops them, then raises :class:`LauncherStopped` or
+    KeyboardInterrupt; SIGKILL: Linux's parent-death signal), also while they
+    start. Their rendezvous store listens on ``host`` only (loopback unless
+    another address is given).
 
     ``build()`` returns ``(model, example_inputs)`` and must be picklable
     (a module-level function or ``functools.partial``) and deterministic,
@@ -1073,14 +1169,16 @@ def launch(plan, build: Callable[[], tuple], *, nproc: int | None = None, backen
     if nproc != len(devs):
         raise PlanError(f"--nproc {nproc} but the plan uses {len(devs)} devices",
                         fix=f"use --nproc {len(devs)}")
-    with tempfile.TemporaryDirectory(prefix="placer-launch-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="placer-launch-") as tmp, \
+            _StopOnSignals() as signals:
         out = os.path.join(tmp, "result.pt")
         ctx = mp.start_processes(
-            _child, args=(nproc, _free_port(), backend, timeout, build, plan.to_dict(), kwargs,
-                          out, cluster.to_dict() if cluster is not None else None, threads,
-                          _auto_pin(pin, nproc)),
+            _child, args=(nproc, _free_port(host), backend, timeout, build, plan.to_dict(),
+                          kwargs, out, cluster.to_dict() if cluster is not None else None,
+                          threads, _auto_pin(pin, nproc), os.getpid(), host),
             nprocs=nproc, join=False, start_method="spawn")
         try:
+            signals.arm()       # a signal during start-up is raised here, once all exist
             _watch(ctx.processes, [_status_path(out, r) for r in range(nproc)], devs,
                    timeout, fault_timeout)
         finally:
@@ -1153,7 +1251,7 @@ _EXAMPLES = {
 
 
 def _parser(prog: str, with_nproc: bool, pictures: bool = False) -> argparse.ArgumentParser:
-    from .._cli import add_json, add_model_options, add_seed, command_parser
+    from .._cli import add_json, add_model_options, add_seed, command_parser, note_atomic_outputs
     description = ("Run a plan on torch.distributed ranks, one per device, and measure it."
                    if with_nproc else "Run a plan on this machine's devices and measure it.")
     ap = command_parser(prog, description, *_EXAMPLES.get(
@@ -1208,7 +1306,7 @@ def _parser(prog: str, with_nproc: bool, pictures: bool = False) -> argparse.Arg
     if with_nproc:
         ap.add_argument("--nproc", type=int, default=None,
                         help="processes to start (default: the plan's devices)")
-    return ap
+    return note_atomic_outputs(ap)
 
 
 def model_builder(ns) -> Callable[[], tuple]:
@@ -1370,7 +1468,11 @@ def write_pictures(report, ns) -> None:
 def launch_main(argv: list[str] | None = None) -> int:
     """``placer launch PLAN --model MODEL [--nproc N] ...``: local ranks."""
     from .._cli import slow_stage
+    from .._io import check_outputs
     ns = _parser("placer launch", True, pictures=True).parse_args(argv)
+    check_outputs([(flag, getattr(ns, key, None)) for flag, key in
+                   (("--output", "output"), ("--trace", "trace"), ("--gantt", "gantt"))],
+                  [getattr(ns, k, None) for k in ("plan", "cluster", "model")])
     plan, build, kwargs, cluster = _common(ns)
     if ":" in ns.model:
         # a user's factory is built once here, so that its mistakes (no

@@ -554,7 +554,7 @@ def calibrated_graph(graph: Graph, cluster: Cluster, device: str | None = None,
 def profile_main(argv: list[str] | None = None) -> int:
     """``placer profile --model NAME [--tiny] [--batch B] [--cluster C] -o graph.json
     [--cluster-out c.yaml]``: measure and write the calibrated graph/cluster."""
-    from .._cli import add_json, add_seed, command_parser
+    from .._cli import add_json, add_seed, command_parser, note_atomic_outputs
     ap = command_parser("placer profile", "Measure per-op times on this machine's devices and "
                         "write a calibrated graph (and cluster) for the cost model.",
                         "placer profile --model gpt-125m --tiny -o gpt.measured.json "
@@ -571,9 +571,11 @@ def profile_main(argv: list[str] | None = None) -> int:
     ap.add_argument("-o", "--output", required=True, help="graph JSON to write")
     ap.add_argument("--cluster-out", default=None, help="calibrated cluster YAML to write")
     add_json(ap)
-    ns = ap.parse_args(argv)
+    ns = note_atomic_outputs(ap).parse_args(argv)
     from .. import zoo
+    from .._io import check_outputs
     from .dist import _cluster
+    check_outputs([("--output", ns.output), ("--cluster-out", ns.cluster_out)], [ns.cluster])
     if ns.threads:
         torch.set_num_threads(ns.threads)
     model, inputs = zoo.build(ns.model, batch=ns.batch, seq=ns.seq, tiny=ns.tiny, seed=ns.seed)

@@ -24,6 +24,7 @@ strategies under the entry-point group ``placer.strategies``.
 from __future__ import annotations
 
 import importlib
+import math
 import sys
 import time as _time
 from abc import ABC, abstractmethod
@@ -164,26 +165,57 @@ class Budget:
 
 class MeteredCostModel(CostModel):
     """A cost model that charges a :class:`Budget` one evaluation per plan
-    scored (``estimate``: 1, ``estimate_many``/``step_times``: one per plan)."""
+    scored (``estimate``: 1, ``estimate_many``/``step_times``: one per plan).
+
+    It also guards the search against an erratic model: a NaN objective
+    reads as an infeasible plan of infinite cost, and the best plan scored
+    through :meth:`estimate`/:meth:`estimate_many` (the seed heuristics,
+    warm starts, finalists) is remembered per problem (:meth:`best_for`), so
+    :func:`placer.search.optimize` never returns a plan this model scored
+    worse than one it had seen."""
 
     def __init__(self, inner: CostModel, budget: Budget):
         self.inner = inner.inner if isinstance(inner, MeteredCostModel) else inner
         self.budget = budget
         self.name = self.inner.name
         self.batched = getattr(self.inner, "batched", False)
+        #: problem id -> ``(problem, plan, report)`` of the lowest objective
+        #: scored as a Plan of that problem (a search may score coarsened ones)
+        self._best: dict[int, tuple] = {}
+
+    def best_for(self, problem) -> tuple | None:
+        """``(plan, report)`` of the best plan of ``problem`` scored, or None."""
+        found = self._best.get(id(problem))
+        return None if found is None or found[0] is not problem else found[1:]
+
+    def _seen(self, problem, plan, report):
+        objective = report.objective
+        if objective is None or not math.isfinite(objective) or not math.isfinite(
+                report.step_time):
+            if objective is None or math.isnan(objective) or math.isnan(report.step_time):
+                report.objective = float("inf")
+                report.feasible = False
+            return report
+        best = self.best_for(problem)
+        if best is None or (not best[1].feasible, best[1].objective) > \
+                (not report.feasible, objective):
+            self._best[id(problem)] = (problem, plan, report)
+        return report
 
     def estimate(self, problem, plan):
         self.budget.charge(1)
-        return self.inner.estimate(problem, plan)
+        return self._seen(problem, plan, self.inner.estimate(problem, plan))
 
     def estimate_many(self, problem, plans):
         self.budget.charge(len(plans))
-        return self.inner.estimate_many(problem, plans)
+        reports = self.inner.estimate_many(problem, plans)
+        return [self._seen(problem, plan, report) for plan, report in zip(plans, reports)]
 
     def step_times(self, problem, assignments, **kwargs):
         rows = np.atleast_2d(np.asarray(assignments))
         self.budget.charge(len(rows))
-        return self.inner.step_times(problem, rows, **kwargs)
+        out = np.asarray(self.inner.step_times(problem, rows, **kwargs), dtype=float)
+        return np.where(np.isnan(out), np.inf, out)
 
     def __getattr__(self, name):
         # reached only for attributes the wrapper lacks (e.g. estimate_compiled)

@@ -51,7 +51,11 @@ def optimize_with_report(graph: "Graph", cluster: "Cluster",
       keywords are options of the strategy.
 
     The plan is bound to ``graph`` and ``cluster`` (fingerprints) and its
-    ``method`` is the strategy's name. Raises
+    ``method`` is the strategy's name. It is never one the search model
+    scored worse than another plan of this problem it scored (a NaN counts
+    as infinitely slow). The search returns within ``time_budget`` + 10%;
+    building the problem, compiling the kernels (first call only) and the
+    final scoring come on top. Raises
     :class:`placer.errors.StrategyError` for an unknown method or bad
     options.
 
@@ -91,6 +95,7 @@ def optimize_with_report(graph: "Graph", cluster: "Cluster",
             exc.plan.bind(graph, cluster)
         raise
     _check_plan(problem, plan)
+    plan = _no_worse_than_seen(problem, plan, metered)
     if isinstance(microbatches, int) and plan.microbatches != microbatches:
         plan.microbatches = microbatches
     if schedule is not None and plan.schedule != schedule:
@@ -106,3 +111,35 @@ def optimize_with_report(graph: "Graph", cluster: "Cluster",
         plan.predicted["infeasible"] = explain_infeasible(problem, plan, report, final_model)
     plan.method = strategy.name
     return plan.bind(graph, cluster), report
+
+
+def _no_worse_than_seen(problem: Problem, plan: "Plan", metered) -> "Plan":
+    """``plan``, or the best plan the search's own cost model scored (a seed
+    heuristic, a warm start) where that scored better: a search disturbed by
+    a slow or erratic model (NaN) must not return something worse than what
+    it had already seen. The swap is noted in ``predicted["search"]``."""
+    import math
+    from ..plan import Plan
+    found = metered.best_for(problem)
+    if found is None:
+        return plan
+    seen, report = found
+    objective = plan.predicted.get("objective", plan.predicted.get("step_time"))
+    feasible = bool(plan.predicted.get("feasible", True))
+    if objective is None or not isinstance(objective, (int, float)) or math.isnan(objective):
+        objective = float("inf")
+    if (not report.feasible, report.objective) >= (not feasible, objective):
+        return plan
+    try:
+        _check_plan(problem, seen)
+    except Exception:       # a partial plan a strategy scored on its own terms
+        return plan
+    better = Plan({k: list(v) for k, v in seen.placement.items()}, seen.microbatches,
+                  seen.schedule, plan.method)
+    better.predicted = predicted_figures(report)
+    better.predicted.update({k: v for k, v in plan.predicted.items()
+                             if k in ("evaluations", "search_seconds")})
+    better.predicted["kept_seen"] = {"objective": report.objective, "search_objective":
+                                     None if math.isinf(objective) else objective}
+    better.extra = dict(plan.extra)
+    return better
