@@ -27,9 +27,9 @@ another ``shape``) is infeasible, ranked by how far it is off. Sizes come
 from the graph (``sizes="graph"``: a stage's parameter bytes as its
 gradients, the bytes crossing a stage boundary as its activations) or are
 the paper's GPT-3 XL figures (``sizes="paper"``, :data:`PAPER_SIZES`: every
-stage holds an equal share of the gradients, and a run of ops tied to an
-earlier stage's weights, such as a head tied to the embedding, is no stage
-of its own, as the paper's GPT has its own head on the last stage).
+stage holds an equal share of the gradients, and a run of only ops that
+share weights, such as a head tied to the embedding, is no stage of its
+own, as the paper's GPT ties no weights).
 
 The even 8 x 8 allocation of GPT-3 XL on the paper's worldwide scenario
 costs 75.29 s, as DT-FM's own scheduler code gives:
@@ -112,14 +112,17 @@ class DTFMPaper(CostModel):
         starts = np.r_[0, np.flatnonzero(op_group[1:] != op_group[:-1]) + 1]
         stages = [tuple(table[int(op_group[s])]) for s in starts]
         if self.sizes == "paper":
-            # the paper's GPT has its own head on the last stage: a run of
-            # ops tied to an earlier stage's weights (the head tied to the
-            # embedding) is not a stage of its own there
+            # the paper's GPT ties no weights (its embedding is on the first
+            # stage, its head on the last): a run of only tied ops (the head
+            # and embedding placer's graph keeps together) is no stage there
             tied = self._tied(problem)
             ends = np.r_[starts[1:], len(op_group)]
-            keep = [i for i, (a, b) in enumerate(zip(starts, ends))
-                    if not (tied[a:b].all() and stages[i] in stages[:i])]
-            stages, starts = [stages[i] for i in keep], starts[keep]
+            keep = [i for i, (a, b) in enumerate(zip(starts, ends)) if not tied[a:b].all()]
+            if keep:
+                stages, starts = [stages[i] for i in keep], starts[keep]
+                # neighbours on one group after a dropped run are one stage
+                merged = [0] + [j for j in range(1, len(stages)) if stages[j] != stages[j - 1]]
+                stages, starts = [stages[j] for j in merged], starts[merged]
         groups = list(dict.fromkeys(stages))
         used = [d for g in groups for d in g]
         wrong = []
