@@ -28,8 +28,9 @@ from the graph (``sizes="graph"``: a stage's parameter bytes as its
 gradients, the bytes crossing a stage boundary as its activations) or are
 the paper's GPT-3 XL figures (``sizes="paper"``, :data:`PAPER_SIZES`: every
 stage holds an equal share of the gradients, and a run of only ops that
-share weights, such as a head tied to the embedding, is no stage of its
-own, as the paper's GPT ties no weights).
+share weights, such as a head tied to the embedding, that only detours to
+a group with other stages is no stage of its own, as the paper's GPT ties
+no weights).
 
 The even 8 x 8 allocation of GPT-3 XL on the paper's worldwide scenario
 costs 75.29 s, as DT-FM's own scheduler code gives:
@@ -117,12 +118,19 @@ class DTFMPaper(CostModel):
             # and embedding placer's graph keeps together) is no stage there
             tied = self._tied(problem)
             ends = np.r_[starts[1:], len(op_group)]
-            keep = [i for i, (a, b) in enumerate(zip(starts, ends)) if not tied[a:b].all()]
-            if keep:
-                stages, starts = [stages[i] for i in keep], starts[keep]
-                # neighbours on one group after a dropped run are one stage
-                merged = [0] + [j for j in range(1, len(stages)) if stages[j] != stages[j - 1]]
-                stages, starts = [stages[j] for j in merged], starts[merged]
+            only = [bool(tied[a:b].all()) for a, b in zip(starts, ends)]
+            n = len(stages)
+            # between two runs of one group, or at an end on a group that
+            # has another stage: the tie's doing, not a stage
+            keep = [i for i in range(n) if not (only[i] and 0 < i < n - 1
+                                                and stages[i - 1] == stages[i + 1])]
+            real = {stages[i] for i in keep if not only[i]}
+            keep = [i for i in keep if not (only[i] and i in (keep[0], keep[-1])
+                                            and stages[i] in real and len(keep) > 1)]
+            stages, starts = [stages[i] for i in keep], starts[keep]
+            # neighbours on one group after a dropped run are one stage
+            merged = [0] + [j for j in range(1, len(stages)) if stages[j] != stages[j - 1]]
+            stages, starts = [stages[j] for j in merged], starts[merged]
         groups = list(dict.fromkeys(stages))
         used = [d for g in groups for d in g]
         wrong = []
