@@ -75,12 +75,20 @@ def _with(plan, m: int, schedule: str):
 def reference(problem, choices: Sequence[int]) -> dict:
     """The rank-order 8 x 8 plan: its paper cost and its best simulated step
     over microbatch counts ``choices`` and both schedules."""
+    import numpy as np
+
     from evolution.dtfm import even_allocation
     plan = even_allocation(problem, 8, 8)
     r, m, schedule = best_setting(problem, plan, choices)
+    # the same allocation with devices in a random order (seed 0)
+    order = np.random.default_rng(0).permutation(problem.n_devices).tolist()
+    shuffled = even_allocation(problem, 8, 8, order=order)
+    rr, rm, _ = best_setting(problem, shuffled, choices)
     return {"sim_step_time": r.step_time, "sim_feasible": bool(r.feasible),
             "microbatches": m, "schedule": schedule,
-            "paper_cost": paper_model().estimate(problem, plan).step_time}
+            "paper_cost": paper_model().estimate(problem, plan).step_time,
+            "random_order_sim_step_time": rr.step_time, "random_order_microbatches": rm,
+            "random_order_paper_cost": paper_model().estimate(problem, shuffled).step_time}
 
 
 def run_scenario(scenario: str, strategies: Sequence[str], seconds: float, seed: int = 0,

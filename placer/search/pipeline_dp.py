@@ -406,10 +406,10 @@ class PipelineDP(Strategy):
 
 def _better(problem, cost_model, budget, a, b):
     """The better of two ``(plan, report)`` finalists: by the event
-    simulator when the search's model is another and time is left, else by
-    the search's model."""
+    simulator when the search's model is the analytical one (which screens
+    for it) and time is left, else by the search's model."""
     from ..cost import get_cost_model
-    if getattr(cost_model, "name", None) != "simulator" and not budget.out_of_time():
+    if getattr(cost_model, "name", None) == "analytical" and not budget.out_of_time():
         sim = get_cost_model("simulator")
         va, vb = (sim.estimate(problem, x[0]).objective for x in (a, b))
     else:
