@@ -17,9 +17,11 @@ searches twice:
 
 Each plan is scored in both models (one found under ``dtfm-paper``, which
 has no microbatches, is simulated at its best microbatch count and
-schedule). Two references per scenario: the
-rank-order 8 x 8 plan (the even allocation; in the simulator at its best
-microbatch count and schedule) and its ``dtfm-paper`` cost.
+schedule), and, as ``placer optimize`` does, at its best all-reduce bucket
+size (:func:`placer.search.buckets.choose_buckets`). References per
+scenario: the rank-order 8 x 8 plan (the even allocation; in the simulator
+at its best microbatch count, schedule and bucket size), its ``dtfm-paper``
+cost, and the same allocation with the devices in a random order.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def best_setting(problem, plan, choices: Sequence[int], replicas: int = 8):
 
 def _with(plan, m: int, schedule: str):
     from ..plan import Plan
-    return Plan(dict(plan.placement), m, schedule, plan.method)
+    return Plan(dict(plan.placement), m, schedule, plan.method, allreduce=plan.allreduce)
 
 
 def reference(problem, choices: Sequence[int]) -> dict:
@@ -78,14 +80,18 @@ def reference(problem, choices: Sequence[int]) -> dict:
     import numpy as np
 
     from evolution.dtfm import even_allocation
+    from ..cost import get_cost_model
+    from ..search.buckets import choose_buckets
     plan = even_allocation(problem, 8, 8)
     r, m, schedule = best_setting(problem, plan, choices)
+    tuned, tr = choose_buckets(problem, _with(plan, m, schedule), get_cost_model("simulator"), r)
     # the same allocation with devices in a random order (seed 0)
     order = np.random.default_rng(0).permutation(problem.n_devices).tolist()
     shuffled = even_allocation(problem, 8, 8, order=order)
     rr, rm, _ = best_setting(problem, shuffled, choices)
-    return {"sim_step_time": r.step_time, "sim_feasible": bool(r.feasible),
-            "microbatches": m, "schedule": schedule,
+    return {"sim_step_time": tr.step_time, "sim_feasible": bool(tr.feasible),
+            "microbatches": m, "schedule": schedule, "allreduce": tuned.allreduce,
+            "sim_step_time_default_buckets": r.step_time,
             "paper_cost": paper_model().estimate(problem, plan).step_time,
             "random_order_sim_step_time": rr.step_time, "random_order_microbatches": rm,
             "random_order_paper_cost": paper_model().estimate(problem, shuffled).step_time}
@@ -96,6 +102,7 @@ def run_scenario(scenario: str, strategies: Sequence[str], seconds: float, seed:
     """Every strategy under both models on one scenario; its results row."""
     from ..cost import Problem, get_cost_model
     from ..search import get_strategy
+    from ..search.buckets import choose_buckets
     from ..search.runner import optimize_with_report
     from .search_evolution import load_case
     graph, cluster = load_case(f"{GRAPH}@dtfm-{scenario}")
@@ -121,14 +128,14 @@ def run_scenario(scenario: str, strategies: Sequence[str], seconds: float, seed:
             p = paper.estimate(problem, plan)
             if under == "dtfm-paper":
                 s, m, schedule = best_setting(problem, plan, choices)
-                plan = _with(plan, m, schedule)
+                plan, s = choose_buckets(problem, _with(plan, m, schedule), sim, s)
             else:
                 s = sim.estimate(problem, plan)
             row = {"scenario": scenario, "strategy": name, "searched_under": under,
                    "sim_step_time": s.step_time, "sim_feasible": bool(s.feasible),
                    "paper_cost": p.step_time, "paper_layout": bool(p.feasible),
                    "microbatches": plan.microbatches, "schedule": plan.schedule,
-                   "devices_used": len(plan.devices_used()), "seconds": wall}
+                   "allreduce": plan.allreduce, "devices_used": len(plan.devices_used()), "seconds": wall}
             rows.append(row)
             log(f"{scenario:20s} {name:14s} under {under:11s} sim {s.step_time:8.2f} s "
                 f"{'ok ' if s.feasible else 'OOM'} paper {p.step_time:8.2f} s "
