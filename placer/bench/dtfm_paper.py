@@ -8,7 +8,7 @@ batch of 8 x 1024 tokens scaled 122 times to 999,424 tokens, the paper's
 searches twice:
 
 - under placer's own models (the analytical model screens, the event
-  simulator ranks and scores the result, as ``placer optimize`` does);
+  simulator ranks and scores the result, as ``placer.optimize`` does);
 - under ``dtfm-paper`` (:mod:`placer.cost.dtfm_paper` with the paper's
   sizes and its 8 x 8 shape: 8 stages of 8 replicas on all 64 devices), the
   model DT-FM's own scheduler optimises; ``dtfm`` is then restricted to
@@ -17,7 +17,7 @@ searches twice:
 
 Each plan is scored in both models (one found under ``dtfm-paper``, which
 has no microbatches, is simulated at its best microbatch count and
-schedule), and, as ``placer optimize`` does, at its best all-reduce bucket
+schedule), and, as ``placer.optimize`` does, at its best all-reduce bucket
 size (:func:`placer.search.buckets.choose_buckets`). References per
 scenario: the rank-order 8 x 8 plan (the even allocation; in the simulator
 at its best microbatch count, schedule and bucket size), its ``dtfm-paper``
@@ -88,7 +88,8 @@ def reference(problem, choices: Sequence[int]) -> dict:
     # the same allocation with devices in a random order (seed 0)
     order = np.random.default_rng(0).permutation(problem.n_devices).tolist()
     shuffled = even_allocation(problem, 8, 8, order=order)
-    rr, rm, _ = best_setting(problem, shuffled, choices)
+    rr, rm, rs = best_setting(problem, shuffled, choices)
+    _, rr = choose_buckets(problem, _with(shuffled, rm, rs), get_cost_model("simulator"), rr)
     return {"sim_step_time": tr.step_time, "sim_feasible": bool(tr.feasible),
             "microbatches": m, "schedule": schedule, "allreduce": tuned.allreduce,
             "sim_step_time_default_buckets": r.step_time,
