@@ -124,23 +124,21 @@ class EvenPipeline(Strategy):
         counts = [min(self.stages, D)] if self.stages else stage_counts(D, problem.n_ops)
         widths = [int(self.replicas)] if self.replicas else stage_counts(D, D)
         cands = []
-        for S in counts:
-            for r in widths:
-                if S * r > D:
-                    continue
-                blocks = np.arange(S * r).reshape(S, r)
-                # replicas split the activations, not the parameter state
-                mem = ctx.state + (ctx.act + ctx.in_bytes) / r
-                rate = problem.rate[blocks].min(axis=1) * r
-                cap = problem.memory[blocks].min(axis=1) - ctx.ws.max()
-                stage = contiguous_split(ctx.work, mem, rate, cap)
-                if r == 1:
-                    assign, groups = blocks[stage, 0], []
-                else:
-                    groups = [tuple(b.tolist()) for b in blocks]
-                    assign = D + stage
-                cands.append(Candidate(fix_colocation(ctx, assign), groups,
-                                       label=f"{S} stages x {r}"))
+        # one device per stage first: under a tight budget those are scored
+        for r, S in ((r, S) for r in widths for S in counts if S * r <= D):
+            blocks = np.arange(S * r).reshape(S, r)
+            # replicas split the activations, not the parameter state
+            mem = ctx.state + (ctx.act + ctx.in_bytes) / r
+            rate = problem.rate[blocks].min(axis=1) * r
+            cap = problem.memory[blocks].min(axis=1) - ctx.ws.max()
+            stage = contiguous_split(ctx.work, mem, rate, cap)
+            if r == 1:
+                assign, groups = blocks[stage, 0], []
+            else:
+                groups = [tuple(b.tolist()) for b in blocks]
+                assign = D + stage
+            cands.append(Candidate(fix_colocation(ctx, assign), groups,
+                                   label=f"{S} stages x {r}"))
         return cands
 
 
