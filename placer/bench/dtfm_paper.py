@@ -136,7 +136,8 @@ def run_scenario(scenario: str, strategies: Sequence[str], seconds: float, seed:
                    "sim_step_time": s.step_time, "sim_feasible": bool(s.feasible),
                    "paper_cost": p.step_time, "paper_layout": bool(p.feasible),
                    "microbatches": plan.microbatches, "schedule": plan.schedule,
-                   "allreduce": plan.allreduce, "devices_used": len(plan.devices_used()), "seconds": wall}
+                   "allreduce": plan.allreduce, "devices_used": len(plan.devices_used()),
+                   "seconds": wall}
             rows.append(row)
             log(f"{scenario:20s} {name:14s} under {under:11s} sim {s.step_time:8.2f} s "
                 f"{'ok ' if s.feasible else 'OOM'} paper {p.step_time:8.2f} s "

@@ -32,8 +32,8 @@ if TYPE_CHECKING:
     from ..graph import Graph
     from ..plan import Plan
 
-__all__ = ["Analytical", "Compiled", "CostModel", "DTFMPaper", "Event", "INFEASIBLE", "Problem", "Report",
-           "Simulator", "cost_models", "get_cost_model", "register_cost_model", "simulate"]
+__all__ = ["Analytical", "Compiled", "CostModel", "DTFMPaper", "Event", "INFEASIBLE", "Problem",
+           "Report", "Simulator", "cost_models", "get_cost_model", "register_cost_model", "simulate"]
 
 
 def simulate(graph: "Graph", cluster: "Cluster", plan: "Plan", **problem_options) -> Report:

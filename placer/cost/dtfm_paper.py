@@ -226,7 +226,7 @@ class DTFMPaper(CostModel):
         """Seconds to send one replica's share of ``nbytes`` (the whole
         batch's activations) from stage ``a`` to stage ``b``: the slowest
         pair of the best one-to-one matching of their replicas."""
-        key = (id(problem), a, b, nbytes)
+        key = (problem, a, b, nbytes)
         hit = self._links.get(key)
         if hit is None:
             if len(self._links) > 100_000:
