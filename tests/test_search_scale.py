@@ -54,3 +54,16 @@ def test_pipeline_dp_no_worse_than_even_pipeline_by_the_simulator():
     t_dp, t_even = (placer.simulate(g, c, p).step_time for p in (dp, even))
     assert t_dp <= t_even * (1 + 1e-9)
     assert t_dp < 1.0
+
+
+@pytest.mark.parametrize("method", ["even_pipeline", "pipeline_dp"])
+def test_a_clear_line_when_nothing_fits(method):
+    # GPT-1.3B's weights and Adam state alone need 21 GB; two 2 GB devices
+    devices = [placer.Device(f"t{i}", 1e13, 2e9, site="lab") for i in range(2)]
+    cluster = placer.Cluster.from_rules("tiny", devices, default=(1e9, 1e-3))
+    g = placer.datasets.graph("gpt-1.3b.module")
+    plan = placer.optimize(g, cluster, method=method, seed=0, time_budget=5.0)
+    assert not plan.predicted["feasible"]
+    first, fix = plan.predicted["infeasible"][:2]
+    assert "runs out of memory first" in first and first.split()[0] in ("t0", "t1")
+    assert "more device(s)" in fix
