@@ -483,12 +483,19 @@ class DTFM(Strategy):
 
         def m_for(pp: int) -> int:
             return max([v for v in ms if v <= max(4 * pp, 1)] or [ms[0]])
+        meta = space.problem.graph.meta or {}
+        batch = meta.get("batch") if isinstance(meta.get("batch"), (int, float)) else ms[-1]
         out = []
         for pp, dp in shapes:
             m = m_for(pp)
             used = pp * dp
-            # rank order: the even, Megatron-style allocation
+            # rank order: the even, Megatron-style allocation, also at the
+            # larger counts a large batch needs to fit (at least one row per
+            # replica), so the reference is the even plan at its best count
             out.append(Partition.uniform(ident.copy(), pp, dp, m, sch, "even"))
+            if used == D:
+                out += [Partition.uniform(ident.copy(), pp, dp, v, sch, "even")
+                        for v in ms if v > m and v * dp <= batch]
             # groups of nearby devices (data parallelism on fast links)
             out.append(Partition.uniform(chain.copy(), pp, dp, m, sch, "near-groups"))
             # groups strided across the chain (pipelines on fast links)

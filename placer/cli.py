@@ -686,6 +686,9 @@ def cmd_bench(args) -> int:
         if args.suite == "heuristics":
             from .bench.search import bench_search as bench_heuristics
             bench_heuristics(out=out, seed=args.seed)
+        elif args.suite == "dtfm-paper":
+            from .bench.dtfm_paper import bench_dtfm_paper
+            bench_dtfm_paper(out=out, seed=args.seed, seconds=args.time_budget or 60.0)
         else:
             from .bench.search_evolution import bench_search
             bench_search(out=out, quick=args.quick, suite=args.suite, seed=args.seed,
@@ -907,8 +910,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "policy or the runtime")
     p.add_argument("-o", "--output", help="JSON file to write (default bench-WHAT.json)")
     p.add_argument("--quick", action="store_true", help="small sizes (seconds)")
-    p.add_argument("--suite", help="search: quick, hetero, homo, dtfm, scale or heuristics; "
-                                   "runtime: overhead, accuracy, netns or engines")
+    p.add_argument("--suite", help="search: quick, hetero, homo, dtfm, dtfm-paper, scale or "
+                                   "heuristics; runtime: overhead, accuracy, netns or engines")
     add_seed(p, "benchmark's searches")
     p.add_argument("--time-budget", type=float, metavar="SECONDS",
                    help="search and learned: seconds per strategy and case "

@@ -102,6 +102,10 @@ class Plan:
     cluster: str | None = None
     predicted: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
+    #: data-parallel gradient all-reduce: ``{"bucket_bytes": B, "overlap":
+    #: bool}`` (either optional); None: the cost model's and runtime's
+    #: defaults (see :data:`ALLREDUCE_KEYS`)
+    allreduce: dict | None = None
 
     def __setattr__(self, name, value):
         # every placement, given or assigned later, counts its edits
@@ -205,7 +209,8 @@ class Plan:
             for op_id in members:
                 placement[op_id] = list(self.placement[group])
         return Plan(placement, self.microbatches, self.schedule, self.method,
-                    None, self.cluster, dict(self.predicted), dict(self.extra))
+                    None, self.cluster, dict(self.predicted), dict(self.extra),
+                    dict(self.allreduce) if self.allreduce else None)
 
     # --- files ------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -219,6 +224,8 @@ class Plan:
                 "placement": {k: list(v) for k, v in self.placement.items()},
                 "microbatches": self.microbatches, "schedule": self.schedule,
                 "predicted": self.predicted}
+        if self.allreduce:
+            data["allreduce"] = dict(self.allreduce)
         data.update(self.extra)
         return data
 
@@ -290,5 +297,33 @@ class Plan:
                    graph=fingerprints["graph"], cluster=fingerprints["cluster"],
                    predicted=predicted,
                    extra=top.extras({"format", "graph", "cluster", "method", "placement",
-                                     "microbatches", "schedule", "predicted"},
-                                    documented_keys("plan")))
+                                     "microbatches", "schedule", "predicted", "allreduce"},
+                                    documented_keys("plan")),
+                   allreduce=_allreduce(top))
+
+
+#: keys of a plan's optional ``allreduce`` block: ``bucket_bytes`` (gradients
+#: are all-reduced in buckets of about this many bytes; one bucket per group
+#: when it is at least the group's gradients) and ``overlap`` (a bucket
+#: starts as soon as its gradients are ready, during the backward)
+ALLREDUCE_KEYS = ("bucket_bytes", "overlap")
+
+
+def _allreduce(top) -> dict | None:
+    if not top.has("allreduce"):
+        return None
+    block = top.mapping("allreduce")
+    if not isinstance(block.data, dict):
+        top.fail("allreduce", f"expected a mapping, got {block.data!r}",
+                 fix="write e.g. {\"bucket_bytes\": 2.5e7, \"overlap\": true}")
+    for key in block.data:
+        if key not in ALLREDUCE_KEYS:
+            block.fail(str(key), "unknown key", fix=f"use {' or '.join(ALLREDUCE_KEYS)}")
+    out = {}
+    if block.has("bucket_bytes"):
+        out["bucket_bytes"] = block.number("bucket_bytes", positive=True, unit="bytes")
+    if block.has("overlap"):
+        if not isinstance(block.data["overlap"], bool):
+            block.fail("overlap", f"expected true or false, got {block.data['overlap']!r}")
+        out["overlap"] = block.data["overlap"]
+    return out or None

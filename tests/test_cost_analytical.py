@@ -24,7 +24,7 @@ def chain(S, flops=8e9, training=True, nbytes=0.0, params=0.0):
 
 
 def test_registered_names():
-    assert cost_models() == ["analytical", "simulator"]
+    assert cost_models() == ["analytical", "dtfm-paper", "simulator"]
     assert get_cost_model("analytical").name == "analytical"
 
 

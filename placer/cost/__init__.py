@@ -1,16 +1,19 @@
 """Cost models: what a plan costs on a cluster.
 
 One interface (:class:`CostModel`: ``estimate``, ``estimate_many`` and the
-array fast path ``step_times``), two registered models:
+array fast path ``step_times``), two models of placer's own:
 
 - ``"simulator"``: an event simulation of one training step that produces the
   schedule itself (and a Chrome trace / Gantt chart of it);
-- ``"analytical"``: closed-form, for inner search loops.
+- ``"analytical"``: closed-form, for inner search loops;
+
+and a peer's, to score plans in its terms: ``"dtfm-paper"``, DT-FM's
+communication-only cost (:mod:`placer.cost.dtfm_paper`).
 
 >>> import placer
 >>> from placer.cost import Problem, get_cost_model, cost_models
 >>> cost_models()
-['analytical', 'simulator']
+['analytical', 'dtfm-paper', 'simulator']
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .analytical import Analytical
+from .dtfm_paper import DTFMPaper
 from .base import CostModel, cost_models, get_cost_model, register_cost_model
 from .problem import INFEASIBLE, Compiled, Problem
 from .report import Event, Report
@@ -28,8 +32,8 @@ if TYPE_CHECKING:
     from ..graph import Graph
     from ..plan import Plan
 
-__all__ = ["Analytical", "Compiled", "CostModel", "Event", "INFEASIBLE", "Problem", "Report",
-           "Simulator", "cost_models", "get_cost_model", "register_cost_model", "simulate"]
+__all__ = ["Analytical", "Compiled", "CostModel", "DTFMPaper", "Event", "INFEASIBLE", "Problem",
+           "Report", "Simulator", "cost_models", "get_cost_model", "register_cost_model", "simulate"]
 
 
 def simulate(graph: "Graph", cluster: "Cluster", plan: "Plan", **problem_options) -> Report:

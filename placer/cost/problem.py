@@ -88,6 +88,9 @@ class Compiled:
     groups: list
     microbatches: int
     schedule: str
+    #: the plan's all-reduce bucket size and overlap (None: the problem's)
+    bucket_bytes: float | None = None
+    overlap: bool | None = None
 
 
 class Problem:
@@ -337,7 +340,9 @@ class Problem:
             op_group[multi] = np.array([self._group_id(k, groups) for k in keys])[inverse]
         table = [(i,) for i in range(self.n_devices)]
         table += sorted(groups, key=groups.__getitem__)
-        return Compiled(op_group, table, plan.microbatches, plan.schedule)
+        ar = getattr(plan, "allreduce", None) or {}
+        return Compiled(op_group, table, plan.microbatches, plan.schedule,
+                        ar.get("bucket_bytes"), ar.get("overlap"))
 
     def compile_many(self, plans: Sequence["Plan"]):
         """Plans as one ``(B, n_ops)`` int array of group ids over one shared
@@ -450,7 +455,10 @@ class Problem:
         names = self.devices
         placement = {op_id: [names[d] for d in compiled.groups[g]]
                      for op_id, g in zip(self.ids, compiled.op_group.tolist())}
-        return Plan(placement, compiled.microbatches, compiled.schedule, method)
+        ar = {k: v for k, v in (("bucket_bytes", compiled.bucket_bytes),
+                                ("overlap", compiled.overlap)) if v is not None}
+        return Plan(placement, compiled.microbatches, compiled.schedule, method,
+                    allreduce=ar or None)
 
     # --- shared pieces of both models ---------------------------------------
     def member_matrix(self, groups: list) -> np.ndarray:

@@ -367,7 +367,8 @@ class _Build:
             by_group: dict[int, list[int]] = {}
             for op in dp.tolist():
                 by_group.setdefault(int(g[op]), []).append(op)
-            cap = p.bucket_bytes
+            cap = p.bucket_bytes if c.bucket_bytes is None else c.bucket_bytes
+            overlap = p.allreduce_overlap if c.overlap is None else c.overlap
             for gid, ops in by_group.items():
                 mem = c.groups[gid]
                 back = ops[::-1]                    # backward order
@@ -383,7 +384,7 @@ class _Build:
                     last = back[last_i]
                     sources = []
                     for k in range(len(mem)):
-                        if p.allreduce_overlap:
+                        if overlap:
                             i = op_first[last] + k
                             sources.append((NF + int(bseg[i]), float(boff[i])))
                         else:   # after the member's last task of the step

@@ -347,6 +347,7 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     engine = Engine(sp, routes, {d: tdev for d in devs}, [me], transport, training=training,
                     loss_fn=loss_fn or default_loss, loss_weights=weights, order=order,
                     model=model, seed=seed, schedule=used)
+    engine.bucket_bytes = (getattr(plan, "allreduce", None) or {}).get("bucket_bytes")
     transport.make_groups(engine.holders.values())
     if spin:
         # gloo's socket threads must not take the core from the rank while the

@@ -188,6 +188,17 @@ def _bounds(n: int, k: int) -> list[tuple]:
     return out
 
 
+def _buckets(flats: dict, bucket_bytes: float | None) -> list[dict]:
+    """``flats`` (device -> flat tensor) cut into views of about
+    ``bucket_bytes`` each (all of it in one when None)."""
+    first = next(iter(flats.values()))
+    n = first.numel()
+    if not bucket_bytes or n == 0:
+        return [flats]
+    step = max(1, int(bucket_bytes // first.element_size()))
+    return [{d: t[a:a + step] for d, t in flats.items()} for a in range(0, n, step)]
+
+
 def microbatch_rows(batch: int, microbatches: int) -> list[int]:
     """Rows of each microbatch: near-equal, larger ones first (like tensor_split)."""
     if microbatches > batch:
@@ -391,6 +402,9 @@ class Engine:
         self.schedule = schedule
         self.model = model
         self.seed = seed
+        #: the plan's all-reduce bucket size (bytes): each group's flat
+        #: gradient goes in pieces of about this size; None: in one piece
+        self.bucket_bytes: float | None = None
         #: count the bytes autograd saves (CPU peak memory); costs a Python
         #: call per saved tensor, so it is off when every device is CUDA and
         #: done in the first step only (every step saves the same tensors)
@@ -936,7 +950,8 @@ class Engine:
                 flats[d] = torch.cat(parts)
             if not flats:
                 continue
-            self.transport.allreduce(flats, devs)
+            for piece in _buckets(flats, self.bucket_bytes):
+                self.transport.allreduce(piece, devs)
             for d, flat in flats.items():
                 offset = 0
                 for name in names:

@@ -252,6 +252,7 @@ class Runner:
         self.engine = Engine(sp, routes, dmap, devices, self.transport, training=training,
                              loss_fn=loss_fn or default_loss, loss_weights=weights, order=order,
                              model=model, seed=seed)
+        self.engine.bucket_bytes = (plan.allreduce or {}).get("bucket_bytes")
         self.opt = build_optimizer(optimizer, self.engine.parameters()) if training else None
         self.params = self.engine.parameters()
 

@@ -301,6 +301,26 @@ def progress_callback(progress) -> ProgressCallback:
 
 # --- strategies ---------------------------------------------------------------
 
+def batch_microbatches(batch: int, limit: int | None = None) -> list[int]:
+    """Microbatch counts for a batch of ``batch`` rows: divisors of the batch
+    (equal microbatches, as the runtime splits them) from 1 up to the batch
+    itself (or ``limit``), thinned to a ladder where each count is at least
+    twice the one before; a plan's memory then decides how far up it goes.
+
+    >>> batch_microbatches(976)          # 8 x 122 sequences
+    [1, 2, 4, 8, 16, 61, 122, 244, 488, 976]
+    >>> batch_microbatches(8), batch_microbatches(12, limit=8)
+    ([1, 2, 4, 8], [1, 2, 4])
+    """
+    top = batch if limit is None else min(batch, limit)
+    small = [d for d in range(1, int(batch ** 0.5) + 1) if batch % d == 0]
+    out = [1]
+    for m in sorted(set(small + [batch // d for d in small])):
+        if m <= top and m >= 2 * out[-1]:
+            out.append(m)
+    return out
+
+
 class Strategy(ABC):
     """A search method: ``search(problem, cost_model, budget, seed, progress)``
     returns a :class:`placer.Plan` over ``problem.graph`` whose ``predicted``
@@ -374,17 +394,17 @@ class Strategy(ABC):
 
     # --- helpers for implementations ------------------------------------------
     def microbatch_choices(self, problem: "Problem") -> list[int]:
-        """Microbatch counts to try: the fixed ones, else powers of two up to
-        32 that divide the traced batch (``graph.meta['batch']``) when known."""
+        """Microbatch counts to try: the fixed ones, else those of
+        :func:`batch_microbatches` for the traced batch (``graph.meta
+        ['batch']``; up to 8 for inference), or powers of two up to 32 when
+        the batch is unknown."""
         if self.microbatches is not None:
             return list(self.microbatches)
         batch = problem.graph.meta.get("batch") if problem.graph.meta else None
-        out = [1, 2, 4, 8, 16, 32]
-        if problem.training is False:
-            out = [1, 2, 4, 8]
-        if isinstance(batch, (int, float)) and batch >= 1:
-            out = [m for m in out if m <= batch and batch % m == 0] or [1]
-        return out
+        limit = 8 if problem.training is False else None
+        if isinstance(batch, (int, float)) and batch >= 1 and int(batch) == batch:
+            return batch_microbatches(int(batch), limit)
+        return [m for m in (1, 2, 4, 8, 16, 32) if limit is None or m <= limit]
 
     def schedule_choices(self) -> list[str]:
         """Schedules to try: the fixed one, else ``1f1b`` then ``gpipe``."""

@@ -93,33 +93,53 @@ def stage_counts(D: int, n: int) -> list[int]:
 @register_strategy
 class EvenPipeline(Strategy):
     """Megatron-style pipeline: the topological order cut into contiguous
-    stages on the first S devices in cluster order, each stage's compute
-    proportional to its device's speed (within its memory where possible).
-    S is chosen among powers of two and D with the cost model.
+    stages on devices in cluster order, each stage's compute proportional to
+    its speed (within its memory where possible): S stages of one device,
+    and S stages of ``r`` data-parallel replicas each (the first ``S r``
+    devices, ``r`` a power of two), so a model too large for S devices or a
+    batch whose activations overflow them still gets a plan that fits. S is
+    chosen among powers of two and D, and the shape, microbatch count and
+    schedule with the cost model.
 
-    Options: ``stages`` (fix S).
+    Options: ``stages`` (fix S), ``replicas`` (fix r; 1: no data
+    parallelism).
     """
 
     name = "even_pipeline"
 
-    def __init__(self, *, stages: int | None = None, **options):
+    def __init__(self, *, stages: int | None = None, replicas: int | None = None, **options):
         super().__init__(**options)
         self.stages = stages
+        self.replicas = replicas
 
     def search(self, problem, cost_model, budget, seed=0, progress=None):
+        plan, report, _ = choose(self, problem, cost_model, budget, self.candidates(problem),
+                                 keep=2, progress=progress)
+        return self.finalize(problem, cost_model, budget, plan, report, progress=progress)
+
+    def candidates(self, problem) -> list[Candidate]:
+        """One contiguous split per (stages, replicas) shape."""
         ctx = context(problem)
         D = problem.n_devices
         counts = [min(self.stages, D)] if self.stages else stage_counts(D, problem.n_ops)
-        mem = op_memory(ctx)
+        widths = [int(self.replicas)] if self.replicas else stage_counts(D, D)
         cands = []
-        for S in counts:
-            devs = np.arange(S)
-            cap = problem.memory[devs] - ctx.ws.max()
-            assign = contiguous_split(ctx.work, mem, problem.rate[devs], cap)
-            cands.append(Candidate(fix_colocation(ctx, devs[assign]), label=f"{S} stages"))
-        plan, report, _ = choose(self, problem, cost_model, budget, cands, keep=2,
-                                 progress=progress)
-        return self.finalize(problem, cost_model, budget, plan, report, progress=progress)
+        # one device per stage first: under a tight budget those are scored
+        for r, S in ((r, S) for r in widths for S in counts if S * r <= D):
+            blocks = np.arange(S * r).reshape(S, r)
+            # replicas split the activations, not the parameter state
+            mem = ctx.state + (ctx.act + ctx.in_bytes) / r
+            rate = problem.rate[blocks].min(axis=1) * r
+            cap = problem.memory[blocks].min(axis=1) - ctx.ws.max()
+            stage = contiguous_split(ctx.work, mem, rate, cap)
+            if r == 1:
+                assign, groups = blocks[stage, 0], []
+            else:
+                groups = [tuple(b.tolist()) for b in blocks]
+                assign = D + stage
+            cands.append(Candidate(fix_colocation(ctx, assign), groups,
+                                   label=f"{S} stages x {r}"))
+        return cands
 
 
 @register_strategy

@@ -104,6 +104,10 @@ def optimize_with_report(graph: "Graph", cluster: "Cluster",
     search.setdefault("evaluations", budget.used)
     search.setdefault("search_seconds", budget.elapsed)
     report = final_model.estimate(problem, plan)
+    if getattr(final_model, "name", None) == "simulator":
+        # the all-reduce bucket size, where groups span slow links
+        from .buckets import choose_buckets
+        plan, report = choose_buckets(problem, plan, final_model, report)
     plan.predicted = predicted_figures(report)
     plan.predicted["search"] = search
     if not report.feasible:
