@@ -66,7 +66,8 @@ import torch
 import torch.distributed as dist
 
 from ..errors import PlacerError, PlanError
-from .engine import Engine, Routes, device_orders
+from ..schedule import build as build_schedule
+from .engine import Engine, Routes
 from .run import (RUNTIME_OPTIONS, MeasuredReport, _as_device, build_optimizer, default_loss,
                   join_outputs, predict, prepare, sink_device)
 from .waiting import (TRANSPORT_THREADS, KeepAwake, Watcher, busy_poll_default, demote_threads,
@@ -159,33 +160,125 @@ def _maybe_inject_fault(rank: int, step: int) -> None:
         time.sleep(10 ** 6)
 
 
+#: environment switch: every point-to-point message travels with tag 0 (as
+#: NCCL matches them, in posting order); the runs must stay correct
+P2P_TAG0_ENV = "PLACER_P2P_TAG0"
+
+
+def p2p_tag0_default() -> bool:
+    """Whether :data:`P2P_TAG0_ENV` asks for tag 0 on every message."""
+    return os.environ.get(P2P_TAG0_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
 class DistTransport:
-    """Messages between ranks with tagged point-to-point sends."""
+    """Messages between ranks, matched by the order both ends post them.
+
+    The engine gives the transport each step's sequence of messages with
+    every peer (:meth:`begin`, from :mod:`placer.schedule`): both ends of a
+    pair post their sends and receives in that one sequence, so a message
+    never depends on its tag to find its receive (NCCL ignores tags and
+    matches a pair's messages in posting order, pytorch/pytorch#94819).
+    ``tag0``: every message goes with tag 0 (the check that nothing relies
+    on tags; what NCCL does anyway). Receives are posted ahead:
+
+    - gloo: every receive of the step before the step (:meth:`post`), in
+      the sequence's order per peer: gloo matches a (peer, tag) pair's
+      messages in order and moves data only once its receive is posted;
+    - NCCL: a receive is posted only when the sequence reaches it (a send
+      after it, or the receive itself, is due): a pair's operations run on
+      one NCCL stream in posting order, so a receive posted before a send
+      the peer waits for would deadlock. A wait on a receive then only
+      orders the compute stream after the communication stream (an event),
+      and GPU tensors go without host staging.
+
+    A message outside the sequence (the calibration's) is posted when asked
+    for, tagged unless ``tag0``. A send or receive the sequence does not
+    allow next raises :class:`PlanError` (the engine left the schedule)."""
 
     def __init__(self, rank_of: dict[str, int], me: str, device: torch.device, backend: str,
-                 spin: bool = False):
+                 spin: bool = False, tag0: bool | None = None):
         self.rank_of = rank_of
         self.me = me
         self.device = device
+        self.backend = backend
+        self.nccl = backend == "nccl"
         self.stage = backend == "gloo" and device.type != "cpu"
         self.spin = spin          # busy-poll instead of blocking (see .waiting)
+        self.tag0 = p2p_tag0_default() if tag0 is None else bool(tag0)
         self.watcher = Watcher()
         self.box: dict = {}
         self.pending: list = []
         self.posted: dict = {}
         self.groups: dict[tuple, Any] = {}
         self.comm_time = defaultdict(float)
+        self.seq: dict = {}       # peer device -> [(tag, is_send, shape, dtype)]
+        self.where: dict = {}     # (tag, is_send) -> (peer, index)
+        self.cursor: dict = {}    # peer -> index of its first entry not posted
+        self.done_at: dict = {}   # peer -> set of indices posted out of turn (gloo)
+        #: (peer, tag, "send"|"recv") in the order this rank posted them
+        self.log: list = []
 
     def hosts(self, device: str) -> bool:
         return device == self.me
+
+    def _wire(self, tag: int) -> int:
+        return 0 if self.tag0 else tag
+
+    def begin(self, sequence: dict) -> None:
+        """The coming step's messages with each peer device, in order:
+        ``{peer: [(tag, is_send, shape, dtype)]}``."""
+        self.seq = sequence
+        self.where = {(row[0], row[1]): (peer, i) for peer, rows in sequence.items()
+                      for i, row in enumerate(rows)}
+        self.cursor = {peer: 0 for peer in sequence}
+        self.done_at = {peer: set() for peer in sequence}
+        self.log = []
+
+    def _buffer(self, shape, dtype):
+        return torch.empty(tuple(shape), dtype=dtype,
+                           device="cpu" if self.stage else self.device)
+
+    def _irecv(self, tag: int, shape, dtype, src: str) -> None:
+        buf = self._buffer(shape, dtype)
+        work = dist.irecv(buf, src=self.rank_of[src], tag=self._wire(tag))
+        # NCCL: the work is waited on by the rank (a stream wait); gloo: a
+        # watcher thread blocks in it so the rank can poll
+        self.posted[tag] = (work if self.nccl else self.watcher.watch(work), buf)
+        self.log.append((src, tag, "recv"))
+
+    def _advance(self, peer: str, upto: int, what: str) -> None:
+        """Post ``peer``'s receives before entry ``upto`` of the sequence;
+        every send before it must be posted already."""
+        rows, skip = self.seq[peer], self.done_at[peer]
+        k = self.cursor[peer]
+        while k < upto:
+            if k not in skip:
+                tag, is_send, shape, dtype = rows[k]
+                if is_send:
+                    raise PlanError(f"{self.me}: {what} before message {tag} to {peer} was "
+                                    "sent, out of the schedule's order (a bug)",
+                                    fix="report the plan; run with schedule='gpipe' meanwhile")
+                self._irecv(tag, shape, dtype, peer)
+            k += 1
+        self.cursor[peer] = k
 
     def send(self, tensor, src: str, dst: str, tag: int) -> None:
         if dst == self.me:
             self.box[tag] = tensor.detach()
             return
         start = time.perf_counter()
+        at = self.where.get((tag, True))
+        if at is not None:
+            peer, i = at
+            if i < self.cursor[peer]:
+                raise PlanError(f"{self.me}: message {tag} to {peer} sent twice or out of "
+                                "the schedule's order (a bug)", fix="report the plan")
+            self._advance(peer, i, f"message {tag} sent")
+            self.cursor[peer] = i + 1
         data = tensor.detach().to("cpu") if self.stage else tensor.detach()
-        self.pending.append((dist.isend(data, dst=self.rank_of[dst], tag=tag), data))
+        self.pending.append((dist.isend(data, dst=self.rank_of[dst], tag=self._wire(tag)),
+                             data))
+        self.log.append((dst, tag, "send"))
         if _DEBUG:
             print(f"[{self.me}] send tag {tag} to {dst} {tuple(data.shape)} at "
                   f"{time.perf_counter():.6f}", flush=True)
@@ -194,19 +287,30 @@ class DistTransport:
         self.comm_time[self.me] += time.perf_counter() - start
 
     def post(self, incoming: list[tuple]) -> None:
-        """Post a receive for every message of the coming step at once.
-        gloo sends a message only once its receiver has asked for it, so a
-        receive posted when it is needed costs a round trip (and, on a busy
-        host, the wake-ups of both ranks) before the data moves; posted early,
-        the data is there when the consumer looks."""
-        works = []
-        for tag, shape, dtype, src, _dst in incoming:
-            buf = torch.empty(tuple(shape), dtype=dtype,
-                              device="cpu" if self.stage else self.device)
-            works.append((tag, dist.irecv(buf, src=self.rank_of[src], tag=tag), buf))
+        """Post the coming step's receives ahead (gloo; NCCL posts them as
+        the sequence reaches them, see the class doc). gloo sends a message
+        only once its receiver has asked for it, so a receive posted when
+        it is needed costs a round trip (and, on a busy host, the wake-ups
+        of both ranks) before the data moves; posted early, the data is
+        there when the consumer looks. Per peer in the sequence's order."""
+        if self.nccl:
+            return
+        order = {}
+        for row in incoming:
+            at = self.where.get((row[0], False))
+            order[row[0]] = (at[0], at[1]) if at is not None else ("", row[0])
         # every receive first, then the watchers: a watcher that wakes while
         # receives are still being posted takes the GIL from the poster
         # (measured: 14 receives posted in 1.46 ms interleaved, 0.85 ms so)
+        works = []
+        for tag, shape, dtype, src, _dst in sorted(incoming, key=lambda r: order[r[0]]):
+            buf = self._buffer(shape, dtype)
+            works.append((tag, dist.irecv(buf, src=self.rank_of[src], tag=self._wire(tag)),
+                          buf))
+            self.log.append((src, tag, "recv"))
+            at = self.where.get((tag, False))
+            if at is not None:
+                self.done_at[at[0]].add(at[1])
         for tag, work, buf in works:
             self.posted[tag] = (self.watcher.watch(work), buf)
 
@@ -214,34 +318,22 @@ class DistTransport:
         """Whether message ``tag`` of this step has arrived (a tag no longer
         posted was received already)."""
         posted = self.posted.get(tag)
-        return posted is None or posted[0].done()
-
-    def wait_any(self, tags: list[int]) -> None:
-        """Until one of the messages ``tags`` of this step has arrived."""
-        handles = [self.posted[t][0] for t in tags if t in self.posted]
-        if not handles:
-            return
-        start = time.perf_counter()
-        with _STATUS.wait(None, "a message"):
-            self.watcher.wait_any(handles)
-        self.comm_time[self.me] += time.perf_counter() - start
-        if _DEBUG:
-            print(f"[{self.me}] wait_any {tags} from {start:.6f} to {time.perf_counter():.6f}",
-                  flush=True)
+        return posted is None or self.nccl or posted[0].done()
 
     def recv(self, shape, dtype, src: str, dst: str, tag: int):
         if src == self.me:
             return self.box.pop(tag)
         start = time.perf_counter()
-        if tag in self.posted:
-            handle, buf = self.posted.pop(tag)
-            with _STATUS.wait(self.rank_of[src]):
-                handle.wait()
-        else:
-            buf = torch.empty(tuple(shape), dtype=dtype,
-                              device="cpu" if self.stage else self.device)
-            with _STATUS.wait(self.rank_of[src]):
-                self.watcher.watch(dist.irecv(buf, src=self.rank_of[src], tag=tag)).wait()
+        if tag not in self.posted:
+            at = self.where.get((tag, False))
+            if at is not None:
+                peer, i = at
+                self._advance(peer, i + 1, f"message {tag} received")
+            else:
+                self._irecv(tag, shape, dtype, src)
+        handle, buf = self.posted.pop(tag)
+        with _STATUS.wait(self.rank_of[src]):
+            handle.wait()
         self.comm_time[self.me] += time.perf_counter() - start
         if _DEBUG:
             print(f"[{self.me}] recv tag {tag} from {src} {tuple(shape)} "
@@ -260,6 +352,7 @@ class DistTransport:
         self.pending.clear()
         self.posted.clear()
         self.box.clear()
+        self.seq, self.where, self.cursor, self.done_at = {}, {}, {}, {}
 
     def make_groups(self, holder_sets) -> None:
         """Every rank creates the same groups in the same order."""
@@ -285,7 +378,7 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
              cluster=None, device: str | torch.device | None = None, training: bool = True,
              loss_reduction: str = "mean", problem_options: dict | None = None,
              seed: int = 0, calibrate: bool = False,
-             busy_poll: bool | None = None) -> dict | None:
+             busy_poll: bool | None = None, p2p_tag0: bool | None = None) -> dict | None:
     """Run this rank's share of the plan; the process group must be up.
 
     Returns, on rank 0, a dict with ``loss``, ``losses``, ``outputs``,
@@ -308,7 +401,14 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     keep this rank's cores awake (:mod:`placer.runtime.waiting`),
     calibration included; point-to-point receives block either way. None:
     when this process was pinned to cores of its own (:func:`pin_cores`)
-    and is a CPU rank over gloo."""
+    and is a CPU rank over gloo.
+
+    ``p2p_tag0``: send every point-to-point message with tag 0 (messages
+    match by their order alone, as under NCCL; see :class:`DistTransport`);
+    None: the environment variable :data:`P2P_TAG0_ENV` decides. The result
+    also has, per device, the tasks its rank ran in the last step
+    (``executed``: ``(kind, microbatch, piece, replica)``) and the messages
+    it posted (``posted``: ``(peer, tag, "send"|"recv")``)."""
     torch.manual_seed(seed)
     rank, world = dist.get_rank(), dist.get_world_size()
     graph, plan, sp, inputs, mb_rows = prepare(model, plan, example_inputs, graph=graph,
@@ -323,17 +423,19 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
         _as_device(me) or (torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
                            if backend == "nccl" else torch.device("cpu")))
     routes = Routes(sp, mb_rows, sink_device(sp))
-    orders, used = device_orders(routes, plan.schedule, training)
+    sched = build_schedule(routes, plan.schedule, training)
+    used = sched.name
     spin = busy_poll if busy_poll is not None else busy_poll_default(
         _PINNED is not None, tdev.type, backend)
-    transport = DistTransport({d: i for i, d in enumerate(devs)}, me, tdev, backend, spin=spin)
+    transport = DistTransport({d: i for i, d in enumerate(devs)}, me, tdev, backend, spin=spin,
+                              tag0=p2p_tag0)
     batch = sum(mb_rows)
     weights = [(n / batch if loss_reduction == "mean" else 1.0) for n in mb_rows]
     offsets = [sum(mb_rows[:m]) for m in range(len(mb_rows))]
-    order = [(me, t) for t in orders.get(me, [])]
+    order = [(me, t) for t in sched.orders.get(me, [])]
     engine = Engine(sp, routes, {d: tdev for d in devs}, [me], transport, training=training,
                     loss_fn=loss_fn or default_loss, loss_weights=weights, order=order,
-                    model=model, seed=seed, schedule=used)
+                    model=model, seed=seed, schedule=sched)
     transport.make_groups(engine.holders.values())
     if spin:
         # gloo's socket threads must not take the core from the rank while the
@@ -359,6 +461,7 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
         dist.all_reduce(agreed, op=dist.ReduceOp.MIN)   # every rank times the same kind
         probe = probe if float(agreed) > 0 else None
     times, losses, last, grads, timeline = [], [], None, {}, []
+    executed, posted = [], []
     compute = comm = cpu_time = 0.0
     peak_act = 0.0
     cores = sorted(os.sched_getaffinity(0)) if spin and hasattr(os, "sched_getaffinity") \
@@ -413,6 +516,8 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
                 cpu_time += cpu_used / steps
                 comm += transport.comm_time.get(me, 0.0) / steps
                 peak_act = max(peak_act, last["stats"].peak_act.get(me, 0.0))
+                executed = [(k, m, i.piece, i.replica) for _d, (k, m, i) in engine.executed]
+                posted = list(transport.log)
     if tdev.type == "cuda":
         peak = float(torch.cuda.max_memory_allocated(tdev))
     else:
@@ -429,7 +534,7 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
             "gradients": grads, "parameters": engine.state(), "compute": compute,
             "comm": comm, "peak": peak, "cpu_time": cpu_time, "events": timeline,
             "cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-            else None}
+            else None, "executed": executed, "posted": posted}
     if calibrate:
         with _STATUS.wait(None, "the calibration gather"):
             calibration = _combine_calibration(rounds, graph, devs, tdev, shares, between)
@@ -484,6 +589,9 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     # rank clocks differ, so starts are relative to each rank's step start)
     merged["events"] = [e for p in gathered for e in p["events"]]
     merged["schedule"] = used
+    merged["executed"] = {p["device"]: p["executed"] for p in gathered}
+    merged["posted"] = {p["device"]: p["posted"] for p in gathered}
+    merged["p2p_tag0"] = transport.tag0
     merged["notes"] = list(sp.notes)
     return merged
 
@@ -831,13 +939,13 @@ class Reference:
         ref = reference_plan(graph, devs, plan.microbatches, plan.schedule)
         _g, ref, sp, inputs, mb_rows = prepare(model, ref, example_inputs, graph=graph)
         routes = Routes(sp, mb_rows, sink_device(sp))
-        orders, used = device_orders(routes, ref.schedule, True)
+        sched = build_schedule(routes, ref.schedule, True)
         batch = sum(mb_rows)
         weights = [(n / batch if loss_reduction == "mean" else 1.0) for n in mb_rows]
         engine = Engine(sp, routes, {d: tdev for d in devs}, [me], transport, training=True,
                         loss_fn=loss_fn, loss_weights=weights,
-                        order=[(me, t) for t in orders.get(me, [])], model=model, seed=seed,
-                        schedule=used)
+                        order=[(me, t) for t in sched.orders.get(me, [])], model=model,
+                        seed=seed, schedule=sched)
         ok = torch.tensor([0.0 if any(len(h) > 1 for h in engine.holders.values()) else 1.0])
         dist.all_reduce(ok, op=dist.ReduceOp.MIN)
         if float(ok) == 0:

@@ -12,7 +12,8 @@ from torch.utils import _pytree as pytree
 
 from ..cost.report import Report, _Frozen
 from ..errors import PlanError
-from .engine import Engine, LocalTransport, Routes, device_orders, interleave, microbatch_rows
+from ..schedule import build as build_schedule
+from .engine import Engine, LocalTransport, Routes, microbatch_rows
 from .split import capture, node_groups, split
 
 LOSS_REDUCTIONS = ("mean", "sum")
@@ -234,10 +235,8 @@ class Runner:
         if cluster is not None:
             plan.validate(graph, cluster, check_fingerprints=False)
         routes = Routes(sp, mb_rows, sink_device(sp))
-        orders, used = device_orders(routes, plan.schedule, training)
-        order = interleave(routes, orders)
-        if order is None:
-            raise PlanError("the task orders deadlock", fix="report this plan as a bug")
+        sched = build_schedule(routes, plan.schedule, training)
+        order, used = sched.order, sched.name
         devices = routes.devices()
         dmap = default_device_map(devices)
         if device_map:
@@ -246,12 +245,13 @@ class Runner:
         weights = [(n / batch if loss_reduction == "mean" else 1.0) for n in mb_rows]
         self.graph, self.plan, self.split, self.inputs = graph, plan, sp, inputs
         self.targets, self.training, self.mb_rows, self.schedule = targets, training, mb_rows, used
+        self.plan_schedule = sched
         self.devices, self.dmap = devices, dmap
         self.offsets = [sum(mb_rows[:m]) for m in range(len(mb_rows))]
         self.transport = LocalTransport(dmap)
         self.engine = Engine(sp, routes, dmap, devices, self.transport, training=training,
                              loss_fn=loss_fn or default_loss, loss_weights=weights, order=order,
-                             model=model, seed=seed)
+                             model=model, seed=seed, schedule=sched)
         self.opt = build_optimizer(optimizer, self.engine.parameters()) if training else None
         self.params = self.engine.parameters()
 
