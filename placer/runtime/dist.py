@@ -9,10 +9,15 @@ only the weights of its own pieces to its device. A model built on the meta
 device (a zoo model above :data:`placer.zoo.META_THRESHOLD_BYTES`, or any
 model whose modules can ``reset_parameters``) is never allocated whole: each
 rank builds its own pieces' weights, as :func:`placer.zoo.materialize` would. Activations and gradients
-travel as point-to-point ``send``/``recv`` (tagged, so their order never
-matters), replicated parameters are summed with ``all_reduce`` on one
-process group per set of holders. Backend: gloo (CPU tensors; a CUDA rank
-stages its messages through host memory), or NCCL on request.
+travel as point-to-point ``isend``/``irecv`` that both ends of a pair post
+in one sequence fixed by the plan (:mod:`placer.schedule`), so they match
+by order, as NCCL matches them, and never need their tags
+(``PLACER_P2P_TAG0=1`` sends every one with tag 0); replicated parameters
+are summed with ``all_reduce`` on one process group per set of holders.
+Backend (:func:`launch_backend`): NCCL when every rank's device is CUDA
+(GPU tensors sent as they are; the communication runs on NCCL's streams,
+ordered after the compute stream and before it by events), else gloo (a
+CUDA rank among CPU ranks stages its messages through host memory).
 
 One host::
 
@@ -67,6 +72,7 @@ import torch.distributed as dist
 
 from ..errors import PlacerError, PlanError
 from ..schedule import build as build_schedule
+from .devices import choose_backend, cpu_fallback_line, gpu_named, torch_device
 from .engine import Engine, Routes
 from .run import (RUNTIME_OPTIONS, MeasuredReport, _as_device, build_optimizer, default_loss,
                   join_outputs, predict, prepare, sink_device)
@@ -77,6 +83,31 @@ _DEBUG = bool(os.environ.get("PLACER_DEBUG_COMM"))
 
 __all__ = ["RankError", "launch", "run_rank", "rank_devices", "launch_main", "rank_main",
            "pin_cores"]
+
+
+def rank_torch_device(name: str, backend: str | None = None, cluster=None,
+                      device=None) -> torch.device:
+    """The torch device of the rank hosting plan device ``name``: ``device``
+    when given, a usable torch device name as itself, a device named as a
+    GPU (:func:`placer.runtime.devices.gpu_named`) or any NCCL rank on
+    CUDA device ``LOCAL_RANK`` (modulo this host's count), else the CPU."""
+    if device is not None:
+        return torch.device(device)
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    tdev = torch_device(name, local, cluster)
+    if tdev.type == "cpu" and backend == "nccl" and torch.cuda.is_available() \
+            and _as_device(name) is None:
+        tdev = torch.device("cuda", local % torch.cuda.device_count())
+    return tdev
+
+
+def launch_backend(plan, cluster=None, device=None) -> str:
+    """The backend :func:`launch` uses when none is named: NCCL when every
+    rank's device (:func:`rank_torch_device`) is CUDA, else gloo."""
+    devs = rank_devices(plan, cluster)
+    return choose_backend([rank_torch_device(d, None, cluster, device)
+                           if device is not None else torch_device(d, r, cluster)
+                           for r, d in enumerate(devs)])
 
 
 def rank_devices(plan, cluster=None) -> list[str]:
@@ -419,9 +450,10 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
                         fix=f"start {len(devs)} processes (one per device)")
     me = devs[rank]
     backend = dist.get_backend()
-    tdev = torch.device(device) if device is not None else (
-        _as_device(me) or (torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-                           if backend == "nccl" else torch.device("cpu")))
+    tdev = rank_torch_device(me, backend, cluster, device)
+    if tdev.type == "cuda":
+        torch.cuda.set_device(tdev)      # NCCL's collectives run on this device
+    fallback = tdev.type == "cpu" and gpu_named(me, cluster)
     routes = Routes(sp, mb_rows, sink_device(sp))
     sched = build_schedule(routes, plan.schedule, training)
     used = sched.name
@@ -534,7 +566,7 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
             "gradients": grads, "parameters": engine.state(), "compute": compute,
             "comm": comm, "peak": peak, "cpu_time": cpu_time, "events": timeline,
             "cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-            else None, "executed": executed, "posted": posted}
+            else None, "executed": executed, "posted": posted, "cpu_fallback": fallback}
     if calibrate:
         with _STATUS.wait(None, "the calibration gather"):
             calibration = _combine_calibration(rounds, graph, devs, tdev, shares, between)
@@ -592,6 +624,15 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     merged["executed"] = {p["device"]: p["executed"] for p in gathered}
     merged["posted"] = {p["device"]: p["posted"] for p in gathered}
     merged["p2p_tag0"] = transport.tag0
+    merged["backend"] = backend
+    fell_back = [p["device"] for p in gathered if p["cpu_fallback"]]
+    if fell_back:
+        # one line for the whole run; a GPU's prediction says nothing of a CPU's step
+        print(cpu_fallback_line(fell_back), file=sys.stderr, flush=True)
+        merged["report"]["predicted"] = None
+        merged["report"]["cpu_fallback"] = fell_back
+        merged["report"]["prediction_compared"] = False
+    merged["cpu_fallback"] = fell_back
     merged["notes"] = list(sp.notes)
     return merged
 
@@ -1142,7 +1183,8 @@ def _stop(processes) -> None:
         p.join(10)
 
 
-def launch(plan, build: Callable[[], tuple], *, nproc: int | None = None, backend: str = "gloo",
+def launch(plan, build: Callable[[], tuple], *, nproc: int | None = None,
+           backend: str | None = None,
            timeout: float = 300.0, cluster=None, fault_timeout: float = 60.0,
            threads: int | None = None, pin: bool | None = None, **kwargs) -> dict:
     """Start one local process per plan device (torch.multiprocessing, spawn),
@@ -1159,8 +1201,11 @@ def launch(plan, build: Callable[[], tuple], *, nproc: int | None = None, backen
     threads per rank (default: this machine's cores shared out evenly).
     ``pin``: each rank runs on its own cores (:func:`pin_cores`; calibration
     included, so op times are measured as the steps run); None pins when
-    there are at least as many usable cores as ranks."""
+    there are at least as many usable cores as ranks. ``backend``: None
+    picks NCCL when every rank's device is CUDA, else gloo
+    (:func:`launch_backend`)."""
     import torch.multiprocessing as mp
+    backend = backend or launch_backend(plan, cluster, kwargs.get("device"))
     devs = rank_devices(plan, cluster)
     nproc = nproc or len(devs)
     if nproc != len(devs):

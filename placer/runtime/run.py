@@ -62,13 +62,23 @@ class RunResult:
     notes: list = field(default_factory=list)
 
 
-def default_device_map(names) -> dict[str, torch.device]:
+def default_device_map(names, cluster=None) -> dict[str, torch.device]:
     """Plan device name -> torch device: names that are usable torch devices
-    map to themselves (``"cpu"``, ``"cuda:1"``), everything else to the CPU."""
-    out = {}
+    map to themselves (``"cpu"``, ``"cuda:1"``), devices named as GPUs
+    (:func:`placer.runtime.devices.gpu_named`) to this host's CUDA devices
+    in turn when it has any, everything else to the CPU."""
+    from .devices import gpu_named, torch_device
+    out, k = {}, 0
     for name in names:
-        out[name] = _as_device(name) or torch.device("cpu")
+        out[name] = torch_device(name, k, cluster)
+        k += gpu_named(name, cluster)
     return out
+
+
+def cpu_fallback(dmap: dict, cluster=None) -> list[str]:
+    """The plan devices named as GPUs that ``dmap`` runs on the CPU."""
+    from .devices import gpu_named
+    return [d for d, t in dmap.items() if t.type == "cpu" and gpu_named(d, cluster)]
 
 
 def _as_device(name: str) -> torch.device | None:
@@ -238,9 +248,13 @@ class Runner:
         sched = build_schedule(routes, plan.schedule, training)
         order, used = sched.order, sched.name
         devices = routes.devices()
-        dmap = default_device_map(devices)
+        dmap = default_device_map(devices, cluster)
         if device_map:
             dmap.update({k: torch.device(v) for k, v in device_map.items()})
+        #: plan devices named as GPUs that run on the CPU here (said in one line)
+        self.cpu_fallback = cpu_fallback(dmap, cluster)
+        from .devices import warn_cpu_fallback
+        warn_cpu_fallback(self.cpu_fallback)
         batch = sum(mb_rows)
         weights = [(n / batch if loss_reduction == "mean" else 1.0) for n in mb_rows]
         self.graph, self.plan, self.split, self.inputs = graph, plan, sp, inputs
@@ -295,7 +309,10 @@ def run(model: torch.nn.Module, plan, example_inputs: Any, *, steps: int = 3,
     rows), ``"sum"`` adds them (losses that sum over rows). ``optimizer``:
     see :func:`build_optimizer`; without one the weights do not change.
     ``device_map`` maps plan device names to torch devices (default
-    :func:`default_device_map`, so any plan runs on the CPU). ``cluster``
+    :func:`default_device_map`: devices named as GPUs on this host's GPUs,
+    the rest, and every device of a host without one, on the CPU; a device
+    named as a GPU that runs on the CPU is said in one line, listed in the
+    report's ``cpu_fallback``, and its prediction is not compared). ``cluster``
     gives the prediction (default: :meth:`Cluster.local` when the plan's
     devices are in it).
 
@@ -369,12 +386,18 @@ def run(model: torch.nn.Module, plan, example_inputs: Any, *, steps: int = 3,
     step_time = statistics.median(times)
     busy = {d: compute.get(d, 0.0) + comm.get(d, 0.0) for d in devices}
     prediction = predict(graph, cluster, plan, problem_options)
+    extra = {}
+    if runner.cpu_fallback:
+        # a GPU's prediction says nothing about a CPU's step
+        extra = {"cpu_fallback": list(runner.cpu_fallback),
+                 "prediction_compared": False}
     report = MeasuredReport(step_time=step_time, peak_memory=peak, busy=busy, compute=compute,
                             comm=comm, idle={d: max(0.0, step_time - b) for d, b in busy.items()},
                             model="measured", microbatches=len(mb_rows), schedule=used,
-                            predicted=prediction.step_time if prediction else None,
+                            predicted=(prediction.step_time if prediction
+                                       and not runner.cpu_fallback else None),
                             prediction=prediction, step_times=times,
-                            timeline=_Frozen(timeline))
+                            timeline=_Frozen(timeline), extra=extra)
     outputs = join_outputs(sp, last["outputs"]) if last["outputs"] else None
     return RunResult(outputs=outputs, loss=last["loss"], losses=losses, gradients=grads,
                      parameters=engine.state(), report=report, schedule=used,
