@@ -33,7 +33,8 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Callable
 
-__all__ = ["Action", "Message", "Schedule", "build", "deps", "inflight_cap", "task_cost"]
+__all__ = ["Action", "Message", "Schedule", "build", "deps", "from_simulation", "inflight_cap",
+           "task_cost", "for_plan"]
 
 
 def inflight_cap(first_run, runs, microbatches):
@@ -326,3 +327,87 @@ def _finish(routes, name: str, order: list, caps: dict, training: bool) -> Sched
         for x in sends.get(t, []):
             pairs.setdefault((min(x.src, x.dst), max(x.src, x.dst)), []).append(x)
     return Schedule(name, orders, list(order), dict(caps), sends, recvs, pairs)
+
+
+def from_simulation(routes, graph, sim_orders: dict, schedule: str, training: bool):
+    """The order the simulator ran (``sim_orders``:
+    :func:`placer.cost.simulator.executed_orders`) as the runtime's schedule:
+    each simulated task's ops mapped to the pieces holding them on its
+    device, each where the simulator ran its last segment (the simulator
+    may start a piece on part of its inputs; the runtime runs it whole),
+    the loss of a microbatch just before the first backward of it on the
+    loss's device. None when that is not a valid order of exactly the
+    runtime's tasks (e.g. a piece the runtime runs unsharded): then
+    :func:`build`'s rule applies."""
+    calls = ("call_module", "call_function", "call_method")
+    by_fx = {op.extra.get("fx", op.id): op.id for op in graph}
+    inst_of: dict = {}
+    for p in routes.split.pieces:
+        names = [by_fx[n.name] for n in p.module.graph.nodes if n.op in calls
+                 and n.name in by_fx]
+        for inst in routes.instances[p.index]:
+            for op in names:
+                inst_of[(routes.device_of[inst], op)] = inst
+    devs = routes.devices()
+    orders: dict = {d: [] for d in devs}
+    for d, tasks in sim_orders.items():
+        at: dict = {}           # task -> its last segment's position
+        for k, (kind, m, ops) in enumerate(tasks):
+            if kind == "B" and not training:
+                return None
+            insts = sorted({inst_of[(d, o)] for o in ops if (d, o) in inst_of},
+                           key=lambda i: i.piece, reverse=kind == "B")
+            if insts and d not in orders:
+                return None
+            for j, inst in enumerate(insts):
+                at[(kind, m, inst)] = (k, j)
+        # a piece the simulator ran in several segments with other tasks in
+        # between runs whole where its last segment ran: only then has the
+        # runtime every input it needs
+        orders[d] = sorted(at, key=at.get)
+    sink, M = routes.sink, len(routes.mb_rows)
+    on_sink = orders[routes.sink_device]
+    for m in range(M):
+        at = next((k for k, t in enumerate(on_sink) if t[0] == "B" and t[1] == m), None)
+        if at is None:
+            feeds = [k for k, t in enumerate(on_sink) if t[0] == "F" and t[1] == m]
+            at = feeds[-1] + 1 if feeds else len(on_sink)
+        on_sink.insert(at, ("F", m, sink))
+    mine: dict = {d: [] for d in devs}
+    for inst in routes.all_instances():
+        mine[routes.device_of[inst]].append(inst)
+    name = schedule if training else "forward"
+    for d in devs:
+        want = _tasks_of(routes, mine, d, name)
+        if len(orders[d]) != len(want) or set(orders[d]) != set(want):
+            return None
+    from .runtime.engine import interleave
+    order = interleave(routes, orders)
+    if order is None:
+        return None
+    pieces = len(routes.split.pieces)
+    first = {d: min((i.piece for i in mine[d] if i != sink), default=pieces) for d in devs}
+    caps = {d: (int(inflight_cap(first[d], pieces, M)) if name == "1f1b" else M) for d in devs}
+    return _finish(routes, name, order, caps, training)
+
+
+def for_plan(routes, plan, training: bool, graph=None, cluster=None,
+             options: dict | None = None) -> Schedule:
+    """The runtime's schedule of ``plan``: the simulator's order on ``graph``
+    and ``cluster`` (:func:`from_simulation`; ``options`` for
+    :class:`placer.cost.Problem`) when both are given, the cluster has the
+    plan's devices and the order maps onto the runtime's pieces, else
+    :func:`build`'s. Every rank computes the same from the same plan."""
+    if graph is not None and cluster is not None and \
+            plan.devices_used() <= set(cluster.names):
+        from .cost.problem import Problem
+        from .cost.simulator import executed_orders
+        from .errors import PlacerError
+        try:
+            sim = executed_orders(Problem(graph, cluster, **(options or {})), plan)
+        except PlacerError:
+            sim = None
+        sched = from_simulation(routes, graph, sim, plan.schedule, training) if sim else None
+        if sched is not None:
+            return sched
+    return build(routes, plan.schedule, training)

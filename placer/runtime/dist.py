@@ -72,6 +72,7 @@ import torch.distributed as dist
 
 from ..errors import PlacerError, PlanError
 from ..schedule import build as build_schedule
+from ..schedule import for_plan
 from .devices import choose_backend, cpu_fallback_line, gpu_named, torch_device
 from .engine import Engine, Routes
 from .run import (RUNTIME_OPTIONS, MeasuredReport, _as_device, build_optimizer, default_loss,
@@ -455,7 +456,10 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
         torch.cuda.set_device(tdev)      # NCCL's collectives run on this device
     fallback = tdev.type == "cpu" and gpu_named(me, cluster)
     routes = Routes(sp, mb_rows, sink_device(sp))
-    sched = build_schedule(routes, plan.schedule, training)
+    # the order the prediction assumes when a cluster is given (every rank
+    # computes the same; see placer.schedule.for_plan)
+    sched = for_plan(routes, plan, training, graph, cluster,
+                     {**RUNTIME_OPTIONS, **(problem_options or {})})
     used = sched.name
     spin = busy_poll if busy_poll is not None else busy_poll_default(
         _PINNED is not None, tdev.type, backend)

@@ -12,7 +12,7 @@ from torch.utils import _pytree as pytree
 
 from ..cost.report import Report, _Frozen
 from ..errors import PlanError
-from ..schedule import build as build_schedule
+from ..schedule import for_plan
 from .engine import Engine, LocalTransport, Routes, microbatch_rows
 from .split import capture, node_groups, split
 
@@ -201,10 +201,10 @@ def join_outputs(sp, per_mb: dict):
     return pytree.tree_unflatten(joined, spec)
 
 
-def predict(graph, cluster, plan, problem_options=None):
-    """The simulator's report for ``plan``, or None when no cluster fits."""
+def prediction_cluster(cluster, plan):
+    """``cluster``, else this host's (:meth:`Cluster.local`) when it has the
+    plan's devices, else None."""
     from ..cluster import Cluster
-    from ..cost import simulate
     if cluster is None:
         try:
             cluster = Cluster.local()
@@ -212,6 +212,15 @@ def predict(graph, cluster, plan, problem_options=None):
             return None
         if not plan.devices_used() <= set(cluster.names):
             return None
+    return cluster
+
+
+def predict(graph, cluster, plan, problem_options=None):
+    """The simulator's report for ``plan``, or None when no cluster fits."""
+    from ..cost import simulate
+    cluster = prediction_cluster(cluster, plan)
+    if cluster is None:
+        return None
     return simulate(graph, cluster, plan, **{**RUNTIME_OPTIONS, **(problem_options or {})})
 
 
@@ -235,7 +244,8 @@ class Runner:
 
     def __init__(self, model, plan, example_inputs, *, optimizer=None, loss_fn=None,
                  targets=None, graph=None, cluster=None, device_map=None, training=True,
-                 loss_reduction="mean", granularity=None, leaf_modules=None, seed=0):
+                 loss_reduction="mean", granularity=None, leaf_modules=None, seed=0,
+                 problem_options=None):
         if loss_reduction not in LOSS_REDUCTIONS:
             raise PlanError(f"unknown loss_reduction {loss_reduction!r}",
                             fix="use 'mean' or 'sum'")
@@ -245,7 +255,9 @@ class Runner:
         if cluster is not None:
             plan.validate(graph, cluster, check_fingerprints=False)
         routes = Routes(sp, mb_rows, sink_device(sp))
-        sched = build_schedule(routes, plan.schedule, training)
+        # the order the prediction assumes (placer.schedule.for_plan)
+        sched = for_plan(routes, plan, training, graph, prediction_cluster(cluster, plan),
+                         {**RUNTIME_OPTIONS, **(problem_options or {})})
         order, used = sched.order, sched.name
         devices = routes.devices()
         dmap = default_device_map(devices, cluster)
@@ -341,7 +353,7 @@ def run(model: torch.nn.Module, plan, example_inputs: Any, *, steps: int = 3,
     runner = Runner(model, plan, example_inputs, optimizer=optimizer, loss_fn=loss_fn,
                     targets=targets, graph=graph, cluster=cluster, device_map=device_map,
                     training=training, loss_reduction=loss_reduction, granularity=granularity,
-                    leaf_modules=leaf_modules, seed=seed)
+                    leaf_modules=leaf_modules, seed=seed, problem_options=problem_options)
     graph, plan, sp, engine = runner.graph, runner.plan, runner.split, runner.engine
     transport, dmap, devices, opt = runner.transport, runner.dmap, runner.devices, runner.opt
     mb_rows, used = runner.mb_rows, runner.schedule
