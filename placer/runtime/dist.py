@@ -450,7 +450,7 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
         raise PlanError(f"the plan uses {len(devs)} devices but WORLD_SIZE is {world}",
                         fix=f"start {len(devs)} processes (one per device)")
     me = devs[rank]
-    backend = dist.get_backend()
+    backend = "nccl" if "nccl" in str(dist.get_backend()) else "gloo"
     tdev = rank_torch_device(me, backend, cluster, device)
     if tdev.type == "cuda":
         torch.cuda.set_device(tdev)      # NCCL's collectives run on this device
@@ -1064,7 +1064,10 @@ def _free_port() -> int:
 
 
 def _init(backend: str, timeout: float) -> None:
-    dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout))
+    # NCCL for CUDA tensors, gloo for the CPU tensors of the small
+    # collectives (step times, results) that NCCL cannot carry
+    spec = "cpu:gloo,cuda:nccl" if backend == "nccl" else backend
+    dist.init_process_group(backend=spec, timeout=datetime.timedelta(seconds=timeout))
 
 
 def pin_cores(local_rank: int, local_world: int) -> list[int] | None:
