@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 __all__ = ["Action", "Message", "Schedule", "build", "deps", "from_simulation", "inflight_cap",
-           "task_cost", "for_plan"]
+           "task_cost", "for_plan", "from_orders"]
 
 
 def inflight_cap(first_run, runs, microbatches):
@@ -327,6 +327,20 @@ def _finish(routes, name: str, order: list, caps: dict, training: bool) -> Sched
         for x in sends.get(t, []):
             pairs.setdefault((min(x.src, x.dst), max(x.src, x.dst)), []).append(x)
     return Schedule(name, orders, list(order), dict(caps), sends, recvs, pairs)
+
+
+def plain(sched: Schedule) -> dict:
+    """What :func:`from_orders` needs of ``sched``, in plain values (to send
+    it from one process to the others)."""
+    return {"name": sched.name, "caps": dict(sched.caps),
+            "order": [(d, (k, m, i.piece, i.replica)) for d, (k, m, i) in sched.order]}
+
+
+def from_orders(routes, data: dict, training: bool) -> Schedule:
+    """The schedule :func:`plain` described, rebuilt on ``routes``."""
+    from .runtime.engine import Inst
+    order = [(d, (k, m, Inst(p, r))) for d, (k, m, p, r) in data["order"]]
+    return _finish(routes, data["name"], order, dict(data["caps"]), training)
 
 
 def from_simulation(routes, graph, sim_orders: dict, schedule: str, training: bool):

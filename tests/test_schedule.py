@@ -308,3 +308,14 @@ def test_simulator_orders_map_onto_op_level_plans():
             mapped += 1
             assert got.orders == sched.orders
     assert mapped >= 2
+
+
+def test_a_schedule_travels_as_plain_values():
+    import pickle
+    from placer.schedule import from_orders, plain
+    routes = _routes(branchy_build, _branchy_plan(4))
+    sched = build(routes, "1f1b", True)
+    data = pickle.loads(pickle.dumps(plain(sched)))
+    again = from_orders(_routes(branchy_build, _branchy_plan(4)), data, True)
+    assert again.orders == sched.orders and again.pairs == sched.pairs
+    assert again.caps == sched.caps and again.name == sched.name

@@ -73,6 +73,8 @@ import torch.distributed as dist
 from ..errors import PlacerError, PlanError
 from ..schedule import build as build_schedule
 from ..schedule import for_plan
+from ..schedule import from_orders as schedule_from_orders
+from ..schedule import plain as schedule_plain
 from .devices import choose_backend, cpu_fallback_line, gpu_named, torch_device
 from .engine import Engine, Routes
 from .run import (RUNTIME_OPTIONS, MeasuredReport, _as_device, build_optimizer, default_loss,
@@ -346,12 +348,6 @@ class DistTransport:
         for tag, work, buf in works:
             self.posted[tag] = (self.watcher.watch(work), buf)
 
-    def ready(self, tag: int) -> bool:
-        """Whether message ``tag`` of this step has arrived (a tag no longer
-        posted was received already)."""
-        posted = self.posted.get(tag)
-        return posted is None or self.nccl or posted[0].done()
-
     def recv(self, shape, dtype, src: str, dst: str, tag: int):
         if src == self.me:
             return self.box.pop(tag)
@@ -456,10 +452,16 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
         torch.cuda.set_device(tdev)      # NCCL's collectives run on this device
     fallback = tdev.type == "cpu" and gpu_named(me, cluster)
     routes = Routes(sp, mb_rows, sink_device(sp))
-    # the order the prediction assumes when a cluster is given (every rank
-    # computes the same; see placer.schedule.for_plan)
+    # the order the prediction assumes when a cluster is given (see
+    # placer.schedule.for_plan): rank 0's, sent to all (every rank would
+    # compute the same, but a simulation on a host of another CPU could
+    # break a near tie the other way)
     sched = for_plan(routes, plan, training, graph, cluster,
-                     {**RUNTIME_OPTIONS, **(problem_options or {})})
+                     {**RUNTIME_OPTIONS, **(problem_options or {})}) if rank == 0 else None
+    if world > 1:
+        shared = [schedule_plain(sched) if sched is not None else None]
+        dist.broadcast_object_list(shared, src=0)
+        sched = schedule_from_orders(routes, shared[0], training)
     used = sched.name
     spin = busy_poll if busy_poll is not None else busy_poll_default(
         _PINNED is not None, tdev.type, backend)
