@@ -205,13 +205,15 @@ def _check_ranks(result, sched):
             assert sends == recvs == [x.tag for x in msgs if x.src == src]
 
 
-@pytest.mark.parametrize("schedule,microbatches,tag0,simulated",
-                         [pytest.param("1f1b", 2, True, False, marks=pytest.mark.slow),
-                          ("gpipe", 4, True, False), ("1f1b", 4, False, False),
-                          ("1f1b", 4, True, True)])
+@pytest.mark.parametrize("schedule,microbatches,tag0,simulated,prepost",
+                         [pytest.param("1f1b", 2, True, False, True, marks=pytest.mark.slow),
+                          ("gpipe", 4, True, False, True), ("1f1b", 4, False, False, True),
+                          ("1f1b", 4, True, True, False)])
 def test_ranks_run_the_schedule_with_tag0_and_match_unplaced(schedule, microbatches, tag0,
-                                                             simulated):
-    # simulated: with a cluster, the ranks run the order the simulator ran
+                                                             simulated, prepost, monkeypatch):
+    # simulated: with a cluster, the ranks run the order the simulator ran;
+    # not prepost: receives posted as NCCL ranks post them
+    monkeypatch.setenv("PLACER_P2P_PREPOST", "1" if prepost else "0")
     from placer.runtime.dist import launch
     from placer.runtime.run import RUNTIME_OPTIONS
     from placer.schedule import for_plan
@@ -229,6 +231,12 @@ def test_ranks_run_the_schedule_with_tag0_and_match_unplaced(schedule, microbatc
     assert result["p2p_tag0"] is tag0
     assert result["schedule"] == sched.name
     _check_ranks(result, sched)
+    if not prepost:
+        # every rank posted each pair's messages exactly in the sequence
+        for (a, b), msgs in sched.pairs.items():
+            for me, peer in ((a, b), (b, a)):
+                assert [t for p, t, _k in result["posted"][me] if p == peer] == \
+                    [x.tag for x in msgs]
     torch.testing.assert_close(result["outputs"], out, atol=1e-5, rtol=1e-4)
     assert abs(result["loss"] - loss) < 1e-5
     assert set(result["gradients"]) == set(grads)

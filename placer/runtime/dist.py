@@ -204,6 +204,11 @@ def p2p_tag0_default() -> bool:
     return os.environ.get(P2P_TAG0_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+#: environment switch: ``0`` posts a gloo rank's receives as NCCL ranks post
+#: theirs (when the sequence reaches them), not all before the step
+P2P_PREPOST_ENV = "PLACER_P2P_PREPOST"
+
+
 class DistTransport:
     """Messages between ranks, matched by the order both ends post them.
 
@@ -218,7 +223,8 @@ class DistTransport:
     - gloo: every receive of the step before the step (:meth:`post`), in
       the sequence's order per peer: gloo matches a (peer, tag) pair's
       messages in order and moves data only once its receive is posted;
-    - NCCL: a receive is posted only when the sequence reaches it (a send
+    - NCCL (and gloo with ``PLACER_P2P_PREPOST=0``): a receive is posted
+      only when the sequence reaches it (a send
       after it, or the receive itself, is due): a pair's operations run on
       one NCCL stream in posting order, so a receive posted before a send
       the peer waits for would deadlock. A wait on a receive then only
@@ -236,6 +242,8 @@ class DistTransport:
         self.device = device
         self.backend = backend
         self.nccl = backend == "nccl"
+        #: post every receive of a step before it (gloo; see :meth:`post`)
+        self.prepost = not self.nccl and os.environ.get(P2P_PREPOST_ENV, "1").strip() != "0"
         self.stage = backend == "gloo" and device.type != "cpu"
         self.spin = spin          # busy-poll instead of blocking (see .waiting)
         self.tag0 = p2p_tag0_default() if tag0 is None else bool(tag0)
@@ -327,7 +335,7 @@ class DistTransport:
         it is needed costs a round trip (and, on a busy host, the wake-ups
         of both ranks) before the data moves; posted early, the data is
         there when the consumer looks. Per peer in the sequence's order."""
-        if self.nccl:
+        if not self.prepost:
             return
         order = {}
         for row in incoming:
