@@ -334,3 +334,14 @@ def test_a_schedule_travels_as_plain_values():
     again = from_orders(_routes(branchy_build, _branchy_plan(4)), data, True)
     assert again.orders == sched.orders and again.pairs == sched.pairs
     assert again.caps == sched.caps and again.name == sched.name
+
+
+def test_a_rank_leaving_the_sequence_is_one_clear_error():
+    from placer.errors import PlanError
+    from placer.runtime.dist import DistTransport
+    t = DistTransport({"a": 0, "b": 1}, "a", torch.device("cpu"), "gloo", tag0=True)
+    # the step's sequence with b: a sends message 0, then receives message 3
+    t.begin({"b": [(0, True, (2,), torch.float32), (3, False, (2,), torch.float32)]})
+    with pytest.raises(PlanError, match="out of the schedule's order"):
+        t.recv((2,), torch.float32, "b", "a", 3)      # before a sent message 0
+    assert t.tag0 and t._wire(7) == 0
