@@ -83,3 +83,29 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+class Branchy(torch.nn.Module):
+    """Two parallel branches between a shared stem and head, and a weight
+    used twice (the stem's, again in the head): op-level plans can split
+    the branches, the stem and the head over devices."""
+
+    def __init__(self, width: int = 16):
+        super().__init__()
+        self.stem = torch.nn.Linear(width, width)
+        self.left = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(),
+                                        torch.nn.Linear(width, width))
+        self.right = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Tanh())
+        self.head = torch.nn.Linear(width, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.stem(x))
+        y = self.left(h) + self.right(h)
+        y = torch.nn.functional.linear(y, self.stem.weight)   # the stem's weight again
+        return self.head(y)
+
+
+def branchy_build(batch: int = 8, width: int = 16):
+    """A :class:`Branchy` model and its inputs (deterministic, picklable)."""
+    torch.manual_seed(0)
+    return Branchy(width), (torch.randn(batch, width),)

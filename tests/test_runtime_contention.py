@@ -1,4 +1,4 @@
-"""Ranks that share cores: ready-first dispatch and contention-aware prediction."""
+"""Ranks that share cores: the schedule's order on a rank and contention-aware prediction."""
 
 from __future__ import annotations
 
@@ -8,84 +8,55 @@ import placer
 from placer import zoo
 from placer.cost.report import Event
 from placer.runtime.contention import overlap, predict_shared
-from placer.runtime.engine import Engine, Routes, device_orders
+from placer.runtime.engine import Engine, Routes
+from placer.schedule import build as build_schedule
 from placer.runtime.run import default_loss, prepare, sink_device
 
 from runtime_helpers import one_thread  # noqa: F401
 
 
 class _Transport:
-    """A rank's transport whose messages ``ok`` have arrived."""
+    """A rank's transport (only where devices are)."""
 
-    def __init__(self, me, ok):
-        self.me, self.ok = me, ok
+    def __init__(self, me):
+        self.me = me
 
     def hosts(self, device):
         return device == self.me
 
-    def ready(self, tag):
-        return tag in self.ok
 
-
-def _rank_engine(me="a", ok=(), middle=("b",), schedule=None):
+def _rank_engine(me="a", middle=("b",), schedule="1f1b"):
     """Rank ``me``'s engine for a, ``middle``, a (thirds of the tiny GPT's
-    order): with the default, device a waits for b in the middle of every
-    microbatch. ``schedule``: the engine dispatches by it (see
-    Engine._dispatch), else by its order's runs."""
+    order): device a waits for the middle in every microbatch."""
     model, inputs = zoo.build("gpt-125m", tiny=True, batch=4)
     graph = placer.trace(model, inputs)
     order = graph.topological_order()
     third = len(order) // 3
     where = [["a"] if i < third or i >= 2 * third else list(middle) for i in range(len(order))]
-    plan = placer.Plan(dict(zip(order, where)), microbatches=2, schedule=schedule or "1f1b")
+    plan = placer.Plan(dict(zip(order, where)), microbatches=2, schedule=schedule)
     for members in graph.colocation_groups().values():
         for op in members[1:]:
             plan.placement[op] = list(plan.placement[members[0]])
     graph, plan, sp, inputs, rows = prepare(model, plan, inputs, graph=graph)
     routes = Routes(sp, rows, sink_device(sp))
-    orders, used = device_orders(routes, plan.schedule, True)
-    transport = _Transport(me, set(ok))
+    sched = build_schedule(routes, plan.schedule, True)
     engine = Engine(sp, routes, {d: torch.device("cpu") for d in routes.devices()}, [me],
-                    transport, training=True, loss_fn=default_loss, loss_weights=[0.5, 0.5],
-                    order=[(me, t) for t in orders[me]],
-                    schedule=used if schedule is not None else None)
-    return engine, transport
+                    _Transport(me), training=True, loss_fn=default_loss,
+                    loss_weights=[0.5, 0.5], order=[(me, t) for t in sched.orders[me]],
+                    schedule=sched)
+    return engine, sched
 
 
-def _check_dispatch(engine, arrived):
-    """Run the rank's dispatch with messages ``arrived``; return the tasks
-    that overtook an earlier task of the order."""
-    order = [t for _, t in engine.order]
-    needs = engine._needs()
-    engine.transport.ok = arrived
-    ran = [t for _, t in engine._tasks()]
-    assert sorted(ran, key=order.index) == order          # every task once
-    for i, t in enumerate(ran):
-        assert needs[t][2] == needs[order[i]][2]          # never leaves its run of the order
-        assert all(d in ran[:i] for d in needs[t][0])     # after this rank's tasks it needs
-    overtook = [t for i, t in enumerate(ran)
-                if any(order.index(u) < order.index(t) for u in order if u not in ran[:i])]
-    # only a task whose messages are all here overtakes another
-    assert all(tag in arrived for t in overtook for tag in needs[t][1])
-    return overtook
-
-
-def test_a_rank_runs_the_first_ready_task_of_its_run():
-    engine, _ = _rank_engine()
-    order = [t for _, t in engine.order]
-    needs = engine._needs()
-    every = {tag for t in order for tag in needs[t][1]}
-    overtook = _check_dispatch(engine, every)
-    assert not overtook                                   # all here: the planned order
-    # nothing here: tasks that need no message (microbatch 1's first
-    # forward, its inputs are local) overtake microbatch 0's that wait for b
-    overtook = _check_dispatch(engine, set())
-    assert any(t[:2] == ("F", 1) for t in overtook)
-    assert all(not needs[t][1] for t in overtook)
-    # microbatch 1's messages only: its tasks that wait for them overtake too
-    overtook = _check_dispatch(engine, {tag for t in order if t[1] == 1
-                                           for tag in needs[t][1]})
-    assert any(needs[t][1] for t in overtook)
+def test_a_rank_runs_its_schedule_order():
+    # whatever arrives first: the order is the schedule's, so that every
+    # pair of ranks posts its messages in one sequence
+    engine, sched = _rank_engine()
+    assert [t for _, t in engine._tasks()] == sched.orders["a"]
+    # 1F1B on a, whose first and last pieces bracket b's: microbatch 0's
+    # backward runs as soon as its loss is done, before microbatch 1's last
+    # forward (the simulator's rule), not after every forward
+    kinds = [t[0] for t in sched.orders["a"]]
+    assert kinds.index("B") < len(kinds) - 1 - kinds[::-1].index("F")
 
 
 def test_overlap_of_timelines():
@@ -128,22 +99,15 @@ def test_pipeline_stages_that_take_turns_keep_their_core():
 def test_a_rank_runs_the_piece_that_continues_its_last_task_next():
     # a, (a, b), a: the middle piece is data-parallel, its replica on a fed
     # by a's first piece only. The simulator runs the two as one segment;
-    # the rank must too, even when an earlier microbatch's task (the last
-    # piece, waiting for b's half) becomes ready in between.
-    engine, transport = _rank_engine("a", middle=("a", "b"), schedule="1f1b")
-    assert engine.schedule == "1f1b"
+    # the schedule does too, although microbatch 0's last piece (waiting
+    # for b's half) may be ready in between.
+    engine, sched = _rank_engine("a", middle=("a", "b"))
+    assert sched.name == "1f1b"
+    ran = sched.orders["a"]
     routes = engine.routes
-    needs = engine._needs()
-    every = {tag for _, t in engine.order for tag in needs[t][1]}
-    ran = []
-    for _dev, task in engine._tasks():
-        ran.append(task)
-        if len(ran) == 3:
-            # b's half of microbatch 0 arrives while a runs microbatch 1's first piece
-            assert [t[:2] for t in ran] == [("F", 0), ("F", 0), ("F", 1)]
-            transport.ok = every
     pieces = sorted({t[2].piece for t in ran if t[2] != routes.sink})
     first, middle = pieces[0], pieces[1]
-    assert ran[3][:2] == ("F", 1) and ran[3][2].piece == middle   # not ("F", 0, last piece)
-    assert ran[2][2].piece == first
-    assert sorted(map(str, ran)) == sorted(str(t) for _, t in engine.order)   # each once
+    for k, t in enumerate(ran[:-1]):
+        if t[0] == "F" and t[2].piece == first:
+            nxt = ran[k + 1]
+            assert nxt[:2] == t[:2] and nxt[2].piece == middle

@@ -106,11 +106,11 @@ def test_pin_cores_splits_the_usable_cores():
         os.sched_setaffinity(0, usable)
 
 
-def test_ranks_dispatch_like_the_simulator_and_match_unplaced():
+def test_ranks_run_the_schedule_like_the_simulator_and_match_unplaced():
     # a device holding the first and the last piece (with the loss): 1F1B
     # runs a microbatch's backward as soon as its loss is done, before the
-    # other microbatch's last forward, as the simulator orders it (the static
-    # 1F1B order ran every forward first), and the numbers match one device
+    # other microbatch's last forward, as the simulator's rule orders it
+    # (placer.schedule), and the numbers match one device
     build = functools.partial(zoo.build, "gpt-125m", tiny=True, batch=4)
     model, inputs = build()
     graph = placer.trace(model, inputs)
@@ -128,6 +128,5 @@ def test_ranks_dispatch_like_the_simulator_and_match_unplaced():
     assert result["schedule"] == "1f1b"
     bars = sorted((e for e in result["events"] if e[0] == "a"), key=lambda e: e[3])
     kinds = [e[1][0] for e in bars if e[2] in ("forward", "backward")]
-    # whichever microbatch's messages come first (timing), its backward
-    # beats the other's remaining forwards
+    # a microbatch's backward beats the other's remaining forwards
     assert kinds.index("B") < len(kinds) - 1 - kinds[::-1].index("F")

@@ -162,9 +162,11 @@ def test_cli_run_with_the_pipelining_engine(tmp_path, capsys, gpt):
     assert "measured" in line and f"loss {loss:.6g}" in line
     _plan(graph, lambda k: ["a"] if k < 6 else ["b", "c"]).save(path)
     assert main(args) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("placer run: error:") and "data-parallel" in err
-    assert len(err.splitlines()) == 1
+    # progress lines ("... ...") come on a slow host; the error is one line
+    lines = [ln for ln in capsys.readouterr().err.strip().splitlines()
+             if not ln.endswith(" ...")]
+    assert len(lines) == 1
+    assert lines[0].startswith("placer run: error:") and "data-parallel" in lines[0]
 
 
 def test_integers_cross_stages_with_static_shapes():

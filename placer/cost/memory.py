@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..schedule import inflight_cap
 from .problem import Problem
 
 
@@ -21,13 +22,15 @@ def inflight(problem: Problem, run_first: np.ndarray, runs, used: np.ndarray,
     stages from it to the end, as in the classic ``S - r`` warm-up (counting
     runs rather than devices gives data-parallel replicas the cap of their
     stage, and a device that also holds a late stage its longer round trip).
+    The cap is :func:`placer.schedule.inflight_cap`, the one the runtime's
+    schedule applies to its pieces.
     """
     m = microbatches
     if not problem.training:
         return np.zeros(np.shape(run_first))
     if schedule == "gpipe":
         return np.where(used, m * 1.0, 0.0)
-    return np.where(used, np.minimum(m, np.maximum(runs - run_first, 1)), 0.0).astype(float)
+    return np.where(used, inflight_cap(run_first, runs, m), 0.0).astype(float)
 
 
 def peak_memory(problem: Problem, params, acts, recv, workspace, held,

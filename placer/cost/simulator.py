@@ -498,6 +498,32 @@ class Simulator(CostModel):
         return out
 
 
+def executed_orders(problem: Problem, plan: "Plan") -> dict:
+    """Device name -> the tasks the simulation of ``plan`` runs on it, in
+    order, as ``("F"|"B", microbatch, op ids)`` (a task is a segment of ops,
+    see the module doc). :func:`placer.schedule.from_simulation` turns them
+    into the runtime's schedule, so ranks run the order predicted."""
+    c = problem.compile(plan)
+    b = _Build(problem, c)
+    _end, starts, _x, _ar = _run(problem, b, c)
+    NS, NF = b.NS, b.NF
+    seg_ops: dict[int, list[int]] = {}
+    for i, seg in enumerate(b.fseg.tolist()):
+        seg_ops.setdefault(seg, []).append(int(b.inst_op[i]))
+    if b.bseg is not None:
+        for i, seg in enumerate(b.bseg.tolist()):
+            seg_ops.setdefault(NF + seg, []).append(int(b.inst_op[i]))
+    tasks = sorted(range(NS * c.microbatches),
+                   key=lambda t: (int(b.task_dev[t % NS]), float(starts[t]), t))
+    out: dict = {}
+    for t in tasks:
+        m, local = divmod(t, NS)
+        ops = tuple(problem.ids[o] for o in seg_ops.get(local, []))
+        out.setdefault(problem.devices[int(b.task_dev[local])], []).append(
+            ("F" if local < NF else "B", m, ops))
+    return out
+
+
 def _objective(p: Problem, b: _Build, step: float) -> float:
     """The report's objective without building the report (search only
     needs this number; the report's per-device figures cost more than the

@@ -9,10 +9,15 @@ only the weights of its own pieces to its device. A model built on the meta
 device (a zoo model above :data:`placer.zoo.META_THRESHOLD_BYTES`, or any
 model whose modules can ``reset_parameters``) is never allocated whole: each
 rank builds its own pieces' weights, as :func:`placer.zoo.materialize` would. Activations and gradients
-travel as point-to-point ``send``/``recv`` (tagged, so their order never
-matters), replicated parameters are summed with ``all_reduce`` on one
-process group per set of holders. Backend: gloo (CPU tensors; a CUDA rank
-stages its messages through host memory), or NCCL on request.
+travel as point-to-point ``isend``/``irecv`` that both ends of a pair post
+in one sequence fixed by the plan (:mod:`placer.schedule`), so they match
+by order, as NCCL matches them, and never need their tags
+(``PLACER_P2P_TAG0=1`` sends every one with tag 0); replicated parameters
+are summed with ``all_reduce`` on one process group per set of holders.
+Backend (:func:`launch_backend`): NCCL when every rank's device is CUDA
+(GPU tensors sent as they are; the communication runs on NCCL's streams,
+ordered after the compute stream and before it by events), else gloo (a
+CUDA rank among CPU ranks stages its messages through host memory).
 
 One host::
 
@@ -67,7 +72,12 @@ import torch
 import torch.distributed as dist
 
 from ..errors import PlacerError, PlanError
-from .engine import Engine, Routes, device_orders
+from ..schedule import build as build_schedule
+from ..schedule import for_plan
+from ..schedule import from_orders as schedule_from_orders
+from ..schedule import plain as schedule_plain
+from .devices import choose_backend, cpu_fallback_line, gpu_named, torch_device
+from .engine import Engine, Routes
 from .run import (RUNTIME_OPTIONS, MeasuredReport, _as_device, build_optimizer, default_loss,
                   join_outputs, predict, prepare, sink_device)
 from .waiting import (TRANSPORT_THREADS, KeepAwake, Watcher, busy_poll_default, demote_threads,
@@ -77,6 +87,31 @@ _DEBUG = bool(os.environ.get("PLACER_DEBUG_COMM"))
 
 __all__ = ["RankError", "launch", "run_rank", "rank_devices", "launch_main", "rank_main",
            "pin_cores"]
+
+
+def rank_torch_device(name: str, backend: str | None = None, cluster=None,
+                      device=None) -> torch.device:
+    """The torch device of the rank hosting plan device ``name``: ``device``
+    when given, a usable torch device name as itself, a device named as a
+    GPU (:func:`placer.runtime.devices.gpu_named`) or any NCCL rank on
+    CUDA device ``LOCAL_RANK`` (modulo this host's count), else the CPU."""
+    if device is not None:
+        return torch.device(device)
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    tdev = torch_device(name, local, cluster)
+    if tdev.type == "cpu" and backend == "nccl" and torch.cuda.is_available() \
+            and _as_device(name) is None:
+        tdev = torch.device("cuda", local % torch.cuda.device_count())
+    return tdev
+
+
+def launch_backend(plan, cluster=None, device=None) -> str:
+    """The backend :func:`launch` uses when none is named: NCCL when every
+    rank's device (:func:`rank_torch_device`) is CUDA, else gloo."""
+    devs = rank_devices(plan, cluster)
+    return choose_backend([rank_torch_device(d, None, cluster, device)
+                           if device is not None else torch_device(d, r, cluster)
+                           for r, d in enumerate(devs)])
 
 
 def rank_devices(plan, cluster=None) -> list[str]:
@@ -160,33 +195,133 @@ def _maybe_inject_fault(rank: int, step: int) -> None:
         time.sleep(10 ** 6)
 
 
+#: environment switch: every point-to-point message travels with tag 0 (as
+#: NCCL matches them, in posting order); the runs must stay correct
+P2P_TAG0_ENV = "PLACER_P2P_TAG0"
+
+
+def p2p_tag0_default() -> bool:
+    """Whether :data:`P2P_TAG0_ENV` asks for tag 0 on every message."""
+    return os.environ.get(P2P_TAG0_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+#: environment switch: ``0`` posts a gloo rank's receives as NCCL ranks post
+#: theirs (when the sequence reaches them), not all before the step
+P2P_PREPOST_ENV = "PLACER_P2P_PREPOST"
+
+
 class DistTransport:
-    """Messages between ranks with tagged point-to-point sends."""
+    """Messages between ranks, matched by the order both ends post them.
+
+    The engine gives the transport each step's sequence of messages with
+    every peer (:meth:`begin`, from :mod:`placer.schedule`): both ends of a
+    pair post their sends and receives in that one sequence, so a message
+    never depends on its tag to find its receive (NCCL ignores tags and
+    matches a pair's messages in posting order, pytorch/pytorch#94819).
+    ``tag0``: every message goes with tag 0 (the check that nothing relies
+    on tags; what NCCL does anyway). Receives are posted ahead:
+
+    - gloo: every receive of the step before the step (:meth:`post`), in
+      the sequence's order per peer: gloo matches a (peer, tag) pair's
+      messages in order and moves data only once its receive is posted;
+    - NCCL (and gloo with ``PLACER_P2P_PREPOST=0``): a receive is posted
+      only when the sequence reaches it (a send
+      after it, or the receive itself, is due): a pair's operations run on
+      one NCCL stream in posting order, so a receive posted before a send
+      the peer waits for would deadlock. A wait on a receive then only
+      orders the compute stream after the communication stream (an event),
+      and GPU tensors go without host staging.
+
+    A message outside the sequence (the calibration's) is posted when asked
+    for, tagged unless ``tag0``. A send or receive the sequence does not
+    allow next raises :class:`PlanError` (the engine left the schedule)."""
 
     def __init__(self, rank_of: dict[str, int], me: str, device: torch.device, backend: str,
-                 spin: bool = False):
+                 spin: bool = False, tag0: bool | None = None):
         self.rank_of = rank_of
         self.me = me
         self.device = device
+        self.backend = backend
+        self.nccl = backend == "nccl"
+        #: post every receive of a step before it (gloo; see :meth:`post`)
+        self.prepost = not self.nccl and os.environ.get(P2P_PREPOST_ENV, "1").strip() != "0"
         self.stage = backend == "gloo" and device.type != "cpu"
         self.spin = spin          # busy-poll instead of blocking (see .waiting)
+        self.tag0 = p2p_tag0_default() if tag0 is None else bool(tag0)
         self.watcher = Watcher()
         self.box: dict = {}
         self.pending: list = []
         self.posted: dict = {}
         self.groups: dict[tuple, Any] = {}
         self.comm_time = defaultdict(float)
+        self.seq: dict = {}       # peer device -> [(tag, is_send, shape, dtype)]
+        self.where: dict = {}     # (tag, is_send) -> (peer, index)
+        self.cursor: dict = {}    # peer -> index of its first entry not posted
+        self.done_at: dict = {}   # peer -> set of indices posted out of turn (gloo)
+        #: (peer, tag, "send"|"recv") in the order this rank posted them
+        self.log: list = []
 
     def hosts(self, device: str) -> bool:
         return device == self.me
+
+    def _wire(self, tag: int) -> int:
+        return 0 if self.tag0 else tag
+
+    def begin(self, sequence: dict) -> None:
+        """The coming step's messages with each peer device, in order:
+        ``{peer: [(tag, is_send, shape, dtype)]}``."""
+        self.seq = sequence
+        self.where = {(row[0], row[1]): (peer, i) for peer, rows in sequence.items()
+                      for i, row in enumerate(rows)}
+        self.cursor = {peer: 0 for peer in sequence}
+        self.done_at = {peer: set() for peer in sequence}
+        self.log = []
+
+    def _buffer(self, shape, dtype):
+        return torch.empty(tuple(shape), dtype=dtype,
+                           device="cpu" if self.stage else self.device)
+
+    def _irecv(self, tag: int, shape, dtype, src: str) -> None:
+        buf = self._buffer(shape, dtype)
+        work = dist.irecv(buf, src=self.rank_of[src], tag=self._wire(tag))
+        # NCCL: the work is waited on by the rank (a stream wait); gloo: a
+        # watcher thread blocks in it so the rank can poll
+        self.posted[tag] = (work if self.nccl else self.watcher.watch(work), buf)
+        self.log.append((src, tag, "recv"))
+
+    def _advance(self, peer: str, upto: int, what: str) -> None:
+        """Post ``peer``'s receives before entry ``upto`` of the sequence;
+        every send before it must be posted already."""
+        rows, skip = self.seq[peer], self.done_at[peer]
+        k = self.cursor[peer]
+        while k < upto:
+            if k not in skip:
+                tag, is_send, shape, dtype = rows[k]
+                if is_send:
+                    raise PlanError(f"{self.me}: {what} before message {tag} to {peer} was "
+                                    "sent, out of the schedule's order (a bug)",
+                                    fix="report the plan; run with schedule='gpipe' meanwhile")
+                self._irecv(tag, shape, dtype, peer)
+            k += 1
+        self.cursor[peer] = k
 
     def send(self, tensor, src: str, dst: str, tag: int) -> None:
         if dst == self.me:
             self.box[tag] = tensor.detach()
             return
         start = time.perf_counter()
+        at = self.where.get((tag, True))
+        if at is not None:
+            peer, i = at
+            if i < self.cursor[peer]:
+                raise PlanError(f"{self.me}: message {tag} to {peer} sent twice or out of "
+                                "the schedule's order (a bug)", fix="report the plan")
+            self._advance(peer, i, f"message {tag} sent")
+            self.cursor[peer] = i + 1
         data = tensor.detach().to("cpu") if self.stage else tensor.detach()
-        self.pending.append((dist.isend(data, dst=self.rank_of[dst], tag=tag), data))
+        self.pending.append((dist.isend(data, dst=self.rank_of[dst], tag=self._wire(tag)),
+                             data))
+        self.log.append((dst, tag, "send"))
         if _DEBUG:
             print(f"[{self.me}] send tag {tag} to {dst} {tuple(data.shape)} at "
                   f"{time.perf_counter():.6f}", flush=True)
@@ -195,54 +330,47 @@ class DistTransport:
         self.comm_time[self.me] += time.perf_counter() - start
 
     def post(self, incoming: list[tuple]) -> None:
-        """Post a receive for every message of the coming step at once.
-        gloo sends a message only once its receiver has asked for it, so a
-        receive posted when it is needed costs a round trip (and, on a busy
-        host, the wake-ups of both ranks) before the data moves; posted early,
-        the data is there when the consumer looks."""
-        works = []
-        for tag, shape, dtype, src, _dst in incoming:
-            buf = torch.empty(tuple(shape), dtype=dtype,
-                              device="cpu" if self.stage else self.device)
-            works.append((tag, dist.irecv(buf, src=self.rank_of[src], tag=tag), buf))
+        """Post the coming step's receives ahead (gloo; NCCL posts them as
+        the sequence reaches them, see the class doc). gloo sends a message
+        only once its receiver has asked for it, so a receive posted when
+        it is needed costs a round trip (and, on a busy host, the wake-ups
+        of both ranks) before the data moves; posted early, the data is
+        there when the consumer looks. Per peer in the sequence's order."""
+        if not self.prepost:
+            return
+        order = {}
+        for row in incoming:
+            at = self.where.get((row[0], False))
+            order[row[0]] = (at[0], at[1]) if at is not None else ("", row[0])
         # every receive first, then the watchers: a watcher that wakes while
         # receives are still being posted takes the GIL from the poster
         # (measured: 14 receives posted in 1.46 ms interleaved, 0.85 ms so)
+        works = []
+        for tag, shape, dtype, src, _dst in sorted(incoming, key=lambda r: order[r[0]]):
+            buf = self._buffer(shape, dtype)
+            works.append((tag, dist.irecv(buf, src=self.rank_of[src], tag=self._wire(tag)),
+                          buf))
+            self.log.append((src, tag, "recv"))
+            at = self.where.get((tag, False))
+            if at is not None:
+                self.done_at[at[0]].add(at[1])
         for tag, work, buf in works:
             self.posted[tag] = (self.watcher.watch(work), buf)
-
-    def ready(self, tag: int) -> bool:
-        """Whether message ``tag`` of this step has arrived (a tag no longer
-        posted was received already)."""
-        posted = self.posted.get(tag)
-        return posted is None or posted[0].done()
-
-    def wait_any(self, tags: list[int]) -> None:
-        """Until one of the messages ``tags`` of this step has arrived."""
-        handles = [self.posted[t][0] for t in tags if t in self.posted]
-        if not handles:
-            return
-        start = time.perf_counter()
-        with _STATUS.wait(None, "a message"):
-            self.watcher.wait_any(handles)
-        self.comm_time[self.me] += time.perf_counter() - start
-        if _DEBUG:
-            print(f"[{self.me}] wait_any {tags} from {start:.6f} to {time.perf_counter():.6f}",
-                  flush=True)
 
     def recv(self, shape, dtype, src: str, dst: str, tag: int):
         if src == self.me:
             return self.box.pop(tag)
         start = time.perf_counter()
-        if tag in self.posted:
-            handle, buf = self.posted.pop(tag)
-            with _STATUS.wait(self.rank_of[src]):
-                handle.wait()
-        else:
-            buf = torch.empty(tuple(shape), dtype=dtype,
-                              device="cpu" if self.stage else self.device)
-            with _STATUS.wait(self.rank_of[src]):
-                self.watcher.watch(dist.irecv(buf, src=self.rank_of[src], tag=tag)).wait()
+        if tag not in self.posted:
+            at = self.where.get((tag, False))
+            if at is not None:
+                peer, i = at
+                self._advance(peer, i + 1, f"message {tag} received")
+            else:
+                self._irecv(tag, shape, dtype, src)
+        handle, buf = self.posted.pop(tag)
+        with _STATUS.wait(self.rank_of[src]):
+            handle.wait()
         self.comm_time[self.me] += time.perf_counter() - start
         if _DEBUG:
             print(f"[{self.me}] recv tag {tag} from {src} {tuple(shape)} "
@@ -261,6 +389,7 @@ class DistTransport:
         self.pending.clear()
         self.posted.clear()
         self.box.clear()
+        self.seq, self.where, self.cursor, self.done_at = {}, {}, {}, {}
 
     def make_groups(self, holder_sets) -> None:
         """Every rank creates the same groups in the same order."""
@@ -286,7 +415,8 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
              cluster=None, device: str | torch.device | None = None, training: bool = True,
              loss_reduction: str = "mean", problem_options: dict | None = None,
              seed: int = 0, calibrate: bool = False,
-             busy_poll: bool | None = None, engine: str = "builtin") -> dict | None:
+             busy_poll: bool | None = None, engine: str = "builtin",
+             p2p_tag0: bool | None = None) -> dict | None:
     """Run this rank's share of the plan; the process group must be up.
 
     Returns, on rank 0, a dict with ``loss``, ``losses``, ``outputs``,
@@ -311,6 +441,12 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     when this process was pinned to cores of its own (:func:`pin_cores`)
     and is a CPU rank over gloo.
 
+    ``p2p_tag0``: send every point-to-point message with tag 0 (messages
+    match by their order alone, as under NCCL; see :class:`DistTransport`);
+    None: the environment variable :data:`P2P_TAG0_ENV` decides. The result
+    also has, per device, the tasks its rank ran in the last step
+    (``executed``: ``(kind, microbatch, piece, replica)``) and the messages
+    it posted (``posted``: ``(peer, tag, "send"|"recv")``).
     ``engine="pipelining"``: run on torch.distributed.pipelining instead
     (:func:`placer.runtime.pipelining.run_rank`)."""
     if engine != "builtin":
@@ -331,22 +467,34 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
         raise PlanError(f"the plan uses {len(devs)} devices but WORLD_SIZE is {world}",
                         fix=f"start {len(devs)} processes (one per device)")
     me = devs[rank]
-    backend = dist.get_backend()
-    tdev = torch.device(device) if device is not None else (
-        _as_device(me) or (torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-                           if backend == "nccl" else torch.device("cpu")))
+    backend = "nccl" if "nccl" in str(dist.get_backend()) else "gloo"
+    tdev = rank_torch_device(me, backend, cluster, device)
+    if tdev.type == "cuda":
+        torch.cuda.set_device(tdev)      # NCCL's collectives run on this device
+    fallback = tdev.type == "cpu" and gpu_named(me, cluster)
     routes = Routes(sp, mb_rows, sink_device(sp))
-    orders, used = device_orders(routes, plan.schedule, training)
+    # the order the prediction assumes when a cluster is given (see
+    # placer.schedule.for_plan): rank 0's, sent to all (every rank would
+    # compute the same, but a simulation on a host of another CPU could
+    # break a near tie the other way)
+    sched = for_plan(routes, plan, training, graph, cluster,
+                     {**RUNTIME_OPTIONS, **(problem_options or {})}) if rank == 0 else None
+    if world > 1:
+        shared = [schedule_plain(sched) if sched is not None else None]
+        dist.broadcast_object_list(shared, src=0)
+        sched = schedule_from_orders(routes, shared[0], training)
+    used = sched.name
     spin = busy_poll if busy_poll is not None else busy_poll_default(
         _PINNED is not None, tdev.type, backend)
-    transport = DistTransport({d: i for i, d in enumerate(devs)}, me, tdev, backend, spin=spin)
+    transport = DistTransport({d: i for i, d in enumerate(devs)}, me, tdev, backend, spin=spin,
+                              tag0=p2p_tag0)
     batch = sum(mb_rows)
     weights = [(n / batch if loss_reduction == "mean" else 1.0) for n in mb_rows]
     offsets = [sum(mb_rows[:m]) for m in range(len(mb_rows))]
-    order = [(me, t) for t in orders.get(me, [])]
+    order = [(me, t) for t in sched.orders.get(me, [])]
     engine = Engine(sp, routes, {d: tdev for d in devs}, [me], transport, training=training,
                     loss_fn=loss_fn or default_loss, loss_weights=weights, order=order,
-                    model=model, seed=seed, schedule=used)
+                    model=model, seed=seed, schedule=sched)
     engine.bucket_bytes = (getattr(plan, "allreduce", None) or {}).get("bucket_bytes")
     transport.make_groups(engine.holders.values())
     if spin:
@@ -373,6 +521,7 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
         dist.all_reduce(agreed, op=dist.ReduceOp.MIN)   # every rank times the same kind
         probe = probe if float(agreed) > 0 else None
     times, losses, last, grads, timeline = [], [], None, {}, []
+    executed, posted = [], []
     compute = comm = cpu_time = 0.0
     peak_act = 0.0
     cores = sorted(os.sched_getaffinity(0)) if spin and hasattr(os, "sched_getaffinity") \
@@ -427,6 +576,8 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
                 cpu_time += cpu_used / steps
                 comm += transport.comm_time.get(me, 0.0) / steps
                 peak_act = max(peak_act, last["stats"].peak_act.get(me, 0.0))
+                executed = [(k, m, i.piece, i.replica) for _d, (k, m, i) in engine.executed]
+                posted = list(transport.log)
     if tdev.type == "cuda":
         peak = float(torch.cuda.max_memory_allocated(tdev))
     else:
@@ -443,7 +594,7 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
             "gradients": grads, "parameters": engine.state(), "compute": compute,
             "comm": comm, "peak": peak, "cpu_time": cpu_time, "events": timeline,
             "cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-            else None}
+            else None, "executed": executed, "posted": posted, "cpu_fallback": fallback}
     if calibrate:
         with _STATUS.wait(None, "the calibration gather"):
             calibration = _combine_calibration(rounds, graph, devs, tdev, shares, between)
@@ -498,6 +649,18 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     # rank clocks differ, so starts are relative to each rank's step start)
     merged["events"] = [e for p in gathered for e in p["events"]]
     merged["schedule"] = used
+    merged["executed"] = {p["device"]: p["executed"] for p in gathered}
+    merged["posted"] = {p["device"]: p["posted"] for p in gathered}
+    merged["p2p_tag0"] = transport.tag0
+    merged["backend"] = backend
+    fell_back = [p["device"] for p in gathered if p["cpu_fallback"]]
+    if fell_back:
+        # one line for the whole run; a GPU's prediction says nothing of a CPU's step
+        print(cpu_fallback_line(fell_back), file=sys.stderr, flush=True)
+        merged["report"]["predicted"] = None
+        merged["report"]["cpu_fallback"] = fell_back
+        merged["report"]["prediction_compared"] = False
+    merged["cpu_fallback"] = fell_back
     merged["notes"] = list(sp.notes)
     return merged
 
@@ -845,13 +1008,13 @@ class Reference:
         ref = reference_plan(graph, devs, plan.microbatches, plan.schedule)
         _g, ref, sp, inputs, mb_rows = prepare(model, ref, example_inputs, graph=graph)
         routes = Routes(sp, mb_rows, sink_device(sp))
-        orders, used = device_orders(routes, ref.schedule, True)
+        sched = build_schedule(routes, ref.schedule, True)
         batch = sum(mb_rows)
         weights = [(n / batch if loss_reduction == "mean" else 1.0) for n in mb_rows]
         engine = Engine(sp, routes, {d: tdev for d in devs}, [me], transport, training=True,
                         loss_fn=loss_fn, loss_weights=weights,
-                        order=[(me, t) for t in orders.get(me, [])], model=model, seed=seed,
-                        schedule=used)
+                        order=[(me, t) for t in sched.orders.get(me, [])], model=model,
+                        seed=seed, schedule=sched)
         ok = torch.tensor([0.0 if any(len(h) > 1 for h in engine.holders.values()) else 1.0])
         dist.all_reduce(ok, op=dist.ReduceOp.MIN)
         if float(ok) == 0:
@@ -979,6 +1142,9 @@ def _init(backend: str, timeout: float, store_host: str | None = None) -> None:
     this machine can reach it; torch's own store listens on every
     interface); None: the environment's (torchrun's) rendezvous."""
     delta = datetime.timedelta(seconds=timeout)
+    # NCCL for CUDA tensors, gloo for the CPU tensors of the small
+    # collectives (step times, results) that NCCL cannot carry
+    backend = "cpu:gloo,cuda:nccl" if backend == "nccl" else backend
     if store_host is None:
         dist.init_process_group(backend=backend, timeout=delta)
         return
@@ -1136,7 +1302,8 @@ def _stop(processes) -> None:
         p.join(10)
 
 
-def launch(plan, build: Callable[[], tuple], *, nproc: int | None = None, backend: str = "gloo",
+def launch(plan, build: Callable[[], tuple], *, nproc: int | None = None,
+           backend: str | None = None,
            timeout: float = 300.0, cluster=None, fault_timeout: float = 60.0,
            threads: int | None = None, pin: bool | None = None, host: str = "127.0.0.1",
            **kwargs) -> dict:
@@ -1160,8 +1327,11 @@ def launch(plan, build: Callable[[], tuple], *, nproc: int | None = None, backen
     threads per rank (default: this machine's cores shared out evenly).
     ``pin``: each rank runs on its own cores (:func:`pin_cores`; calibration
     included, so op times are measured as the steps run); None pins when
-    there are at least as many usable cores as ranks."""
+    there are at least as many usable cores as ranks. ``backend``: None
+    picks NCCL when every rank's device is CUDA, else gloo
+    (:func:`launch_backend`)."""
     import torch.multiprocessing as mp
+    backend = backend or launch_backend(plan, cluster, kwargs.get("device"))
     devs = rank_devices(plan, cluster)
     if kwargs.get("engine") == "pipelining":
         from .pipelining import rank_order
@@ -1273,7 +1443,8 @@ def _parser(prog: str, with_nproc: bool, pictures: bool = False) -> argparse.Arg
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--lr", type=float, default=None, help="SGD learning rate (default: no step)")
     ap.add_argument("--inference", action="store_true")
-    ap.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
+    ap.add_argument("--backend", default=None, choices=["gloo", "nccl"],
+                    help="default: NCCL when every rank's device is a CUDA GPU, else gloo")
     ap.add_argument("--engine", default="builtin", choices=["builtin", "pipelining"],
                     help="pipelining: run a stage-contiguous plan on "
                          "torch.distributed.pipelining")
@@ -1511,7 +1682,7 @@ def rank_main(argv: list[str] | None = None) -> int:
         if cores and not ns.threads:
             torch.set_num_threads(len(cores))
     plan, build, kwargs, cluster = _common(ns)
-    _init(ns.backend, ns.timeout)
+    _init(ns.backend or launch_backend(plan, cluster, kwargs.get("device")), ns.timeout)
     rank = dist.get_rank()
     devs = rank_devices(plan, cluster)
     where = f"rank {rank}" + (f" (device {devs[rank]})" if rank < len(devs) else "")

@@ -20,10 +20,12 @@ copy of it (replicas, or pieces that share a weight): the engine all-reduces
 with SUM, not the mean DDP uses, because DDP's replicas each take the mean
 over their own shard while here nothing is averaged twice.
 
-One process hosting every device runs its tasks in an order fixed by the
-schedule; a rank dispatches among its ready tasks by the cost model's
-simulator's rule (:meth:`Engine._dispatch`). Every rank computes the same
-tables, so messages match without negotiation.
+Every process runs its tasks in the order :mod:`placer.schedule` fixes from
+the plan alone (one process hosting every device runs the schedule's global
+order; a rank its device's order). A task's sends leave at its end in tag
+order, so every rank computes the same tables and the same sequence of
+messages with each peer, and messages match without negotiation, by their
+order (see :class:`placer.runtime.dist.DistTransport`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ from torch.utils import _pytree as pytree
 
 from ..cost.report import Event
 from ..errors import PlanError
+from ..schedule import Schedule
+from ..schedule import build as build_schedule
+from ..schedule import deps as schedule_deps
 from .split import Split
 
 
@@ -212,62 +217,13 @@ def microbatch_rows(batch: int, microbatches: int) -> list[int]:
 # --------------------------------------------------------------------------
 def device_orders(routes: Routes, schedule: str, training: bool) -> tuple[dict, str]:
     """Per device, its tasks ("F"|"B", microbatch, Inst) in the order it runs
-    them. Returns (orders, schedule used): 1F1B falls back to GPipe when its
-    order would deadlock on this placement."""
-    M = len(routes.mb_rows)
-    devs = routes.devices()
-    mine: dict[str, list[Inst]] = {d: [] for d in devs}
-    for inst in routes.all_instances():
-        mine[routes.device_of[inst]].append(inst)
-
-    def fwd(d, m):
-        return [("F", m, i) for i in mine[d]]
-
-    def bwd(d, m):
-        return [("B", m, i) for i in reversed(mine[d]) if i != routes.sink]
-
-    orders = {}
-    if not training:
-        return {d: [t for m in range(M) for t in fwd(d, m)] for d in devs}, "forward"
-    if schedule == "1f1b":
-        first = {d: min(i.piece for i in mine[d]) for d in devs}
-        ranked = sorted(devs, key=lambda d: (first[d], devs.index(d)))
-        S = len(devs)
-        # A device hosting pieces late and early in the model (non-contiguous
-        # placement) may need more microbatches in flight than its rank says.
-        for extra in range(M):
-            for r, d in enumerate(ranked):
-                w = min(M, S - r + extra)
-                order = [t for m in range(w) for t in fwd(d, m)]
-                for m in range(M):
-                    order += bwd(d, m)
-                    if m + w < M:
-                        order += fwd(d, m + w)
-                orders[d] = order
-            if interleave(routes, orders) is not None:
-                return orders, "1f1b"
-    orders = {d: [t for m in range(M) for t in fwd(d, m)] +
-              [t for m in range(M) for t in bwd(d, m)] for d in devs}
-    return orders, "gpipe"
+    them, and the schedule used (:func:`placer.schedule.build`)."""
+    sched = build_schedule(routes, schedule, training)
+    return sched.orders, sched.name
 
 
 def _deps(routes: Routes, task) -> list:
-    kind, m, inst = task
-    deps = []
-    if kind == "F":
-        for (ci, j), skey in routes.input_slot[m].items():
-            if ci == inst:
-                for mkey in routes.slots[m][skey].parts:
-                    deps.append(("F", m, routes.msgs[m][mkey].src))
-    else:
-        deps.append(("F", m, inst))
-        for mkey in routes.outgoing[m].get(inst, []):
-            msg = routes.msgs[m][mkey]
-            if msg.grad:
-                for skey in msg.slots:
-                    for c in routes.slots[m][skey].consumers:
-                        deps.append(("F", m, c) if c == routes.sink else ("B", m, c))
-    return deps
+    return schedule_deps(routes, task)
 
 
 def interleave(routes: Routes, orders: dict) -> list | None:
@@ -388,7 +344,7 @@ class Engine:
     def __init__(self, split: Split, routes: Routes, torch_devices: dict[str, torch.device],
                  local: list[str], transport, *, training: bool, loss_fn: Callable | None,
                  loss_weights: list[float], order: list, model: torch.nn.Module | None = None,
-                 seed: int = 0, schedule: str | None = None):
+                 seed: int = 0, schedule: "Schedule | str | None" = None):
         self.split = split
         self.routes = routes
         self.tdev = torch_devices
@@ -398,8 +354,12 @@ class Engine:
         self.loss_fn = loss_fn
         self.loss_weights = loss_weights
         self.order = order                 # [(device, task)] for the local devices
-        #: "1f1b", "gpipe" or "forward": a rank dispatches by it (see _dispatch)
+        #: the :class:`placer.schedule.Schedule` the order comes from (its
+        #: per-pair message sequences go to a transport with ``begin``), or
+        #: its name
         self.schedule = schedule
+        #: the (device, task) pairs the last step ran, in order
+        self.executed: list = []
         self.model = model
         self.seed = seed
         #: the plan's all-reduce bucket size (bytes): each group's flat
@@ -505,6 +465,47 @@ class Engine:
         self._incoming = sorted(out, key=lambda x: x[0])
         return self._incoming
 
+    def sequence(self) -> dict:
+        """Peer device -> ``[(tag, is_send, shape, dtype)]``: the step's
+        messages between the (one) local device and each device hosted
+        elsewhere, in the order both post them (see
+        :attr:`placer.schedule.Schedule.pairs`)."""
+        if hasattr(self, "_sequence"):
+            return self._sequence
+        out: dict = {}
+        if isinstance(self.schedule, Schedule) and len(self.local) == 1:
+            for peer, msgs in self.schedule.peer_sequence(self.local[0]).items():
+                rows = []
+                for x, is_send in msgs:
+                    msg = self._by_tag[x.tag - (x.tag % 2)]
+                    info = self.split.values[msg.value]
+                    rows.append((x.tag, is_send, self._msg_shape(msg, x.microbatch, info),
+                                 info.dtype))
+                out[peer] = rows
+        self._sequence = out
+        return out
+
+    @property
+    def _by_tag(self) -> dict:
+        if not hasattr(self, "_tag_table"):
+            self._tag_table = {msg.tag: msg for msgs in self.routes.msgs
+                               for msg in msgs.values()}
+        return self._tag_table
+
+    def _begin(self) -> None:
+        """Tell a transport with ``begin`` the step's message sequences."""
+        begin = getattr(self.transport, "begin", None)
+        if begin is not None:
+            begin(self.sequence())
+
+    def _flush(self, st) -> None:
+        """A task's sends leave at its end in tag order (the order
+        :mod:`placer.schedule` gives every pair)."""
+        if st.outbox:
+            for tag, tensor, src, dst in sorted(st.outbox, key=lambda x: x[0]):
+                self.transport.send(tensor, src, dst, tag)
+            st.outbox.clear()
+
     def post_receives(self) -> float:
         """Post the next step's receives now (a transport with ``post``);
         returns the seconds it took, which the caller counts in the step's
@@ -523,6 +524,7 @@ class Engine:
         if post is None:
             return 0.0
         start = time.perf_counter()
+        self._begin()
         post(self.incoming())
         self._posted = time.perf_counter() - start
         return self._posted
@@ -541,6 +543,7 @@ class Engine:
                        for d in self.local]
             self._posted = None
         elif post is not None:
+            self._begin()
             post(self.incoming())
             # posting every receive of the step is part of the step's time
             events += [Event(d, "post receives", "messaging", 0.0, time.perf_counter() - t0)
@@ -549,7 +552,9 @@ class Engine:
         self._targets = targets
         self._offsets = batch_offsets
         count = self.count_saved and self._peak_act is None
+        self.executed = executed = []
         for dev, task in self._tasks():
+            executed.append((dev, task))
             kind, m, inst = task
             start = time.perf_counter()
             comm_before = sum(self.transport.comm_time.values())
@@ -562,6 +567,7 @@ class Engine:
                         self._forward(m, inst, st)
                 else:
                     self._backward(m, inst, st, stats, dev)
+                self._flush(st)
             if kind == "F" and inst != self.routes.sink:
                 st.saved[(m, inst)] = stats.act_bytes[dev] - before
             else:
@@ -585,173 +591,10 @@ class Engine:
         return {"outputs": st.outputs, "loss": st.loss, "stats": stats}
 
     def _tasks(self):
-        """This process's tasks in the order they run. One process hosting
-        every device runs the precomputed interleaved order. A rank (a
-        transport with ``ready``) dispatches as the cost model's simulator
-        does (:meth:`_dispatch`) when the engine knows its ``schedule``;
-        without one it runs the first task of the order whose inputs are all
-        here, overtaking only tasks of the same kind in the same run of the
-        order, and when none is ready it waits for the first."""
-        ready = getattr(self.transport, "ready", None)
-        if ready is None:
-            yield from self.order
-            return
-        needs = self._needs()
-        if self.schedule is not None:
-            yield from self._dispatch(needs, ready)
-            return
-        pending = list(self.order)
-        done: set = set()
-        while pending:
-            pick = 0
-            for i, (dev, task) in enumerate(pending):
-                if needs[task][2] != needs[pending[0][1]][2]:
-                    break
-                local, tags, _ = needs[task]
-                if all(t in done for t in local) and all(ready(tag) for tag in tags):
-                    pick = i
-                    break
-            dev, task = pending.pop(pick)
-            yield dev, task
-            done.add(task)
-
-    def _dispatch(self, needs: dict, ready):
-        """A rank's tasks by the simulator's rule (see
-        :mod:`placer.cost.simulator`): among the tasks whose inputs are here,
-        the first by priority. ``1f1b``: backwards first, earlier
-        microbatches first, and a device starts a new microbatch only while
-        fewer than its cap are between their first forward and last
-        backward on it (the pieces from its first to the end, as the
-        simulator's runs); ``gpipe``: forwards first, and no backward before
-        the device finished every forward; ``forward``: microbatch order.
-        The in-flight cap keeps the earliest microbatch able to finish, so
-        no rank waits on a task another rank will not run. When no task is
-        ready the rank waits for a message any candidate needs."""
-        one_f_one_b = self.schedule == "1f1b"
-        gpipe = self.schedule == "gpipe"
-        ranked, forwards, backwards, cap, micro = self._dispatch_tables()
-        pending = list(ranked)
-        forwards_left = dict(forwards)
-        owed = {d: dict(per_m) for d, per_m in backwards.items()}   # device -> m -> left
-        started: dict = defaultdict(set)
-        done: set = set()
-        last = None
-        while pending:
-            pick, waiting = self._continuation(pending, last, needs, done), []
-            for i, (dev, task) in enumerate(pending if pick is None else ()):
-                kind, m, _inst = task
-                if kind == "F" and one_f_one_b and m not in started[dev] and sum(
-                        1 for k in started[dev] if owed.get(dev, {}).get(k, 0) > 0
-                ) >= cap.get(dev, micro):
-                    continue
-                if kind == "B" and gpipe and forwards_left[dev] > 0:
-                    continue
-                local, tags, _ = needs[task]
-                if not all(t in done for t in local):
-                    continue
-                missing = [tag for tag in tags if not ready(tag)]
-                if not missing:
-                    pick = i
-                    break
-                waiting += missing
-            if pick is None:
-                if not waiting:
-                    raise PlanError("the rank's schedule has no task it can run (a bug)",
-                                    fix="rerun with schedule='gpipe' and report the plan")
-                self.transport.wait_any(waiting)
-                continue
-            dev, task = pending.pop(pick)
-            yield dev, task
-            kind, m, _inst = task
-            done.add(task)
-            last = (dev, task)
-            if kind == "F":
-                forwards_left[dev] -= 1
-                started[dev].add(m)
-            else:
-                owed[dev][m] -= 1
-
-    @staticmethod
-    def _continuation(pending: list, last, needs: dict, done: set) -> int | None:
-        """Index in ``pending`` of the task that continues ``last`` (same
-        device, kind and microbatch, waiting for ``last`` and for nothing
-        from another process), else None. The simulator runs such a piece
-        in one segment with the one before it (it receives nothing, see
-        :func:`placer.cost.simulator._segments`), so the rank runs it next
-        whatever the priorities say: otherwise a data-parallel piece's
-        replica here (fed by the piece before it on this device) could wait
-        behind other microbatches' tasks while its partner replicas and the
-        pieces after them wait for it."""
-        if last is None:
-            return None
-        last_dev, (kind, m, _inst) = last
-        for i, (dev, task) in enumerate(pending):
-            if dev != last_dev or task[0] != kind or task[1] != m:
-                continue
-            local, tags, _ = needs[task]
-            if not tags and last[1] in local and all(t in done for t in local):
-                return i
-        return None
-
-    def _dispatch_tables(self) -> tuple:
-        """What :meth:`_dispatch` needs of the order, the same every step:
-        the tasks by priority, forwards per device, backwards per device and
-        microbatch, the in-flight cap per device, the microbatch count."""
-        if hasattr(self, "_dispatch_cache"):
-            return self._dispatch_cache
-        order = self.order
-        index = {task: i for i, (_dev, task) in enumerate(order)}
-        urgent_kind = "B" if self.schedule == "1f1b" else "F"
-
-        def priority(item):
-            kind, m, _inst = item[1]
-            return (kind != urgent_kind, m, index[item[1]])
-
-        forwards: dict = defaultdict(int)
-        backwards: dict = defaultdict(lambda: defaultdict(int))
-        first_piece: dict = {}
-        for dev, (kind, m, inst) in order:
-            if kind == "F":
-                forwards[dev] += 1
-            else:
-                backwards[dev][m] += 1
-            if inst != self.routes.sink:
-                first_piece[dev] = min(first_piece.get(dev, inst.piece), inst.piece)
-        pieces = len(self.split.pieces)
-        micro = len(self.routes.mb_rows)
-        cap = {d: min(micro, max(1, pieces - p)) for d, p in first_piece.items()}
-        self._dispatch_cache = (sorted(order, key=priority), dict(forwards),
-                                {d: dict(v) for d, v in backwards.items()}, cap, micro)
-        return self._dispatch_cache
-
-    def _needs(self) -> dict:
-        """Per local task: (tasks of this process it waits for, tags of the
-        messages from other processes it waits for, its run of the order:
-        consecutive tasks of one kind)."""
-        if hasattr(self, "_needs_cache"):
-            return self._needs_cache
-        routes, out, run, kind = self.routes, {}, 0, None
-        for dev, task in self.order:
-            k, m, inst = task
-            if k != kind:
-                run, kind = run + 1, k
-            deps = [t for t in _deps(routes, task) if routes.device_of[t[2]] in self.local]
-            tags = []
-            if k == "F":
-                for (ci, _j), skey in routes.input_slot[m].items():
-                    if ci == inst:
-                        for mkey in routes.slots[m][skey].parts:
-                            msg = routes.msgs[m][mkey]
-                            if routes.device_of[msg.src] not in self.local:
-                                tags.append(msg.tag)
-            else:
-                for mkey in routes.outgoing[m].get(inst, []):
-                    msg = routes.msgs[m][mkey]
-                    if msg.grad and msg.dst not in self.local:
-                        tags.append(msg.tag + 1)
-            out[task] = (deps, tags, run)
-        self._needs_cache = out
-        return out
+        """This process's tasks: exactly the schedule's order (see
+        :mod:`placer.schedule`), whatever arrives first, so that every pair
+        of processes posts its messages in the same sequence."""
+        yield from self.order
 
     def _input_value(self, m: int, j: int, dev: str, rows: tuple | None, shape_only: bool):
         split = self.split
@@ -829,9 +672,9 @@ class Engine:
         outs = tuple(out) if piece.multi else (out,)
         if self.training:
             st.outputs_of[(m, inst)] = outs
-        self._send_outputs(m, inst, outs)
+        self._send_outputs(m, inst, outs, st)
 
-    def _send_outputs(self, m: int, inst: Inst, outs: tuple) -> None:
+    def _send_outputs(self, m: int, inst: Inst, outs: tuple, st) -> None:
         src_dev = self.routes.device_of[inst]
         start_row = self.routes.inst_rows[m][inst][0]
         for mkey in self.routes.outgoing[m].get(inst, []):
@@ -841,7 +684,7 @@ class Engine:
             if msg.rows is not None:
                 f = info.factor
                 value = value[(msg.rows[0] - start_row) * f:(msg.rows[1] - start_row) * f]
-            self.transport.send(value.detach().contiguous(), src_dev, msg.dst, msg.tag)
+            st.outbox.append((msg.tag, value.detach().contiguous(), src_dev, msg.dst))
 
     def _sink(self, m: int, st) -> None:
         sink = self.routes.sink
@@ -927,8 +770,8 @@ class Engine:
                 mleft = st.msg_left.get((m, mkey), len(msg.slots)) - 1
                 st.msg_left[(m, mkey)] = mleft
                 if mleft == 0:
-                    self.transport.send(st.msg_grad.pop((m, mkey)).contiguous(), slot.device,
-                                        self.routes.device_of[msg.src], msg.tag + 1)
+                    st.outbox.append((msg.tag + 1, st.msg_grad.pop((m, mkey)).contiguous(),
+                                      slot.device, self.routes.device_of[msg.src]))
 
     # --- gradients ------------------------------------------------------
     def allreduce(self) -> None:
@@ -1027,6 +870,7 @@ class _StepState:
     slot_left: dict = field(default_factory=dict)
     outputs: dict = field(default_factory=dict)
     saved: dict = field(default_factory=dict)
+    outbox: list = field(default_factory=list)     # (tag, tensor, src, dst) of the task
     loss: float | None = None
 
 

@@ -12,7 +12,8 @@ from torch.utils import _pytree as pytree
 
 from ..cost.report import Report, _Frozen
 from ..errors import PlanError
-from .engine import Engine, LocalTransport, Routes, device_orders, interleave, microbatch_rows
+from ..schedule import for_plan
+from .engine import Engine, LocalTransport, Routes, microbatch_rows
 from .split import capture, node_groups, split
 
 LOSS_REDUCTIONS = ("mean", "sum")
@@ -61,13 +62,23 @@ class RunResult:
     notes: list = field(default_factory=list)
 
 
-def default_device_map(names) -> dict[str, torch.device]:
+def default_device_map(names, cluster=None) -> dict[str, torch.device]:
     """Plan device name -> torch device: names that are usable torch devices
-    map to themselves (``"cpu"``, ``"cuda:1"``), everything else to the CPU."""
-    out = {}
+    map to themselves (``"cpu"``, ``"cuda:1"``), devices named as GPUs
+    (:func:`placer.runtime.devices.gpu_named`) to this host's CUDA devices
+    in turn when it has any, everything else to the CPU."""
+    from .devices import gpu_named, torch_device
+    out, k = {}, 0
     for name in names:
-        out[name] = _as_device(name) or torch.device("cpu")
+        out[name] = torch_device(name, k, cluster)
+        k += gpu_named(name, cluster)
     return out
+
+
+def cpu_fallback(dmap: dict, cluster=None) -> list[str]:
+    """The plan devices named as GPUs that ``dmap`` runs on the CPU."""
+    from .devices import gpu_named
+    return [d for d, t in dmap.items() if t.type == "cpu" and gpu_named(d, cluster)]
 
 
 def _as_device(name: str) -> torch.device | None:
@@ -190,10 +201,10 @@ def join_outputs(sp, per_mb: dict):
     return pytree.tree_unflatten(joined, spec)
 
 
-def predict(graph, cluster, plan, problem_options=None):
-    """The simulator's report for ``plan``, or None when no cluster fits."""
+def prediction_cluster(cluster, plan):
+    """``cluster``, else this host's (:meth:`Cluster.local`) when it has the
+    plan's devices, else None."""
     from ..cluster import Cluster
-    from ..cost import simulate
     if cluster is None:
         try:
             cluster = Cluster.local()
@@ -201,6 +212,15 @@ def predict(graph, cluster, plan, problem_options=None):
             return None
         if not plan.devices_used() <= set(cluster.names):
             return None
+    return cluster
+
+
+def predict(graph, cluster, plan, problem_options=None):
+    """The simulator's report for ``plan``, or None when no cluster fits."""
+    from ..cost import simulate
+    cluster = prediction_cluster(cluster, plan)
+    if cluster is None:
+        return None
     return simulate(graph, cluster, plan, **{**RUNTIME_OPTIONS, **(problem_options or {})})
 
 
@@ -224,7 +244,8 @@ class Runner:
 
     def __init__(self, model, plan, example_inputs, *, optimizer=None, loss_fn=None,
                  targets=None, graph=None, cluster=None, device_map=None, training=True,
-                 loss_reduction="mean", granularity=None, leaf_modules=None, seed=0):
+                 loss_reduction="mean", granularity=None, leaf_modules=None, seed=0,
+                 problem_options=None):
         if loss_reduction not in LOSS_REDUCTIONS:
             raise PlanError(f"unknown loss_reduction {loss_reduction!r}",
                             fix="use 'mean' or 'sum'")
@@ -234,24 +255,29 @@ class Runner:
         if cluster is not None:
             plan.validate(graph, cluster, check_fingerprints=False)
         routes = Routes(sp, mb_rows, sink_device(sp))
-        orders, used = device_orders(routes, plan.schedule, training)
-        order = interleave(routes, orders)
-        if order is None:
-            raise PlanError("the task orders deadlock", fix="report this plan as a bug")
+        # the order the prediction assumes (placer.schedule.for_plan)
+        sched = for_plan(routes, plan, training, graph, prediction_cluster(cluster, plan),
+                         {**RUNTIME_OPTIONS, **(problem_options or {})})
+        order, used = sched.order, sched.name
         devices = routes.devices()
-        dmap = default_device_map(devices)
+        dmap = default_device_map(devices, cluster)
         if device_map:
             dmap.update({k: torch.device(v) for k, v in device_map.items()})
+        #: plan devices named as GPUs that run on the CPU here (said in one line)
+        self.cpu_fallback = cpu_fallback(dmap, cluster)
+        from .devices import warn_cpu_fallback
+        warn_cpu_fallback(self.cpu_fallback)
         batch = sum(mb_rows)
         weights = [(n / batch if loss_reduction == "mean" else 1.0) for n in mb_rows]
         self.graph, self.plan, self.split, self.inputs = graph, plan, sp, inputs
         self.targets, self.training, self.mb_rows, self.schedule = targets, training, mb_rows, used
+        self.plan_schedule = sched
         self.devices, self.dmap = devices, dmap
         self.offsets = [sum(mb_rows[:m]) for m in range(len(mb_rows))]
         self.transport = LocalTransport(dmap)
         self.engine = Engine(sp, routes, dmap, devices, self.transport, training=training,
                              loss_fn=loss_fn or default_loss, loss_weights=weights, order=order,
-                             model=model, seed=seed)
+                             model=model, seed=seed, schedule=sched)
         self.engine.bucket_bytes = (plan.allreduce or {}).get("bucket_bytes")
         self.opt = build_optimizer(optimizer, self.engine.parameters()) if training else None
         self.params = self.engine.parameters()
@@ -297,7 +323,10 @@ def run(model: torch.nn.Module, plan, example_inputs: Any, *, steps: int = 3,
     rows), ``"sum"`` adds them (losses that sum over rows). ``optimizer``:
     see :func:`build_optimizer`; without one the weights do not change.
     ``device_map`` maps plan device names to torch devices (default
-    :func:`default_device_map`, so any plan runs on the CPU). ``cluster``
+    :func:`default_device_map`: devices named as GPUs on this host's GPUs,
+    the rest, and every device of a host without one, on the CPU; a device
+    named as a GPU that runs on the CPU is said in one line, listed in the
+    report's ``cpu_fallback``, and its prediction is not compared). ``cluster``
     gives the prediction (default: :meth:`Cluster.local` when the plan's
     devices are in it). ``engine="pipelining"`` runs a stage-contiguous plan
     on torch.distributed.pipelining instead (:mod:`placer.runtime.pipelining`).
@@ -336,7 +365,7 @@ def run(model: torch.nn.Module, plan, example_inputs: Any, *, steps: int = 3,
     runner = Runner(model, plan, example_inputs, optimizer=optimizer, loss_fn=loss_fn,
                     targets=targets, graph=graph, cluster=cluster, device_map=device_map,
                     training=training, loss_reduction=loss_reduction, granularity=granularity,
-                    leaf_modules=leaf_modules, seed=seed)
+                    leaf_modules=leaf_modules, seed=seed, problem_options=problem_options)
     graph, plan, sp, engine = runner.graph, runner.plan, runner.split, runner.engine
     transport, dmap, devices, opt = runner.transport, runner.dmap, runner.devices, runner.opt
     mb_rows, used = runner.mb_rows, runner.schedule
@@ -381,12 +410,18 @@ def run(model: torch.nn.Module, plan, example_inputs: Any, *, steps: int = 3,
     step_time = statistics.median(times)
     busy = {d: compute.get(d, 0.0) + comm.get(d, 0.0) for d in devices}
     prediction = predict(graph, cluster, plan, problem_options)
+    extra = {}
+    if runner.cpu_fallback:
+        # a GPU's prediction says nothing about a CPU's step
+        extra = {"cpu_fallback": list(runner.cpu_fallback),
+                 "prediction_compared": False}
     report = MeasuredReport(step_time=step_time, peak_memory=peak, busy=busy, compute=compute,
                             comm=comm, idle={d: max(0.0, step_time - b) for d, b in busy.items()},
                             model="measured", microbatches=len(mb_rows), schedule=used,
-                            predicted=prediction.step_time if prediction else None,
+                            predicted=(prediction.step_time if prediction
+                                       and not runner.cpu_fallback else None),
                             prediction=prediction, step_times=times,
-                            timeline=_Frozen(timeline))
+                            timeline=_Frozen(timeline), extra=extra)
     outputs = join_outputs(sp, last["outputs"]) if last["outputs"] else None
     return RunResult(outputs=outputs, loss=last["loss"], losses=losses, gradients=grads,
                      parameters=engine.state(), report=report, schedule=used,

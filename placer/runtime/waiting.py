@@ -7,8 +7,8 @@ machine (see BENCHMARKS.md, runtime):
   before ``wait()`` returns, so a rank cannot ask whether a message has
   arrived. :class:`Watcher` lends each posted receive a daemon thread that
   blocks in ``wait()`` (which releases the GIL) and sets a flag; the rank
-  polls the flag (:meth:`Handle.done`) and can run another ready task
-  meanwhile, as the cost model's simulator does.
+  can poll the flag (:meth:`Handle.done`) instead of blocking (it runs its
+  tasks in the schedule's fixed order, :mod:`placer.schedule`).
 - A rank that blocks lets its virtual CPU halt, and waking a halted vCPU
   takes the hypervisor from tens of microseconds to a scheduler tick (4 ms
   here): the median 1.3 MB all-reduce between two ranks took 2.9-3.5 ms
