@@ -17,6 +17,8 @@ from batched data is batched too and it holds no batch-statistics layer.
 
 from __future__ import annotations
 
+import contextlib
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,10 +139,15 @@ class _Recorder(torch.fx.Interpreter):
 
 
 def _describe(value):
+    """(kind, shape, dtype, requires_grad); a container's "shape" is
+    (its type, its length) when it is a plain tuple or list of tensors,
+    else None."""
     if isinstance(value, torch.Tensor):
         return ("tensor", tuple(value.shape), value.dtype, bool(value.requires_grad))
     leaves = [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
-    return ("container" if leaves else "other", None, None, False)
+    flat = type(value) in (tuple, list) and all(isinstance(t, torch.Tensor) for t in value)
+    return ("container" if leaves else "other",
+            (type(value), len(value)) if flat and leaves else None, None, False)
 
 
 class _Holder(torch.nn.Module):
@@ -169,6 +176,29 @@ def probe(gm: torch.fx.GraphModule, inputs: list, batch: int, small: int) -> tup
     Runs on meta tensors; falls back to the real weights on their device when
     a node needs data. Returns two dicts node name -> (kind, shape, dtype,
     requires_grad)."""
+    with _kept_state(gm):
+        return _probe(gm, inputs, batch, small)
+
+
+@contextlib.contextmanager
+def _kept_state(module: torch.nn.Module):
+    """Put every parameter and buffer of ``module`` back afterwards.
+
+    ``functional_call`` swaps tensors in by name and back in the same order;
+    a submodule reached under two names (an LSTM cell called at every time
+    step lands in several pieces of the split module) is swapped twice, so
+    its second "original" is the first replacement and the weight stays a
+    meta tensor."""
+    kept = [(mod, table, dict(getattr(mod, table)))
+            for mod in module.modules() for table in ("_parameters", "_buffers")]
+    try:
+        yield
+    finally:
+        for mod, table, values in kept:
+            getattr(mod, table).update(values)
+
+
+def _probe(gm, inputs, batch, small):
     mask = _batched_mask(inputs, batch)
     holder = _Holder(gm)
     out = []
@@ -237,6 +267,7 @@ def split(model: torch.nn.Module, gm: torch.fx.GraphModule, inputs: list,
     _attrs_as_modules(gm)
     graph = gm.graph
     full, part = probe(gm, inputs, batch, small)
+    _unpack_containers(gm, full)
     nodes = list(graph.nodes)
     default = next(iter(node_groups.values()))
 
@@ -375,6 +406,38 @@ def _attrs_as_modules(gm: torch.fx.GraphModule) -> None:
         call.meta = dict(node.meta)
         node.replace_all_uses_with(call)
         gm.graph.erase_node(node)
+        changed = True
+    if changed:
+        gm.graph.lint()
+        gm.recompile()
+
+
+def _unpack_containers(gm: torch.fx.GraphModule, full: dict) -> None:
+    """A node that takes a whole tuple or list of tensors computed by
+    another (``cell(x, state)`` with ``state`` an LSTM cell's ``(h, c)``)
+    gets it rebuilt from ``getitem`` nodes instead: those follow their
+    source's piece, so when the two nodes run on different devices the
+    tensors cross one by one (a message carries one tensor)."""
+    changed = False
+    for node in list(gm.graph.nodes):
+        desc = full.get(node.name)
+        if node.op == "placeholder" or desc is None or desc[0] != "container" \
+                or desc[1] is None:
+            continue
+        users = [u for u in node.users if u.op in ("call_module", "call_function", "call_method")
+                 and not (u.target is operator.getitem and u.args[0] is node)]
+        if not users:
+            continue
+        kind, length = desc[1]
+        items = []
+        anchor = node
+        for i in range(length):
+            with gm.graph.inserting_after(anchor):
+                anchor = gm.graph.call_function(operator.getitem, (node, i))
+            items.append(anchor)
+        rebuilt = kind(items)
+        for u in users:
+            u.replace_input_with(node, rebuilt)
         changed = True
     if changed:
         gm.graph.lint()

@@ -267,6 +267,46 @@ def progress_callback(progress) -> ProgressCallback:
                         field="progress")
 
 
+# --- microbatch counts ----------------------------------------------------------
+
+def traced_batch(graph) -> int | None:
+    """The batch a graph's costs are for: ``meta['batch']`` when set, else
+    dim 0 of the first traced input with a dimension (the rows the runtime
+    splits into microbatches, see :func:`placer.runtime.run.first_batch`);
+    None when unknown."""
+    meta = graph.meta or {}
+    batch = meta.get("batch")
+    if isinstance(batch, (int, float)) and not isinstance(batch, bool) and batch >= 1:
+        return int(batch)
+    for shape in (meta.get("batch_inputs") or {}).values():
+        # one input: its shape; an input of several tensors: their shapes
+        first = shape[0] if shape and isinstance(shape[0], (list, tuple)) else shape
+        if first and isinstance(first[0], (int, float)) and first[0] >= 1:
+            return int(first[0])
+    return None
+
+
+def microbatch_candidates(graph, limit: int = 32) -> list[int]:
+    """The microbatch counts a search may choose for ``graph``: powers of
+    two up to ``limit`` that divide its batch (:func:`traced_batch`; every
+    microbatch then has the same rows, as the cost models assume, and the
+    runtime accepts the count), leaving at least two rows per microbatch
+    when a training graph normalises over the batch (BatchNorm cannot
+    train on one row). The one rule every strategy draws from."""
+    out = [m for m in (1, 2, 4, 8, 16, 32, 64, 128) if m <= limit]
+    batch = traced_batch(graph)
+    if batch is not None:
+        rows = 2 if graph.training and batch >= 2 and _batch_statistics(graph) else 1
+        out = [m for m in out if batch % m == 0 and batch // m >= rows] or [1]
+    return out
+
+
+def _batch_statistics(graph) -> bool:
+    """Whether an op of ``graph`` normalises over the batch (BatchNorm)."""
+    return any(op.op.replace("_", "").startswith(("batchnorm", "syncbatchnorm"))
+               for op in graph)
+
+
 # --- strategies ---------------------------------------------------------------
 
 class Strategy(ABC):
@@ -342,17 +382,11 @@ class Strategy(ABC):
 
     # --- helpers for implementations ------------------------------------------
     def microbatch_choices(self, problem: "Problem") -> list[int]:
-        """Microbatch counts to try: the fixed ones, else powers of two up to
-        32 that divide the traced batch (``graph.meta['batch']``) when known."""
+        """Microbatch counts to try: the fixed ones, else
+        :func:`microbatch_candidates` of the graph."""
         if self.microbatches is not None:
             return list(self.microbatches)
-        batch = problem.graph.meta.get("batch") if problem.graph.meta else None
-        out = [1, 2, 4, 8, 16, 32]
-        if problem.training is False:
-            out = [1, 2, 4, 8]
-        if isinstance(batch, (int, float)) and batch >= 1:
-            out = [m for m in out if m <= batch and batch % m == 0] or [1]
-        return out
+        return microbatch_candidates(problem.graph, 32 if problem.training is not False else 8)
 
     def schedule_choices(self) -> list[str]:
         """Schedules to try: the fixed one, else ``1f1b`` then ``gpipe``."""
