@@ -112,3 +112,24 @@ def test_quick_bench_writes_results_and_scatters(tmp_path):
         m = case["metrics"][name]
         assert -1 <= m["kendall_tau"] <= 1 and m["regret"] >= 1
     assert (tmp_path / "fidelity-gnmt-loopback.png").exists()
+
+
+def test_link_fits_survive_calibration_rounds_that_stopped_early():
+    # on a loaded host a round may stop after its first size; sizes common
+    # to every round then left one, fitted as an infinite bandwidth that the
+    # calibrated cluster could not be loaded back with (the quick bench died)
+    from placer.runtime.dist import link_fits
+    full = {256: 1e-4, 16384: 1.2e-4, 262144: 1.1e-3}
+    rounds = [{"points": {(0, 1): full}, "sync_delay": {(0, 1): 0.0}},
+              {"points": {(0, 1): {256: 3e-4}}, "sync_delay": {(0, 1): 1e-5}}]
+    link = link_fits(rounds)[(0, 1)]
+    assert set(link["points"]) == set(full)
+    assert link["points"][256] == pytest.approx(2e-4)       # median of both rounds
+    assert link["bandwidth"] == pytest.approx((262144 - 16384) / (1.1e-3 - 1.2e-4))
+    one = link_fits([{"points": {(0, 1): {256: 3e-4}}, "sync_delay": {(0, 1): 0.0}}])[(0, 1)]
+    assert one["bandwidth"] == pytest.approx(256 / 3e-4)
+    from placer.runtime.profile import ranks_cluster
+    cluster = ranks_cluster(
+        ["r0", "r1"], placer.Device("cpu", 1e11, 1e10), {"pairs": {(0, 1): one}})
+    assert placer.Cluster.from_dict(cluster.to_dict()).bandwidth[0][1] == pytest.approx(
+        256 / 3e-4)

@@ -235,9 +235,9 @@ def measure_plans(plans: list, model: "Model | str", *, batch: int | None = None
     for i, plan in enumerate(plans):
         batches.setdefault(tuple(sorted(rank_devices(plan))), []).append(i)
     results: list[dict | None] = [None] * len(plans)
+    first = True      # only the first start calibrates
     for devs, idx in sorted(batches.items(), key=lambda kv: (-len(kv[0]), kv[0])):
         todo = list(idx)
-        first = True
         while todo:
             done = _launch_batch([plans[i] for i in todo], model, list(devs), steps=steps,
                                  warmup=warmup, nets=nets, keep_gradients=keep_gradients,
@@ -348,7 +348,8 @@ def worker(spec_path: str) -> int:
             if res is not None:
                 rep = res["report"]
                 keep = {"step_time": rep["step_time"], "step_times": rep["step_times"],
-                        "loss": res["loss"], "schedule": res["schedule"]}
+                        "loss": res["loss"], "schedule": res["schedule"],
+                        "compute": rep.get("compute"), "comm": rep.get("comm")}
                 if spec["keep_gradients"]:
                     keep["gradients"] = res["gradients"]
                 if "calibration" in res:
