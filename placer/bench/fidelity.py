@@ -414,7 +414,7 @@ def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans
         # 1. calibrate on the reference pipeline, then random plans on every
         # device in the same start (they need no calibration to be chosen)
         # strategies often agree (several one-device plans): randoms fill up
-        randoms = random_plans(graph, devices, max(plans // 2, plans - 12), seed)
+        randoms = random_plans(graph, devices, max(plans // 2, plans - 8), seed)
         randoms += [placer.Plan({op: [d] for op in graph.ids}) for d in devices]
         ref = reference_plan(graph, devices, 2)
         first = measure([ref] + [p for p in randoms if len(p.devices_used()) == nproc],
