@@ -45,6 +45,22 @@ class ValueInfo:
     rest: tuple = ()                   # shape after dim 0 (or whole shape if unbatched)
     dtype: Any = None
     requires_grad: bool = False
+    #: a value that is not batched along dim 0 but has another dim
+    #: proportional to the rows (``(top_k, tokens, experts)`` of a MoE
+    #: router): that dim and its size per row
+    scale_dim: int | None = None
+    scale: int = 1
+
+    def shape(self, rows: int) -> tuple:
+        """The value's shape for ``rows`` rows of the batch (a microbatch or
+        a replica's share of one)."""
+        if self.batched:
+            return (rows * self.factor, *self.rest)
+        if self.scale_dim is not None:
+            out = list(self.rest)
+            out[self.scale_dim] = rows * self.scale
+            return tuple(out)
+        return self.rest
 
 
 @dataclass
@@ -247,7 +263,14 @@ def _info(full, small, batch: int, rows: int) -> ValueInfo:
         batched = True
         factor = shape[0] // batch
     rest = tuple(shape[1:]) if batched else tuple(shape)
-    return ValueInfo(True, batched, factor, rest, dtype, grad)
+    info = ValueInfo(True, batched, factor, rest, dtype, grad)
+    if not batched and batch != rows and s_kind == "tensor" and len(s_shape) == len(shape):
+        # another dim proportional to the rows, the others alike
+        diff = [d for d in range(len(shape)) if shape[d] != s_shape[d]]
+        if len(diff) == 1 and shape[diff[0]] % batch == 0 \
+                and s_shape[diff[0]] * batch == shape[diff[0]] * rows:
+            info.scale_dim, info.scale = diff[0], shape[diff[0]] // batch
+    return info
 
 
 # --------------------------------------------------------------------------
