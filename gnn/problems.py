@@ -51,12 +51,10 @@ def random_cluster(rng: np.random.Generator, bases: list[Cluster], max_devices: 
 
 def microbatch_choices(problem, limit: int = 8) -> list[int]:
     """Microbatch counts the policy's plans are scored with: powers of two up
-    to ``limit`` dividing the traced batch when it is known."""
-    batch = problem.graph.meta.get("batch") if problem.graph.meta else None
-    out = [m for m in (1, 2, 4, 8, 16, 32) if m <= limit]
-    if isinstance(batch, (int, float)) and batch >= 1:
-        out = [m for m in out if m <= batch and batch % m == 0] or [1]
-    return out
+    to ``limit`` dividing the traced batch when it is known (the search's
+    rule, :func:`placer.search.base.microbatch_candidates`)."""
+    from placer.search.base import microbatch_candidates
+    return microbatch_candidates(problem.graph, limit)
 
 
 def best_times(cost_model, problem, assignments: np.ndarray, choices: list[int],

@@ -698,6 +698,10 @@ def cmd_bench(args) -> int:
         extra = {} if args.time_budget is None else {"time_budget": args.time_budget}
         bench_learned(out=out, quick=args.quick, seed=args.seed, seeds=args.seeds,
                       evaluations=args.evaluations, **extra)
+    elif args.what == "fidelity":
+        from .bench.fidelity import bench_fidelity
+        doc = bench_fidelity(out, quick=args.quick, seed=args.seed)
+        print(json.dumps(doc["summary"], indent=1))
     elif args.what == "runtime":
         from .bench.engines import engines
         from .bench.runtime import accuracy, netns, overhead
@@ -905,9 +909,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _add(sub, "bench", "Run a benchmark and write its JSON results.",
              "placer bench search --suite hetero -o bench-search.json")
-    p.add_argument("what", choices=["cost", "search", "learned", "runtime"],
+    p.add_argument("what", choices=["cost", "search", "learned", "runtime", "fidelity"],
                    help="which benchmark: cost models, search strategies, the learned "
-                        "policy or the runtime")
+                        "policy, the runtime, or predicted against measured over many plans")
     p.add_argument("-o", "--output", help="JSON file to write (default bench-WHAT.json)")
     p.add_argument("--quick", action="store_true", help="small sizes (seconds)")
     p.add_argument("--suite", help="search: quick, hetero, homo, dtfm, dtfm-paper, scale or "

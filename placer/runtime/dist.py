@@ -851,12 +851,37 @@ def _shares(tdev, seconds: float, work=None) -> tuple[float, float, float]:
     return share_one, share_all, rate_one
 
 
+def link_fits(rounds: list[dict]) -> dict:
+    """Each rank pair's link from this rank's calibration rounds (their
+    ``points``, bytes -> seconds, and ``sync_delay``): the medians over the
+    rounds of every size some round measured, fitted by
+    :func:`placer.runtime.profile.fit_link`. A round on a loaded host may
+    stop after its first size (see :func:`~placer.runtime.profile.measure_links`):
+    only sizes common to all rounds could leave one, whose fit is an
+    infinite bandwidth that the cluster file cannot hold; with one size
+    left, its whole time counts as transfer (a lower bound)."""
+    from .profile import fit_link
+    med = statistics.median
+    pairs = {}
+    for pair in rounds[0]["points"]:
+        sizes = set.union(*(set(r["points"][pair]) for r in rounds))
+        points = {n: med(r["points"][pair][n] for r in rounds if n in r["points"][pair])
+                  for n in sizes}
+        bw, lat = fit_link(points)
+        if not math.isfinite(bw):
+            n = max(points)
+            bw = n / max(points[n], 1e-12)
+        pairs[pair] = {"bandwidth": bw, "latency": lat, "points": points,
+                       "sync_delay": med(r["sync_delay"][pair] for r in rounds)}
+    return pairs
+
+
 def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev,
                          shares: list = (), between: list = ()) -> dict | None:
     """Collective: rank 0 gets the calibrated graph and cluster (medians over
     every round of every rank: the ranks' devices are alike); None elsewhere."""
     from ..cluster import Device
-    from .profile import (allreduce_sizes, calibrated_graph, collective_efficiency, fit_link,
+    from .profile import (allreduce_sizes, calibrated_graph, collective_efficiency,
                           ranks_cluster)
     gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object((rounds, list(shares), list(between)), gathered, dst=0)
@@ -894,13 +919,7 @@ def _combine_calibration(rounds: list[dict], graph, devs: list[str], tdev,
     shared = Device(name, 1e11, 1e10, efficiency=dev.efficiency,
                     extra={"op_overhead": ovh, "cpu_share": share, "cpu_share_all": share_all,
                            "task_overhead": task})
-    pairs = {}
-    for pair in every[0]["points"]:
-        sizes = set.intersection(*(set(r["points"][pair]) for r in rounds))
-        points = {n: med(r["points"][pair][n] for r in rounds) for n in sizes}
-        bw, lat = fit_link(points)
-        pairs[pair] = {"bandwidth": bw, "latency": lat, "points": points,
-                       "sync_delay": med(r["sync_delay"][pair] for r in rounds)}
+    pairs = link_fits(rounds)
     allreduce = {n: med(r["allreduce"][n] for r in rounds) for n in rounds[0]["allreduce"]}
     reference: dict = defaultdict(list)
     for _, _, part in gathered:

@@ -605,8 +605,7 @@ class Engine:
         if not info.is_tensor:
             return x
         if shape_only:
-            shape = ((hi - lo) * info.factor, *info.rest) if info.batched else info.rest
-            return torch.empty(shape, dtype=info.dtype, device="meta")
+            return torch.empty(info.shape(hi - lo), dtype=info.dtype, device="meta")
         if info.batched:
             off = self._offsets[m]
             x = x[off + lo: off + hi]
@@ -629,8 +628,7 @@ class Engine:
                 info = self.split.values[src.key]
                 sharded = self.split.pieces[inst.piece].sharded
                 lo, hi = rows if (sharded and info.batched) else (0, self.routes.mb_rows[m])
-                shape = ((hi - lo) * info.factor, *info.rest) if info.batched else info.rest
-                args.append(torch.empty(shape, dtype=info.dtype, device="meta"))
+                args.append(torch.empty(info.shape(hi - lo), dtype=info.dtype, device="meta"))
             else:
                 skey = self.routes.input_slot[m][(inst, j)]
                 args.append(self._slot(m, skey, st))
@@ -658,10 +656,8 @@ class Engine:
 
     def _msg_shape(self, msg: Msg, m: int, info) -> tuple:
         if msg.rows is None:
-            if info.batched:
-                return (self.routes.mb_rows[m] * info.factor, *info.rest)
-            return info.rest
-        return ((msg.rows[1] - msg.rows[0]) * info.factor, *info.rest)
+            return info.shape(self.routes.mb_rows[m])
+        return info.shape(msg.rows[1] - msg.rows[0])
 
     def _forward(self, m: int, inst: Inst, st) -> None:
         piece = self.split.pieces[inst.piece]

@@ -17,6 +17,8 @@ from batched data is batched too and it holds no batch-statistics layer.
 
 from __future__ import annotations
 
+import contextlib
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +45,22 @@ class ValueInfo:
     rest: tuple = ()                   # shape after dim 0 (or whole shape if unbatched)
     dtype: Any = None
     requires_grad: bool = False
+    #: a value that is not batched along dim 0 but has another dim
+    #: proportional to the rows (``(top_k, tokens, experts)`` of a MoE
+    #: router): that dim and its size per row
+    scale_dim: int | None = None
+    scale: int = 1
+
+    def shape(self, rows: int) -> tuple:
+        """The value's shape for ``rows`` rows of the batch (a microbatch or
+        a replica's share of one)."""
+        if self.batched:
+            return (rows * self.factor, *self.rest)
+        if self.scale_dim is not None:
+            out = list(self.rest)
+            out[self.scale_dim] = rows * self.scale
+            return tuple(out)
+        return self.rest
 
 
 @dataclass
@@ -137,10 +155,15 @@ class _Recorder(torch.fx.Interpreter):
 
 
 def _describe(value):
+    """(kind, shape, dtype, requires_grad); a container's "shape" is
+    (its type, its length) when it is a plain tuple or list of tensors,
+    else None."""
     if isinstance(value, torch.Tensor):
         return ("tensor", tuple(value.shape), value.dtype, bool(value.requires_grad))
     leaves = [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
-    return ("container" if leaves else "other", None, None, False)
+    flat = type(value) in (tuple, list) and all(isinstance(t, torch.Tensor) for t in value)
+    return ("container" if leaves else "other",
+            (type(value), len(value)) if flat and leaves else None, None, False)
 
 
 class _Holder(torch.nn.Module):
@@ -169,6 +192,29 @@ def probe(gm: torch.fx.GraphModule, inputs: list, batch: int, small: int) -> tup
     Runs on meta tensors; falls back to the real weights on their device when
     a node needs data. Returns two dicts node name -> (kind, shape, dtype,
     requires_grad)."""
+    with _kept_state(gm):
+        return _probe(gm, inputs, batch, small)
+
+
+@contextlib.contextmanager
+def _kept_state(module: torch.nn.Module):
+    """Put every parameter and buffer of ``module`` back afterwards.
+
+    ``functional_call`` swaps tensors in by name and back in the same order;
+    a submodule reached under two names (an LSTM cell called at every time
+    step lands in several pieces of the split module) is swapped twice, so
+    its second "original" is the first replacement and the weight stays a
+    meta tensor."""
+    kept = [(mod, table, dict(getattr(mod, table)))
+            for mod in module.modules() for table in ("_parameters", "_buffers")]
+    try:
+        yield
+    finally:
+        for mod, table, values in kept:
+            getattr(mod, table).update(values)
+
+
+def _probe(gm, inputs, batch, small):
     mask = _batched_mask(inputs, batch)
     holder = _Holder(gm)
     out = []
@@ -217,7 +263,14 @@ def _info(full, small, batch: int, rows: int) -> ValueInfo:
         batched = True
         factor = shape[0] // batch
     rest = tuple(shape[1:]) if batched else tuple(shape)
-    return ValueInfo(True, batched, factor, rest, dtype, grad)
+    info = ValueInfo(True, batched, factor, rest, dtype, grad)
+    if not batched and batch != rows and s_kind == "tensor" and len(s_shape) == len(shape):
+        # another dim proportional to the rows, the others alike
+        diff = [d for d in range(len(shape)) if shape[d] != s_shape[d]]
+        if len(diff) == 1 and shape[diff[0]] % batch == 0 \
+                and s_shape[diff[0]] * batch == shape[diff[0]] * rows:
+            info.scale_dim, info.scale = diff[0], shape[diff[0]] // batch
+    return info
 
 
 # --------------------------------------------------------------------------
@@ -237,6 +290,7 @@ def split(model: torch.nn.Module, gm: torch.fx.GraphModule, inputs: list,
     _attrs_as_modules(gm)
     graph = gm.graph
     full, part = probe(gm, inputs, batch, small)
+    _unpack_containers(gm, full)
     nodes = list(graph.nodes)
     default = next(iter(node_groups.values()))
 
@@ -375,6 +429,38 @@ def _attrs_as_modules(gm: torch.fx.GraphModule) -> None:
         call.meta = dict(node.meta)
         node.replace_all_uses_with(call)
         gm.graph.erase_node(node)
+        changed = True
+    if changed:
+        gm.graph.lint()
+        gm.recompile()
+
+
+def _unpack_containers(gm: torch.fx.GraphModule, full: dict) -> None:
+    """A node that takes a whole tuple or list of tensors computed by
+    another (``cell(x, state)`` with ``state`` an LSTM cell's ``(h, c)``)
+    gets it rebuilt from ``getitem`` nodes instead: those follow their
+    source's piece, so when the two nodes run on different devices the
+    tensors cross one by one (a message carries one tensor)."""
+    changed = False
+    for node in list(gm.graph.nodes):
+        desc = full.get(node.name)
+        if node.op == "placeholder" or desc is None or desc[0] != "container" \
+                or desc[1] is None:
+            continue
+        users = [u for u in node.users if u.op in ("call_module", "call_function", "call_method")
+                 and not (u.target is operator.getitem and u.args[0] is node)]
+        if not users:
+            continue
+        kind, length = desc[1]
+        items = []
+        anchor = node
+        for i in range(length):
+            with gm.graph.inserting_after(anchor):
+                anchor = gm.graph.call_function(operator.getitem, (node, i))
+            items.append(anchor)
+        rebuilt = kind(items)
+        for u in users:
+            u.replace_input_with(node, rebuilt)
         changed = True
     if changed:
         gm.graph.lint()

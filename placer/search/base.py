@@ -299,6 +299,47 @@ def progress_callback(progress) -> ProgressCallback:
                         field="progress")
 
 
+# --- microbatch counts ----------------------------------------------------------
+
+def traced_batch(graph) -> int | None:
+    """The batch a graph's costs are for: ``meta['batch']`` when set, else
+    dim 0 of the first traced input with a dimension (the rows the runtime
+    splits into microbatches, see :func:`placer.runtime.run.first_batch`);
+    None when unknown."""
+    meta = graph.meta or {}
+    batch = meta.get("batch")
+    if isinstance(batch, (int, float)) and not isinstance(batch, bool) and batch >= 1:
+        return int(batch)
+    for shape in (meta.get("batch_inputs") or {}).values():
+        # one input: its shape; an input of several tensors: their shapes
+        first = shape[0] if shape and isinstance(shape[0], (list, tuple)) else shape
+        if first and isinstance(first[0], (int, float)) and first[0] >= 1:
+            return int(first[0])
+    return None
+
+
+def microbatch_candidates(graph, limit: int | None = None) -> list[int]:
+    """The microbatch counts a search may choose for ``graph``, the one rule
+    every strategy draws from: :func:`batch_microbatches` of its batch
+    (:func:`traced_batch`; every microbatch then has the same rows, as the
+    cost models assume, and the runtime accepts the count) up to ``limit``
+    (None: up to the batch), leaving at least two rows per microbatch when
+    a training graph normalises over the batch (BatchNorm cannot train on
+    one row). Unknown batch: powers of two up to ``limit`` (or 32)."""
+    batch = traced_batch(graph)
+    if batch is None:
+        return [m for m in (1, 2, 4, 8, 16, 32) if m <= (limit or 32)]
+    rows = 2 if graph.training and batch >= 2 and _batch_statistics(graph) else 1
+    top = batch // rows if limit is None else min(limit, batch // rows)
+    return batch_microbatches(batch, max(1, top))
+
+
+def _batch_statistics(graph) -> bool:
+    """Whether an op of ``graph`` normalises over the batch (BatchNorm)."""
+    return any(op.op.replace("_", "").startswith(("batchnorm", "syncbatchnorm"))
+               for op in graph)
+
+
 # --- strategies ---------------------------------------------------------------
 
 def batch_microbatches(batch: int, limit: int | None = None) -> list[int]:
@@ -394,17 +435,12 @@ class Strategy(ABC):
 
     # --- helpers for implementations ------------------------------------------
     def microbatch_choices(self, problem: "Problem") -> list[int]:
-        """Microbatch counts to try: the fixed ones, else those of
-        :func:`batch_microbatches` for the traced batch (``graph.meta
-        ['batch']``; up to 8 for inference), or powers of two up to 32 when
-        the batch is unknown."""
+        """Microbatch counts to try: the fixed ones, else
+        :func:`microbatch_candidates` of the graph (up to the batch when
+        training, up to 8 for inference)."""
         if self.microbatches is not None:
             return list(self.microbatches)
-        batch = problem.graph.meta.get("batch") if problem.graph.meta else None
-        limit = 8 if problem.training is False else None
-        if isinstance(batch, (int, float)) and batch >= 1 and int(batch) == batch:
-            return batch_microbatches(int(batch), limit)
-        return [m for m in (1, 2, 4, 8, 16, 32) if limit is None or m <= limit]
+        return microbatch_candidates(problem.graph, None if problem.training is not False else 8)
 
     def schedule_choices(self) -> list[str]:
         """Schedules to try: the fixed one, else ``1f1b`` then ``gpipe``."""

@@ -1,0 +1,607 @@
+"""``placer bench fidelity``: do the cost models rank real plans right?
+
+For each case (a small model on 2-4 CPU ranks, over loopback or over
+network-namespace links shaped with ``tc tbf``) a population of plans —
+random feasible ones (one device, pipelines, op-level scatters, branch
+splits, data-parallel segments), every registered strategy's plan and
+evolution's finalists (several seeds) — is measured on gloo ranks (median
+step after warm-up) and predicted three ways on the case's calibration:
+
+- ``simulator``: the event simulator on the calibrated graph and cluster;
+- ``analytical``: the analytical model on the same;
+- ``calibrated``: what ``launch(..., calibrate=True)`` reports: the
+  simulator with the ranks' CPU contention
+  (:func:`placer.runtime.contention.predict_shared`) times the reference
+  pipeline's factor (:func:`placer.runtime.dist.reference_factor`).
+
+Per case and predictor: Kendall's tau between predicted and measured, the
+median and 90th percentile of the absolute relative error, and the regret
+(the measured step of the plan the model ranks best over the best measured
+step). One PNG scatter per case.
+
+Ranks start once per set of devices a case's plans use, and each run
+measures many plans (:func:`measure_plans`): start-up (interpreters,
+imports, the process group) costs more than a tiny model's plan.
+
+    placer bench fidelity --quick -o fidelity.json
+    python -m placer.bench.fidelity --out docs/bench      # the full bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+import placer
+from placer.errors import PlacerError
+
+#: networks: loopback, or namespaces behind ``tc tbf`` at this rate
+NETWORKS = {"loopback": None, "tbf": "200mbit"}
+
+
+@dataclass(frozen=True)
+class Model:
+    """A zoo model at a bench size (``config`` overrides the entry's tiny)."""
+
+    name: str
+    batch: int = 8
+    seq: int | None = None
+    config: dict = field(default_factory=dict)
+
+    def build(self):
+        from placer import zoo
+        return zoo.build(self.name, batch=self.batch, seq=self.seq, tiny=True, **self.config)
+
+
+#: the bench's models: a transformer and three branchy graphs
+MODELS = {
+    "gpt": Model("gpt-125m", 8, 32, dict(n_layer=2, n_head=4, d_model=128, vocab=512)),
+    "inception": Model("inception", 8, 32),
+    "moe": Model("moe", 8, 32, dict(n_layer=2, n_head=4, d_model=64, vocab=256)),
+    "gnmt": Model("gnmt", 8, 6, dict(hidden=64, vocab=128, n_layer=3)),
+}
+
+
+# --------------------------------------------------------------------------
+# measures of agreement
+# --------------------------------------------------------------------------
+def kendall_tau(x: list[float], y: list[float]) -> float:
+    """Kendall's tau-b of two equally long lists (ties in either count as
+    neither concordant nor discordant); nan for fewer than two items."""
+    n = len(x)
+    if n != len(y):
+        raise ValueError("kendall_tau needs two lists of one length")
+    conc = disc = tx = ty = 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            a = (x[i] > x[j]) - (x[i] < x[j])
+            b = (y[i] > y[j]) - (y[i] < y[j])
+            if a and b:
+                conc += a == b
+                disc += a != b
+            elif a:
+                tx += 1
+            elif b:
+                ty += 1
+    denom = math.sqrt((conc + disc + tx) * (conc + disc + ty))
+    return (conc - disc) / denom if denom else float("nan")
+
+
+def _quantile(values: list[float], q: float) -> float:
+    """Linear-interpolated quantile (numpy's default)."""
+    s = sorted(values)
+    pos = q * (len(s) - 1)
+    lo = int(math.floor(pos))
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def agreement(predicted: list[float], measured: list[float]) -> dict:
+    """Kendall's tau, median and 90th-percentile absolute relative error
+    and regret of ``predicted`` against ``measured`` step times."""
+    errors = [abs(p - m) / m for p, m in zip(predicted, measured)]
+    best = min(range(len(predicted)), key=lambda i: (predicted[i], i))
+    return {"kendall_tau": kendall_tau(predicted, measured),
+            "median_abs_error": statistics.median(errors),
+            "p90_abs_error": _quantile(errors, 0.9),
+            "regret": measured[best] / min(measured),
+            "ranked_best": best}
+
+
+# --------------------------------------------------------------------------
+# the population
+# --------------------------------------------------------------------------
+def _key(plan) -> tuple:
+    return (tuple(sorted((k, tuple(v)) for k, v in plan.placement.items())),
+            plan.microbatches, plan.schedule)
+
+
+def _colocated(graph, placement: dict) -> dict:
+    for members in graph.colocation_groups().values():
+        for op_id in members[1:]:
+            placement[op_id] = list(placement[members[0]])
+    return placement
+
+
+def random_plans(graph, devices: list[str], count: int, seed: int) -> list:
+    """``count`` random plans of mixed kinds: contiguous pipelines (some with
+    a data-parallel segment over every device), op-level scatters, branch
+    splits (a random op and what follows it on another device) and one
+    device; microbatch counts from the search's rule
+    (:func:`placer.search.base.microbatch_candidates`)."""
+    from placer.search.base import microbatch_candidates
+    rng = random.Random(seed)
+    order = graph.topological_order()
+    ms = microbatch_candidates(graph, 8)
+    kinds = ["pipeline", "scatter", "branch", "dp", "pipeline", "branch"]
+    out = []
+    for k in range(count):
+        kind = kinds[k % len(kinds)]
+        if kind == "scatter":
+            # runs of a few ops on random devices: op-level, many crossings
+            placement, dev = {}, rng.choice(devices)
+            for op_id in order:
+                if rng.random() < 0.25:
+                    dev = rng.choice(devices)
+                placement[op_id] = [dev]
+        elif kind == "branch":
+            # a fan of the graph (an op and its descendants) moved off the main device
+            main, other = rng.sample(devices, 2)
+            placement = {op_id: [main] for op_id in order}
+            for _ in range(rng.randint(1, 3)):
+                root = rng.choice(order[1:-1])
+                dest = other if len(devices) == 2 else rng.choice(devices)
+                for op_id in _descendants(graph, root, rng.randint(3, 20)):
+                    placement[op_id] = [dest]
+        else:
+            segments = rng.randint(2, max(2, len(devices) + 1))
+            cuts = sorted(rng.sample(range(1, len(order)), segments - 1))
+            bounds = [0, *cuts, len(order)]
+            placement = {}
+            devs = devices[:]
+            rng.shuffle(devs)
+            dp_seg = rng.randrange(segments) if kind == "dp" else -1
+            for s, (a, b) in enumerate(zip(bounds, bounds[1:])):
+                group = list(devices) if s == dp_seg else [devs[s % len(devs)]]
+                for op_id in order[a:b]:
+                    placement[op_id] = group
+        out.append(placer.Plan(_colocated(graph, placement), microbatches=rng.choice(ms),
+                               schedule=rng.choice(["1f1b", "gpipe"])))
+    return out
+
+
+def _descendants(graph, root: str, limit: int) -> list[str]:
+    """``root`` and up to ``limit - 1`` of its descendants, breadth first."""
+    succ: dict[str, list[str]] = {}
+    for e in graph.edges:
+        succ.setdefault(e.src, []).append(e.dst)
+    seen, queue = [root], [root]
+    while queue and len(seen) < limit:
+        for nxt in succ.get(queue.pop(0), []):
+            if nxt not in seen and len(seen) < limit:
+                seen.append(nxt)
+                queue.append(nxt)
+    return seen
+
+
+def strategy_plans(graph, cluster, options: dict, *, evaluations: int, seeds: int,
+                   seed: int = 0) -> list[tuple[str, object]]:
+    """(origin, plan): every registered strategy's plan for the calibrated
+    problem, and evolution's from ``seeds`` seeds (its finalists)."""
+    out = []
+    for method in placer.strategies():
+        runs = range(seed, seed + seeds) if method == "evolution" else [seed]
+        for s in runs:
+            try:
+                plan = placer.optimize(graph, cluster, method, seed=s, time_budget=None,
+                                       evaluations=evaluations, problem_options=options)
+            except PlacerError as exc:
+                print(f"fidelity: {method} found no plan: {exc}", file=sys.stderr)
+                continue
+            out.append((method if method != "evolution" else f"evolution/{s}", plan))
+    return out
+
+
+# --------------------------------------------------------------------------
+# measuring: one start of the ranks for many plans
+# --------------------------------------------------------------------------
+def measure_plans(plans: list, model: "Model | str", *, batch: int | None = None,
+                  steps: int = 5, warmup: int = 2, nets=None, calibrate_first: bool = False,
+                  keep_gradients: bool = False, pin: bool = True, timeout: float = 900.0,
+                  progress=None) -> list[dict]:
+    """Run every plan on gloo ranks, one process per device of the plan;
+    plans using the same devices share one start of the ranks. Returns one
+    dict per plan, in order: ``step_time`` (median of ``steps`` after
+    ``warmup``), ``step_times``, ``loss``, ``gradients`` (when
+    ``keep_gradients``), ``calibration`` (the first plan of a start with
+    ``calibrate_first``), or ``error`` (one line) when the plan failed.
+    ``nets``: a :class:`placer.bench.runtime.Namespaces` (rank ``i`` in the
+    namespace of device ``r{i}``) or None (loopback)."""
+    from placer.runtime.dist import rank_devices
+    if isinstance(model, str):
+        model = Model(model, batch or 4)
+    batches: dict[tuple, list[int]] = {}
+    for i, plan in enumerate(plans):
+        batches.setdefault(tuple(sorted(rank_devices(plan))), []).append(i)
+    results: list[dict | None] = [None] * len(plans)
+    first = True      # only the first start calibrates
+    for devs, idx in sorted(batches.items(), key=lambda kv: (-len(kv[0]), kv[0])):
+        todo = list(idx)
+        while todo:
+            done = _launch_batch([plans[i] for i in todo], model, list(devs), steps=steps,
+                                 warmup=warmup, nets=nets, keep_gradients=keep_gradients,
+                                 calibrate_first=calibrate_first and first, pin=pin,
+                                 timeout=timeout)
+            first = False
+            for i, res in zip(todo, done):
+                results[i] = res
+                if progress is not None:
+                    progress(i, res)
+            # a failed plan ends its start: the rest go to a new one
+            todo = todo[len(done):]
+    return results
+
+
+def _launch_batch(plans, model: Model, devs: list[str], *, steps, warmup, nets,
+                  keep_gradients, calibrate_first, pin, timeout) -> list[dict]:
+    """One start of ``len(devs)`` ranks running ``plans`` in turn; returns
+    the results of the plans up to and including the first that failed."""
+    from placer.runtime.dist import _free_port
+    world = len(devs)
+    with tempfile.TemporaryDirectory(prefix="placer-fidelity-") as tmp:
+        spec = {"model": {"name": model.name, "batch": model.batch, "seq": model.seq,
+                          "config": model.config},
+                "plans": [p.to_dict() for p in plans], "steps": steps, "warmup": warmup,
+                "keep_gradients": keep_gradients, "calibrate_first": calibrate_first,
+                "pin": pin, "out": tmp, "timeout": timeout}
+        spec_path = os.path.join(tmp, "spec.json")
+        with open(spec_path, "w") as f:
+            json.dump(spec, f)
+        port = str(_free_port()) if nets is None else str(29000 + random.randrange(2000))
+        procs = []
+        try:
+            for r, dev in enumerate(devs):
+                ns_index = int(dev[1:]) if nets is not None else None
+                env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world),
+                           LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world),
+                           OMP_NUM_THREADS="1",
+                           MASTER_ADDR="127.0.0.1" if nets is None else
+                           nets.address(int(devs[0][1:])), MASTER_PORT=port)
+                cmd = [sys.executable, "-m", "placer.bench.fidelity", "worker", spec_path]
+                if nets is not None:
+                    env["GLOO_SOCKET_IFNAME"] = f"{nets.prefix}v{ns_index}"
+                    cmd = ["ip", "netns", "exec", nets.names[ns_index], *cmd]
+                log = open(os.path.join(tmp, f"rank{r}.log"), "w")
+                procs.append(subprocess.Popen(cmd, env=env, stdout=log,
+                                              stderr=subprocess.STDOUT))
+                log.close()
+            deadline = time.monotonic() + timeout
+            while any(p.poll() is None for p in procs):
+                if any(p.poll() not in (None, 0) for p in procs) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                p.wait()
+        out = []
+        for k in range(len(plans)):
+            path = os.path.join(tmp, f"plan{k}.pt")
+            if not os.path.exists(path):
+                out.append({"error": _failure(tmp, world, k)})
+                break
+            out.append(torch.load(path, weights_only=True))
+        return out
+
+
+def _failure(tmp: str, world: int, k: int) -> str:
+    """The first error line of the ranks' logs (or that they timed out)."""
+    for r in range(world):
+        try:
+            with open(os.path.join(tmp, f"rank{r}.log")) as f:
+                lines = [ln for ln in f.read().splitlines() if "fidelity-error:" in ln]
+        except OSError:
+            continue
+        if lines:
+            return lines[-1].split("fidelity-error:", 1)[1].strip()
+    return f"plan {k}: the ranks stopped without a result (timeout or crash)"
+
+
+def worker(spec_path: str) -> int:
+    """One rank of :func:`_launch_batch` (RANK, WORLD_SIZE, MASTER_* set)."""
+    import torch.distributed as dist
+    from placer.runtime import dist as pdist
+    with open(spec_path) as f:
+        spec = json.load(f)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if spec["pin"]:
+        pdist.pin_cores(rank, world)
+    torch.set_num_threads(1)
+    pdist._init("gloo", spec["timeout"])
+    m = spec["model"]
+    model, inputs = Model(m["name"], m["batch"], m["seq"], m["config"]).build()
+    graph = placer.trace(model, inputs)
+    try:
+        for k, plan_dict in enumerate(spec["plans"]):
+            plan = placer.Plan.from_dict(plan_dict)
+            try:
+                res = pdist.run_rank(model, plan, inputs, graph=graph, steps=spec["steps"],
+                                     warmup=spec["warmup"],
+                                     calibrate=spec["calibrate_first"] and k == 0)
+            except Exception as exc:
+                text = str(exc).strip().splitlines()
+                print(f"fidelity-error: plan {k}: {type(exc).__name__}: "
+                      f"{text[-1] if text else ''}", flush=True)
+                return 1
+            if res is not None:
+                rep = res["report"]
+                keep = {"step_time": rep["step_time"], "step_times": rep["step_times"],
+                        "loss": res["loss"], "schedule": res["schedule"],
+                        "compute": rep.get("compute"), "comm": rep.get("comm")}
+                if spec["keep_gradients"]:
+                    keep["gradients"] = res["gradients"]
+                if "calibration" in res:
+                    keep["calibration"] = res["calibration"]
+                    keep["predicted"] = rep["predicted"]
+                path = os.path.join(spec["out"], f"plan{k}.pt")
+                torch.save(keep, path + ".tmp")
+                os.replace(path + ".tmp", path)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+# --------------------------------------------------------------------------
+# predictions
+# --------------------------------------------------------------------------
+def predictions(calibration: dict, plans: list) -> dict[str, list[float]]:
+    """The three predictions of every plan from one case's calibration."""
+    from placer.cost import Problem, get_cost_model
+    from placer.runtime.contention import predict_shared
+    from placer.runtime.dist import calibrated_options
+    cg = placer.Graph.from_dict(calibration["graph"])
+    cc = placer.Cluster.from_dict(calibration["cluster"])
+    options = calibrated_options(calibration)
+    factor = calibration.get("reference_factor", 1.0)
+    problem = Problem(cg, cc, **options)
+    analytical = get_cost_model("analytical")
+    out: dict[str, list[float]] = {"simulator": [], "analytical": [], "calibrated": []}
+    for plan in plans:
+        out["simulator"].append(placer.simulate(cg, cc, plan, **options).step_time)
+        out["analytical"].append(analytical.estimate(problem, plan).step_time)
+        out["calibrated"].append(predict_shared(cg, cc, plan, **options).step_time * factor)
+    return out
+
+
+# --------------------------------------------------------------------------
+# one case
+# --------------------------------------------------------------------------
+def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans: int = 30,
+             steps: int = 5, warmup: int = 2, evaluations: int = 300, evo_seeds: int = 3,
+             seed: int = 0, rate: str | None = None, log=print) -> dict:
+    """Measure and predict one case's population; see the module doc."""
+    from placer.runtime.dist import reference_plan
+    model = MODELS[model_key]
+    module, inputs = model.build()
+    graph = placer.trace(module, inputs)
+    devices = [f"r{i}" for i in range(nproc)]
+    rate = rate or NETWORKS.get(network)
+    start = time.perf_counter()
+
+    def note(i, res):
+        log(f"  {model_key}/{network}: plan {i}: "
+            + (f"{res['step_time'] * 1e3:.1f} ms" if "step_time" in res else res["error"]))
+
+    def measure(batch, **kw):
+        return measure_plans(batch, model, steps=steps, warmup=warmup, nets=nets,
+                             progress=note, **kw)
+
+    nets_cm = _network(network, nproc, rate)
+    with nets_cm as nets:
+        # 1. calibrate on the reference pipeline, then random plans on every
+        # device in the same start (they need no calibration to be chosen)
+        # strategies often agree (several one-device plans): randoms fill up
+        randoms = random_plans(graph, devices, max(plans // 2, plans - 8), seed)
+        randoms += [placer.Plan({op: [d] for op in graph.ids}) for d in devices]
+        ref = reference_plan(graph, devices, 2)
+        first = measure([ref] + [p for p in randoms if len(p.devices_used()) == nproc],
+                        calibrate_first=True)
+        if "calibration" not in first[0]:
+            raise PlacerError(f"{model_key}/{network}: the calibration run failed: "
+                              f"{first[0].get('error')}")
+        calibration = first[0]["calibration"]
+        # 2. the strategies' plans, searched on that calibration
+        from placer.runtime.dist import calibrated_options
+        cg = placer.Graph.from_dict(calibration["graph"])
+        cc = placer.Cluster.from_dict(calibration["cluster"])
+        found = strategy_plans(cg, cc, calibrated_options(calibration),
+                               evaluations=evaluations, seeds=evo_seeds, seed=seed)
+        population = [("reference", ref)] + \
+            [("random", p) for p in randoms if len(p.devices_used()) == nproc]
+        results = list(first)
+        seen = {_key(p) for _, p in population}
+        rest = [(o, p) for o, p in found if _key(p) not in seen and not seen.add(_key(p))]
+        rest += [("random", p) for p in randoms if len(p.devices_used()) < nproc]
+        results += measure([p for _, p in rest])
+        population += rest
+    ok = [i for i, r in enumerate(results) if "step_time" in r]
+    plans_ok = [population[i][1] for i in ok]
+    measured = [results[i]["step_time"] for i in ok]
+    preds = predictions(calibration, plans_ok)
+    rows = []
+    for j, i in enumerate(ok):
+        origin, plan = population[i]
+        rows.append({"origin": origin, "devices": sorted(plan.devices_used()),
+                     "microbatches": plan.microbatches, "schedule": plan.schedule,
+                     "op_level": _op_level(graph, plan),
+                     "measured": measured[j], "step_times": results[i]["step_times"],
+                     **{k: v[j] for k, v in preds.items()}})
+    failed = [{"origin": population[i][0], "error": results[i]["error"]}
+              for i in range(len(results)) if "step_time" not in results[i]]
+    return {"model": model_key, "zoo": model.name, "batch": model.batch,
+            "network": network, "rate": rate, "nproc": nproc, "steps": steps,
+            "warmup": warmup, "plans": rows, "failed": failed,
+            "metrics": {k: agreement(v, measured) for k, v in preds.items()}
+            if len(measured) >= 2 else {},
+            "calibration": {k: calibration.get(k) for k in (
+                "op_overhead", "task_overhead", "message_overhead", "resume_overhead",
+                "collective_efficiency", "reference_factor", "reference_factor_raw",
+                "cpu_share", "cpu_share_all", "speed_drift")},
+            "links": {k: {"bandwidth": v["bandwidth"], "latency": v["latency"]}
+                      for k, v in calibration.get("links", {}).items()},
+            "seconds": time.perf_counter() - start, "load": _load()}
+
+
+def _op_level(graph, plan) -> bool:
+    """Whether the plan cuts the topological order more often than it has
+    devices (op-level, branch-parallel) rather than into a pipeline."""
+    order = graph.topological_order()
+    cuts = sum(plan.placement[a] != plan.placement[b] for a, b in zip(order, order[1:]))
+    return cuts > len(plan.devices_used())
+
+
+class _Loopback:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _network(network: str, nproc: int, rate: str | None):
+    if network == "loopback":
+        return _Loopback()
+    from placer.bench.runtime import Namespaces
+    return Namespaces(nproc, rate or NETWORKS["tbf"], prefix="plf")
+
+
+def _load() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return -1.0
+
+
+# --------------------------------------------------------------------------
+# the bench
+# --------------------------------------------------------------------------
+#: (model, network, ranks) of the full bench and of ``--quick``
+FULL = [(m, n, 2) for n in ("loopback", "tbf") for m in ("gpt", "inception", "moe", "gnmt")]
+QUICK = [("gnmt", "loopback", 2)]
+
+
+def bench_fidelity(out: str | None = None, *, quick: bool = False, cases=None,
+                   plans: int | None = None, steps: int | None = None, seed: int = 0,
+                   plots: str | None = None, log=print) -> dict:
+    """Run the cases (default :data:`FULL`, or :data:`QUICK`), write the JSON
+    to ``out`` and a scatter per case into ``plots`` (default: ``out``'s
+    folder); returns the results. Namespaced cases are skipped without
+    root (said in the results)."""
+    from placer._io import atomic_write_text, dump_json
+    cases = cases or (QUICK if quick else FULL)
+    plans = plans or (10 if quick else 30)
+    steps = steps or (3 if quick else 5)
+    evaluations = 60 if quick else 300
+    results, skipped = [], []
+    start = time.perf_counter()
+    for model_key, network, nproc in cases:
+        if network != "loopback" and os.geteuid() != 0:
+            skipped.append({"model": model_key, "network": network,
+                            "why": "network namespaces need root"})
+            continue
+        log(f"fidelity: {model_key} over {network}, {nproc} ranks")
+        results.append(run_case(model_key, network, nproc, plans=plans, steps=steps,
+                                warmup=2, evaluations=evaluations,
+                                evo_seeds=1 if quick else 3, seed=seed, log=log))
+    summary = {f"{r['model']}/{r['network']}/{r['nproc']}": {
+        k: {m: v[m] for m in ("kendall_tau", "median_abs_error", "p90_abs_error", "regret")}
+        for k, v in r["metrics"].items()} | {"plans": len(r["plans"])} for r in results}
+    doc = {"format": "placer.bench.fidelity/v1", "version": _version(), "quick": quick,
+           "seed": seed, "seconds": time.perf_counter() - start, "summary": summary,
+           "skipped": skipped, "cases": results}
+    if out:
+        atomic_write_text(out, dump_json(doc))
+        folder = plots or os.path.dirname(os.path.abspath(out))
+        stem = os.path.splitext(os.path.basename(out))[0]
+        for r in results:
+            plot_case(r, os.path.join(folder, f"{stem}-{r['model']}-{r['network']}.png"))
+    return doc
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("placer")
+    except Exception:
+        return getattr(placer, "__version__", "unknown")
+
+
+def plot_case(case: dict, path: str) -> None:
+    """Predicted against measured step time of one case's plans, log-log,
+    one colour per predictor, with y = x."""
+    from placer.plots import _pyplot, _save
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.2, 4.6))
+    measured = [r["measured"] * 1e3 for r in case["plans"]]
+    lo, hi = min(measured), max(measured)
+    for name, colour in (("simulator", "tab:blue"), ("analytical", "tab:green"),
+                         ("calibrated", "tab:red")):
+        pred = [r[name] * 1e3 for r in case["plans"]]
+        lo, hi = min(lo, *pred), max(hi, *pred)
+        m = case["metrics"].get(name, {})
+        ax.scatter(measured, pred, s=16, alpha=0.75, color=colour,
+                   label=f"{name} (tau {m.get('kendall_tau', float('nan')):.2f}, "
+                         f"med {m.get('median_abs_error', float('nan')) * 100:.0f}%)")
+    ax.plot([lo * 0.9, hi * 1.1], [lo * 0.9, hi * 1.1], color="grey", lw=0.8, ls="--")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured step (ms)")
+    ax.set_ylabel("predicted step (ms)")
+    ax.set_title(f"{case['model']} over {case['network']}, {case['nproc']} ranks, "
+                 f"{len(case['plans'])} plans", fontsize=9)
+    ax.legend(fontsize=7)
+    _save(fig, path)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m placer.bench.fidelity")
+    ap.add_argument("what", nargs="?", default="bench", choices=["bench", "worker"])
+    ap.add_argument("spec", nargs="?", help="worker: the batch's spec file")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("-o", "--output", default="fidelity.json")
+    ap.add_argument("--plans", type=int)
+    ap.add_argument("--steps", type=int)
+    ap.add_argument("--case", action="append", metavar="MODEL/NETWORK/RANKS",
+                    help="e.g. gnmt/loopback/2 (repeatable; default: the full list)")
+    ap.add_argument("--seed", type=int, default=0)
+    ns = ap.parse_args(argv)
+    if ns.what == "worker":
+        return worker(ns.spec)
+    cases = None
+    if ns.case:
+        cases = []
+        for c in ns.case:
+            m, n, k = c.split("/")
+            cases.append((m, n, int(k)))
+    doc = bench_fidelity(ns.output, quick=ns.quick, cases=cases, plans=ns.plans,
+                         steps=ns.steps, seed=ns.seed)
+    print(json.dumps(doc["summary"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,135 @@
+"""``placer bench fidelity``: its measures of agreement, its plans, one
+start of the ranks for several plans, and (slow) the quick bench."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+
+import pytest
+
+import placer
+from placer.bench import fidelity
+from placer.bench.fidelity import Model, agreement, kendall_tau, measure_plans, random_plans
+from placer.search.base import microbatch_candidates
+
+from runtime_helpers import one_thread  # noqa: F401
+
+
+def _tau_brute(x, y):
+    """Tau-b from its definition, by brute force over pairs."""
+    pairs = list(itertools.combinations(range(len(x)), 2))
+    sign = lambda v: (v > 0) - (v < 0)  # noqa: E731
+    s = sum(sign(x[i] - x[j]) * sign(y[i] - y[j]) for i, j in pairs)
+    n0 = len(pairs)
+    n1 = sum(x[i] == x[j] for i, j in pairs)
+    n2 = sum(y[i] == y[j] for i, j in pairs)
+    return s / ((n0 - n1) * (n0 - n2)) ** 0.5
+
+
+def test_kendall_tau_matches_its_definition():
+    assert kendall_tau([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0
+    assert kendall_tau([1, 2, 3, 4], [4, 3, 2, 1]) == -1.0
+    rng = random.Random(0)
+    for _ in range(20):
+        x = [rng.randint(0, 5) for _ in range(9)]
+        y = [rng.randint(0, 5) for _ in range(9)]
+        assert kendall_tau(x, y) == pytest.approx(_tau_brute(x, y))
+
+
+def test_agreement_errors_and_regret():
+    measured = [10.0, 20.0, 40.0, 80.0]
+    predicted = [22.0, 18.0, 44.0, 80.0]      # ranks plan 1 best, which measured 20
+    a = agreement(predicted, measured)
+    assert a["regret"] == pytest.approx(2.0)
+    assert a["ranked_best"] == 1
+    assert a["median_abs_error"] == pytest.approx(0.1)     # errors 1.2, 0.1, 0.1, 0
+    assert a["p90_abs_error"] == pytest.approx(0.1 + 0.7 * 1.1)
+    assert a["kendall_tau"] == pytest.approx(2 / 3)
+
+
+def test_random_plans_are_valid_mixed_and_follow_the_microbatch_rule():
+    model = fidelity.MODELS["gnmt"]
+    graph = placer.trace(*model.build())
+    cluster = placer.Cluster.from_rules("two", [placer.Device(d, 1e12, 1e10) for d in ("r0", "r1")],
+                                        default=(1e9, 1e-4))
+    plans = random_plans(graph, ["r0", "r1"], 12, seed=3)
+    assert len({json.dumps(p.to_dict(), sort_keys=True) for p in plans}) == 12
+    kinds = {fidelity._op_level(graph, p) for p in plans}
+    assert kinds == {True, False}          # op-level and pipelines
+    assert any(any(len(v) == 2 for v in p.placement.values()) for p in plans)  # data-parallel
+    for p in plans:
+        p.validate(graph, cluster, check_fingerprints=False)
+        assert p.microbatches in microbatch_candidates(graph)
+
+
+def test_one_start_measures_several_plans_and_predicts_them(tmp_path):
+    model = Model("gpt-125m", 4, 8)
+    graph = placer.trace(*model.build())
+    from placer.runtime.dist import reference_plan
+    plans = [reference_plan(graph, ["r0", "r1"], 2),
+             random_plans(graph, ["r0", "r1"], 2, seed=1)[1]]
+    results = measure_plans(plans, model, steps=1, warmup=0, calibrate_first=True)
+    assert [("error" in r) for r in results] == [False, False], results
+    assert all(r["step_time"] > 0 and len(r["step_times"]) == 1 for r in results)
+    cal = results[0]["calibration"]
+    assert "calibration" not in results[1]
+    preds = fidelity.predictions(cal, plans)
+    assert set(preds) == {"simulator", "analytical", "calibrated"}
+    assert all(v > 0 for vs in preds.values() for v in vs)
+    # the first plan's calibrated prediction is what the run reported
+    assert preds["calibrated"][0] == pytest.approx(results[0]["predicted"], rel=1e-6)
+    case = {"model": "gpt", "network": "loopback", "nproc": 2,
+            "plans": [{"measured": r["step_time"], **{k: v[i] for k, v in preds.items()}}
+                      for i, r in enumerate(results)],
+            "metrics": {k: agreement(v, [r["step_time"] for r in results])
+                        for k, v in preds.items()}}
+    fidelity.plot_case(case, str(tmp_path / "scatter.png"))
+    assert (tmp_path / "scatter.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_failing_plan_is_reported_and_the_rest_still_run():
+    model = Model("gpt-125m", 4, 8)
+    graph = placer.trace(*model.build())
+    ok = placer.Plan({op: ["r0"] for op in graph.ids})
+    bad = placer.Plan({op: ["r0"] for op in graph.ids}, microbatches=8)   # 8 > batch 4
+    results = measure_plans([bad, ok], model, steps=1, warmup=0)
+    assert "microbatches" in results[0]["error"]
+    assert results[1]["step_time"] > 0
+
+
+@pytest.mark.slow
+def test_quick_bench_writes_results_and_scatters(tmp_path):
+    out = tmp_path / "fidelity.json"
+    doc = fidelity.bench_fidelity(str(out), quick=True)
+    saved = json.loads(out.read_text())
+    assert saved["summary"] == json.loads(json.dumps(doc["summary"]))
+    case = saved["cases"][0]
+    assert len(case["plans"]) >= 10 and not case["failed"]
+    assert {"reference", "random", "heft", "m_etf"} <= {r["origin"] for r in case["plans"]}
+    for name in ("simulator", "analytical", "calibrated"):
+        m = case["metrics"][name]
+        assert -1 <= m["kendall_tau"] <= 1 and m["regret"] >= 1
+    assert (tmp_path / "fidelity-gnmt-loopback.png").exists()
+
+
+def test_link_fits_survive_calibration_rounds_that_stopped_early():
+    # on a loaded host a round may stop after its first size; sizes common
+    # to every round then left one, fitted as an infinite bandwidth that the
+    # calibrated cluster could not be loaded back with (the quick bench died)
+    from placer.runtime.dist import link_fits
+    full = {256: 1e-4, 16384: 1.2e-4, 262144: 1.1e-3}
+    rounds = [{"points": {(0, 1): full}, "sync_delay": {(0, 1): 0.0}},
+              {"points": {(0, 1): {256: 3e-4}}, "sync_delay": {(0, 1): 1e-5}}]
+    link = link_fits(rounds)[(0, 1)]
+    assert set(link["points"]) == set(full)
+    assert link["points"][256] == pytest.approx(2e-4)       # median of both rounds
+    assert link["bandwidth"] == pytest.approx((262144 - 16384) / (1.1e-3 - 1.2e-4))
+    one = link_fits([{"points": {(0, 1): {256: 3e-4}}, "sync_delay": {(0, 1): 0.0}}])[(0, 1)]
+    assert one["bandwidth"] == pytest.approx(256 / 3e-4)
+    from placer.runtime.profile import ranks_cluster
+    cluster = ranks_cluster(
+        ["r0", "r1"], placer.Device("cpu", 1e11, 1e10), {"pairs": {(0, 1): one}})
+    assert placer.Cluster.from_dict(cluster.to_dict()).bandwidth[0][1] == pytest.approx(
+        256 / 3e-4)
