@@ -104,7 +104,9 @@ def test_cli_sigterm_then_resume_equals_uninterrupted(tmp_path):
                          timeout=120, env={**os.environ, "KILL_AT_GEN": "9"})
     assert out.returncode == 130, out.stderr
     assert "after generation 9" in out.stderr and "--resume" in out.stderr
-    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    # a slow host adds progress lines ("... ..."); the message is one line
+    assert len([ln for ln in out.stderr.strip().splitlines()
+                if not ln.endswith(" ...")]) == 1, out.stderr
     graph, cluster = placer.datasets.graph(GRAPH), placer.Cluster.preset(CLUSTER)
     Plan.load(part).validate(graph, cluster)          # the best plan so far, valid
     assert main(common + ["-o", str(part), "--checkpoint", str(state), "--resume"]) == 0
