@@ -617,35 +617,74 @@ class RL(_Learned):
     name = "rl"
 
     def __init__(self, *, final_k: int = 4, final: str | None = "simulator", polish: int = 3,
-                 **options):
+                 anytime: bool = True, **options):
         super().__init__(polish=polish, **options)
         if int(final_k) != final_k or final_k < 1:
             raise StrategyError(f"final_k must be a whole number >= 1, got {final_k!r}",
                                 field="final_k")
         self.final_k, self.final = int(final_k), final
+        self.anytime = bool(anytime)
 
     def search(self, problem, cost_model, budget, seed=0, progress=None):
-        """Decode, score, keep the best (see the class doc)."""
+        """Decode, score, keep the best; with a budget, search on from there
+        until it ends (see the class doc)."""
         cost_model = budget.meter(cost_model)
+        anytime = self.anytime and (budget.time is not None or budget.evaluations is not None)
         found = self._candidates(problem, cost_model, budget, seed, keep=self.final_k)
-        best = found[_rank(self.final, cost_model, budget, problem, found)]
-        return self.finalize(problem, cost_model, budget, best.to_plan(problem, self.name),
-                             progress=progress)
+        i, value = _rank(self.final, cost_model, budget, problem, found, values=True)
+        best = found[i].to_plan(problem, self.name)
+        if not anytime or _space(problem, [1], ["1f1b"]) is None:
+            return self.finalize(problem, cost_model, budget, best, progress=progress)
+        model = self.final if value is not None else cost_model.name
+        value = found[i].objective if value is None else value
+        _report(progress, self.name, budget, value, model, "first plan")
+        from .anytime import refine
+        choices = self.microbatch_choices(problem)
+        plan, source = refine(
+            problem, cost_model, budget, found, policy=_policy(self.checkpoint), seed=seed,
+            samples=self.samples, batch=self.batch, max_units=self.max_units,
+            microbatches=choices, schedules=self.schedule_choices(), final=self.final,
+            first=best,
+            report=lambda v, m, msg: _report(progress, self.name, budget, v, m, msg))
+        if plan is None:
+            return self.finalize(problem, cost_model, budget, best, progress=progress)
+        plan.method = self.name
+        plan.extra = dict(plan.extra or {}, source=source if source != "first"
+                          else found[i].source, first_source=found[i].source)
+        return self.finalize(problem, cost_model, budget, plan, progress=progress)
 
 
-def _rank(final: str | None, cost_model, budget: Budget, problem, found: list[Candidate]) -> int:
+def _report(progress, name: str, budget: Budget, value: float, model: str | None,
+            message: str) -> None:
+    """A :class:`Progress` of objective ``value`` by cost model ``model``."""
+    if progress is None:
+        return
+    feasible = bool(value < INFEASIBLE)
+    progress(Progress(name, budget.used, budget.elapsed, float(value),
+                      float(value) if feasible else None, feasible, message,
+                      extra={"model": model}))
+
+
+def _rank(final: str | None, cost_model, budget: Budget, problem, found: list[Candidate],
+          values: bool = False):
     """Index of the best of ``found`` (ranked best first by the search model)
     by the ``final`` cost model, as evolution ranks its finalists (scored
     one by one through the model's array path, at least the first, until
     the budget's time is spent); 0 when there is nothing to rank or no
-    evaluations left for it."""
+    evaluations left for it. With ``values``: ``(index, its objective by
+    the final model)``, the objective None when it was not scored so."""
+    index, value = _ranked(final, cost_model, budget, problem, found)
+    return (index, value) if values else index
+
+
+def _ranked(final, cost_model, budget: Budget, problem, found: list[Candidate]):
     from placer.cost import get_cost_model
     if len(found) < 2 or final is None or final == getattr(cost_model, "name", None):
-        return 0
+        return 0, None
     room = budget.remaining_evaluations - 1   # keep one for finalize
     found = found[:max(int(min(len(found), room)), 0)] if math.isfinite(room) else found
     if len(found) < 2:
-        return 0
+        return 0, None
     model = budget.meter(get_cost_model(final))
     D = problem.n_devices
     values: list[float] = []
@@ -656,7 +695,8 @@ def _rank(final: str | None, cost_model, budget: Budget, problem, found: list[Ca
         values.append(float(model.step_times(problem, row[None], groups=groups,
                                              microbatches=c.microbatches,
                                              schedule=c.schedule)[0]))
-    return int(np.argmin(values))
+    i = int(np.argmin(values))
+    return i, values[i]
 
 
 #: the most of a budget :class:`Hybrid` spends on the policy's plans

@@ -1,0 +1,240 @@
+"""Anytime ``rl``: what the policy does with the rest of a budget.
+
+:class:`gnn.strategies.RL` finds its one-shot plans first (the zero-shot
+result, reported at once); with a time or evaluation budget left,
+:func:`refine` then keeps searching from them until the budget ends:
+
+- a steepest descent from each of the best one-shot plans (evolution's
+  memetic neighbourhood with :func:`gnn.strategies.replica_moves`, to a
+  local optimum, not the one-shot polish's few rounds);
+- then rounds of iterated local search from the best plan: a kick (a few
+  of evolution's mutation operators) and a descent, kept when better;
+- every :data:`RESAMPLE_EVERY` rounds, fresh decodings by the policy: samples
+  at a temperature cycled over :data:`TEMPERATURES` and refinements of the
+  best plan (each unit re-decided given the others); the best new row, when
+  within :data:`gnn.strategies.POLISH_GAP` of the best, is descended from
+  (a basin the kicks would not reach).
+
+Everything is scored by the search model, or by the simulator itself when a
+time budget (and no evaluation budget) leaves room for enough of its
+estimates, as evolution screens (:func:`evolution.search.screen_exactly`).
+Given a seed and an evaluation budget the result is deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from placer.cost import Problem
+from placer.search.base import Budget
+
+__all__ = ["refine", "TEMPERATURES", "RESAMPLE_EVERY", "KICK_RATE"]
+
+#: sampling temperatures of the policy's fresh decodings, in turn
+TEMPERATURES = (1.0, 1.6, 0.7, 2.5)
+#: iterated-local-search rounds between two fresh decodings by the policy
+RESAMPLE_EVERY = 4
+#: mean mutation operators in one kick (evolution's children get 1.5)
+KICK_RATE = 3.0
+#: one-shot plans descended from before the kicks start
+STARTS = 3
+#: op-rows one descent round may hand the cost model (neighbours x ops)
+DESCENT_WORK = 40_000
+
+
+def refine(problem: Problem, cost_model, budget: Budget, starts: list, *, policy,
+           seed: int = 0, samples: int = 16, batch: int = 4, max_units: int = 96,
+           microbatches: list[int], schedules: list[str], final: str | None = "simulator",
+           first=None, report: Callable | None = None):
+    """Search from ``starts`` (the one-shot :class:`gnn.strategies.Candidate`
+    s, best first) until ``budget`` ends; returns the best
+    :class:`placer.Plan` and where it came from (``"anytime"`` or the
+    start's source). ``first``: the plan already chosen (the one-shot
+    result), which the result is never worse than by ``final``; ``report(
+    objective, model, message)`` is called on each improvement."""
+    from evolution.evaluate import Evaluator
+    from evolution.genome import OpGenome, Space
+    from evolution.search import (final_ranker, hold_back, polish_with, rank, reserve,
+                                  screen_exactly)
+    space = Space(problem, microbatches, schedules)
+    rng = np.random.default_rng([int(seed), 0xA11, 26])
+    genomes = []
+    for c in starts:
+        genomes.append(OpGenome.from_plan(space, c.to_plan(problem, "rl"), c.source))
+    if first is not None:
+        genomes.append(OpGenome.from_plan(space, first, "first"))
+    screen = cost_model
+    with reserve(budget, len(starts) + 3), \
+            Evaluator(space, budget.meter(cost_model), budget) as evaluate:
+        screen = screen_exactly(problem, evaluate, cost_model,
+                                [g.to_plan(space) for g in genomes[:2]], budget, final)
+        exact = getattr(screen, "name", None) == final or final is None
+        share = 0.0 if exact else FINAL_SHARE
+        with hold_back(budget, share):
+            search = _Search(space, evaluate, budget, rng, report)
+            search.add(genomes)
+            search.flush()
+            search.run(policy, problem, seed=seed, samples=samples, batch=batch,
+                       max_units=max_units)
+        pool = search.ranked()
+    if not pool:
+        return None, None
+    if exact:
+        best = pool[0][1]
+        return best.to_plan(space, "rl"), best.origin
+    # the screening model's best few and the first plan, ranked by the final
+    # model (the first plan last: it was ranked by it already)
+    finalists = [g for _, g in pool[:FINAL_K]]
+    keys = {g.key() for g in finalists}
+    if first is not None:
+        g = OpGenome.from_plan(space, first, "first")
+        if g.key() not in keys:
+            finalists.append(g)
+    ranker = final_ranker(final, cost_model, budget)
+    plans = [g.to_plan(space, "rl") for g in finalists]
+    i = rank(ranker, problem, plans, budget) if len(plans) > 1 else 0
+    best, plan = finalists[i], plans[i]
+    polished = polish_with(space, ranker, budget, best, rng)
+    if polished is not None:
+        best, plan = polished, polished.to_plan(space, "rl")
+    return plan, best.origin
+
+
+#: finalists ranked by the final model
+FINAL_K = 4
+#: share of the budget kept for the final model's descent from the winner
+FINAL_SHARE = 0.1
+
+
+class _Search:
+    """The pool of scored genomes and the iterated local search over it."""
+
+    def __init__(self, space, evaluate, budget: Budget, rng, report):
+        self.space, self.evaluate, self.budget, self.rng = space, evaluate, budget, rng
+        self.report = report
+        self.pool: dict[bytes, tuple[float, object]] = {}
+        self.best = math.inf
+        self.news = ""
+        n = space.n_ops
+        self.limit = max(8, min(64, DESCENT_WORK // max(n, 1)))
+
+    def model_name(self) -> str | None:
+        return getattr(self.evaluate.model, "name", None)
+
+    def add(self, genomes: list) -> np.ndarray:
+        """Score ``genomes``, keep them; their scores (``inf``: not scored)."""
+        if not genomes:
+            return np.zeros(0)
+        values = self.evaluate(genomes)
+        for g, v in zip(genomes, values.tolist()):
+            if not np.isfinite(v):
+                continue
+            k = g.key()
+            if k not in self.pool or v < self.pool[k][0]:
+                self.pool[k] = (float(v), g)
+            if v < self.best * (1 - 1e-9):
+                self.best = float(v)
+                self.news = g.origin or "anytime"
+        return values
+
+    def flush(self) -> None:
+        """Report the best so far if it improved since the last report (once
+        per descent, not per step: a descent takes hundreds of small steps)."""
+        if self.news and self.report is not None:
+            self.report(self.best, self.model_name(), self.news)
+        self.news = ""
+
+    def ranked(self) -> list[tuple[float, object]]:
+        return sorted(self.pool.values(), key=lambda v: v[0])
+
+    def spent(self) -> bool:
+        return self.budget.exhausted()
+
+    def descend(self, g, value: float, origin: str = "anytime"):
+        """Steepest descent from ``g`` (scored ``value``) to a local optimum
+        or the end of the budget; returns ``(genome, value)``."""
+        from evolution.memetic import neighbourhood
+        from .strategies import replica_moves
+        while not self.spent():
+            cands = neighbourhood(self.space, g, self.rng, self.limit)
+            cands += replica_moves(self.space, g, self.rng, max(self.limit // 4, 4))
+            if not cands:
+                break
+            for c in cands:
+                c.origin = origin
+            values = self.add(cands)
+            i = int(np.argmin(values))
+            if not values[i] < value * (1 - 1e-9):
+                break
+            g, value = cands[i], float(values[i])
+        self.flush()
+        return g, value
+
+    def run(self, policy, problem, *, seed, samples, batch, max_units) -> None:
+        """Descend from the best starts, then kick and descend, with fresh
+        decodings by the policy now and then, until the budget ends."""
+        from evolution.operators import mutate
+        ranked = self.ranked()
+        for value, g in ranked[:STARTS]:
+            if self.spent():
+                return
+            self.descend(g, value)
+        decoder = None
+        round_ = 0
+        while not self.spent():
+            round_ += 1
+            value, current = self.ranked()[0]
+            if round_ % RESAMPLE_EVERY == 0:
+                if decoder is None:
+                    decoder = _Decoder(policy, problem, max_units)
+                temperature = TEMPERATURES[(round_ // RESAMPLE_EVERY - 1) % len(TEMPERATURES)]
+                fresh = decoder.rows(current, self.space, self.rng, samples, batch,
+                                     temperature)
+                values = self.add(fresh)
+                if len(values) and np.isfinite(values).any():
+                    i = int(np.argmin(values))
+                    from .strategies import POLISH_GAP
+                    if values[i] <= POLISH_GAP * value:
+                        self.descend(fresh[i], float(values[i]), "anytime-policy")
+                continue
+            kick = mutate(self.space, current.copy(), self.rng, rate=KICK_RATE)
+            kick.origin = "anytime"
+            v = self.add([kick])
+            if not len(v) or not np.isfinite(v[0]):
+                continue
+            self.descend(kick, float(v[0]))
+
+
+class _Decoder:
+    """The policy's decoder on one problem, rows as evolution genomes."""
+
+    def __init__(self, policy, problem, max_units):
+        import torch
+        from .features import encode_problem
+        from .model import FastDecoder
+        from .strategies import _OneThread
+        self.pg = encode_problem(problem, max_units)
+        with torch.no_grad(), _OneThread():
+            self.decoder = FastDecoder(policy, self.pg)
+
+    def rows(self, current, space, rng, samples: int, batch: int, temperature: float) -> list:
+        """``samples`` fresh samples at ``temperature`` and ``batch`` refinements
+        of ``current`` (single-device ops only: the policy places each op on
+        one device), at ``current``'s microbatches and schedule."""
+        from evolution.genome import OpGenome
+        from .strategies import _OneThread, _unit_row
+        D = space.n_devices
+        out = []
+        with _OneThread():
+            if samples > 0:
+                rows = self.decoder.decode(samples, greedy=0, rng=rng, temperature=temperature)
+                out += list(self.pg.expand(rows))
+            if batch > 0 and current.assign.max() < D:
+                rows = self.decoder.decode(batch, greedy=0, rng=rng, temperature=temperature,
+                                           context=_unit_row(self.pg, current.assign))
+                out += list(self.pg.expand(rows))
+        return [OpGenome(space.repair(np.asarray(a, dtype=np.int64)), current.microbatches,
+                         current.schedule, "anytime-policy") for a in out]
