@@ -12,7 +12,12 @@
   the best multi-device plan (``widen``); only the winner becomes a Plan.
   ``finetune`` seconds (or ``finetune_steps`` updates) of REINFORCE on the
   target problem follow when asked, and the tuned policy's candidates join
-  the shipped policy's.
+  the shipped policy's. That plan is reported at once (progress message
+  ``"first plan"``); with a time or evaluation budget ``rl`` then searches
+  on from its best plans until the budget ends (:mod:`gnn.anytime`: local
+  descents, kicks, fresh decodings at other temperatures) and returns the
+  best by the final model, never worse than the first plan; without a
+  budget, or with ``anytime=False``, the first plan is the result.
 - ``hybrid``: ``rl``'s candidates (the steps of its polish included) are
   reported as progress first and handed to the ``evolution`` strategy (its
   ``candidates``), which spends the rest of the budget on its own search
@@ -611,7 +616,15 @@ class RL(_Learned):
     re-ranked by ``final`` (cost model name, ``"simulator"``; None: keep the search
     model's best), as evolution ranks its finalists. The plan's
     ``extra["source"]`` says whether the policy's one-shot decoding, a
-    refinement round, the polish or a baseline won.
+    refinement round, the polish or a baseline won (``"anytime"`` or
+    ``"anytime-policy"``: the anytime search, from a kick or from a fresh
+    decoding; ``extra["first_source"]``: the first plan's source).
+
+    ``anytime`` (True): with a time or evaluation budget, report the first
+    plan through ``progress`` (message ``"first plan"``, by the ``final``
+    model) and search on until the budget ends (:func:`gnn.anytime.refine`);
+    deterministic given the seed and an evaluation budget. Without a
+    budget, or False: the first plan is the result (the zero-shot figure).
     """
 
     name = "rl"
