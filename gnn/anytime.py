@@ -39,8 +39,10 @@ TEMPERATURES = (1.0, 1.6, 0.7, 2.5)
 RESAMPLE_EVERY = 4
 #: mean mutation operators in one kick (evolution's children get 1.5)
 KICK_RATE = 3.0
-#: one-shot plans descended from before the kicks start
+#: plans of different shapes descended from before the kicks start
 STARTS = 3
+#: kicks now and then start from one of this many best plans
+ELITE = 8
 #: op-rows one descent round may hand the cost model (neighbours x ops)
 DESCENT_WORK = 40_000
 
@@ -48,59 +50,129 @@ DESCENT_WORK = 40_000
 def refine(problem: Problem, cost_model, budget: Budget, starts: list, *, policy,
            seed: int = 0, samples: int = 16, batch: int = 4, max_units: int = 96,
            microbatches: list[int], schedules: list[str], final: str | None = "simulator",
-           first=None, report: Callable | None = None):
+           first=None, first_value: float | None = None, report: Callable | None = None):
     """Search from ``starts`` (the one-shot :class:`gnn.strategies.Candidate`
     s, best first) until ``budget`` ends; returns the best
     :class:`placer.Plan` and where it came from (``"anytime"`` or the
     start's source). ``first``: the plan already chosen (the one-shot
-    result), which the result is never worse than by ``final``; ``report(
-    objective, model, message)`` is called on each improvement."""
+    result, ``first_value`` its objective by ``final``), which the result is
+    never worse than by ``final``; ``report(objective, model, message)`` is
+    called on each improvement. Graphs of more than :data:`COARSEN_ABOVE`
+    ops are searched coarsened to :data:`COARSEN_TO` (as evolution does;
+    the reports then name the model ``"NAME-coarse"``: its figures are the
+    coarse graph's); the finalists are then ranked on the whole graph."""
     from evolution.evaluate import Evaluator
-    from evolution.genome import OpGenome, Space
-    from evolution.search import (final_ranker, hold_back, polish_with, rank, reserve,
+    from evolution.genome import Space
+    from evolution.search import (final_ranker, hold_back, polish_with, reserve,
                                   screen_exactly)
-    space = Space(problem, microbatches, schedules)
+    from placer.search.common import Coarse
+    coarse = Coarse(problem, COARSEN_TO if problem.n_ops > COARSEN_ABOVE else None)
+    inner = coarse.problem
+    space = Space(inner, microbatches, schedules)
     rng = np.random.default_rng([int(seed), 0xA11, 26])
-    genomes = []
-    for c in starts:
-        genomes.append(OpGenome.from_plan(space, c.to_plan(problem, "rl"), c.source))
+    genomes = [_genome(space, coarse, c.to_plan(problem, "rl"), c.source) for c in starts]
     if first is not None:
-        genomes.append(OpGenome.from_plan(space, first, "first"))
-    screen = cost_model
-    with reserve(budget, len(starts) + 3), \
+        genomes.append(_genome(space, coarse, first, "first"))
+    with reserve(budget, FINAL_K + 3), \
             Evaluator(space, budget.meter(cost_model), budget) as evaluate:
-        screen = screen_exactly(problem, evaluate, cost_model,
+        screen = screen_exactly(inner, evaluate, cost_model,
                                 [g.to_plan(space) for g in genomes[:2]], budget, final)
-        exact = getattr(screen, "name", None) == final or final is None
+        exact = coarse.members is None and (getattr(screen, "name", None) == final
+                                            or final is None)
         share = 0.0 if exact else FINAL_SHARE
         with hold_back(budget, share):
-            search = _Search(space, evaluate, budget, rng, report)
+            label = "" if coarse.members is None else "-coarse"
+            search = _Search(space, evaluate, budget, rng, report, label)
             search.add(genomes)
+            search.add(_layouts(space))
             search.flush()
-            search.run(policy, problem, seed=seed, samples=samples, batch=batch,
-                       max_units=max_units)
+            search.run(policy, inner, samples=samples, batch=batch, max_units=max_units)
         pool = search.ranked()
     if not pool:
         return None, None
+
+    def whole(g):
+        plan = g.to_plan(space, "rl")
+        return plan.expand(coarse.graph) if coarse.members is not None else plan
     if exact:
         best = pool[0][1]
-        return best.to_plan(space, "rl"), best.origin
-    # the screening model's best few and the first plan, ranked by the final
-    # model (the first plan last: it was ranked by it already)
+        return whole(best), best.origin
+    # the screening model's best few ranked by the final model on the whole
+    # graph, against the first plan's figure by it
     finalists = [g for _, g in pool[:FINAL_K]]
-    keys = {g.key() for g in finalists}
-    if first is not None:
-        g = OpGenome.from_plan(space, first, "first")
-        if g.key() not in keys:
-            finalists.append(g)
+    plans = [whole(g) for g in finalists]
+    if first is not None and first_value is None:     # not ranked by it yet
+        finalists.append(None)
+        plans.append(first)
     ranker = final_ranker(final, cost_model, budget)
-    plans = [g.to_plan(space, "rl") for g in finalists]
-    i = rank(ranker, problem, plans, budget) if len(plans) > 1 else 0
+    values = _scores(ranker, problem, plans, budget)
+    i = int(np.argmin(values))
+    if finalists[i] is None or (first_value is not None and not values[i] < first_value):
+        return first, "first"
     best, plan = finalists[i], plans[i]
-    polished = polish_with(space, ranker, budget, best, rng)
-    if polished is not None:
-        best, plan = polished, polished.to_plan(space, "rl")
+    if coarse.members is None:
+        polished = polish_with(space, ranker, budget, best, rng)
+        if polished is not None:
+            best, plan = polished, polished.to_plan(space, "rl")
     return plan, best.origin
+
+
+def _scores(model, problem, plans: list, budget: Budget) -> list[float]:
+    """Objectives of ``plans`` by ``model``, one by one in order while the
+    time left exceeds the longest estimate so far (at least the first), as
+    evolution ranks its finalists."""
+    import time
+    values: list[float] = []
+    longest = 0.0
+    for plan in plans:
+        if values and budget.remaining_time <= longest:
+            break
+        if values and budget.remaining_evaluations <= 1:
+            break
+        start = time.perf_counter()
+        values.append(float(model.estimate(problem, plan).objective))
+        longest = max(longest, time.perf_counter() - start)
+    return values
+
+
+#: graphs of more ops than this are searched coarsened (evolution's default)
+COARSEN_ABOVE = 1500
+#: to this many ops
+COARSEN_TO = 400
+
+
+def _genome(space, coarse, plan, origin: str):
+    """``plan`` (over the whole graph) as a genome of ``space`` (over the
+    coarse graph: each coarse op on the devices most of its ops are on)."""
+    from evolution.genome import OpGenome
+    if coarse.members is None:
+        return OpGenome.from_plan(space, plan, origin)
+    problem = coarse.fine
+    index = problem.device_index
+    fine = [tuple(plan.placement[op]) for op in problem.ids]
+    assign = np.empty(space.n_ops, dtype=np.int64)
+    for j, idx in enumerate(coarse.members):
+        devs = [fine[i] for i in idx.tolist()]
+        most = max(set(devs), key=lambda d: (devs.count(d), -devs.index(d)))
+        assign[j] = space.table.id([index[d] for d in most])
+    return OpGenome(space.repair(assign), int(plan.microbatches), plan.schedule, origin)
+
+
+def _layouts(space) -> list:
+    """The simple reference plans and evolution's balanced layouts as
+    genomes (one-shot ``rl`` scored them too, but kept only its best few):
+    starts of other shapes for the descents."""
+    from evolution.genome import OpGenome
+    from .strategies import _baseline_rows
+    pipes, layouts, stages = _baseline_rows(space.problem, space)
+    ms = space.microbatch_choices
+    pipes = np.concatenate([pipes, _pipelines(space.problem)])
+    out = [OpGenome(space.repair(np.asarray(a, dtype=np.int64)), ms[-1],
+                    space.schedule_choices[0], "baseline") for a in pipes]
+    out += [OpGenome(np.asarray(a, dtype=np.int64), ms[-1] if s > 1 else ms[0],
+                     space.schedule_choices[0], "baseline")
+            for a, s in zip(layouts, stages.tolist())]
+    return out
 
 
 #: finalists ranked by the final model
@@ -109,12 +181,38 @@ FINAL_K = 4
 FINAL_SHARE = 0.1
 
 
+def _pipelines(problem) -> np.ndarray:
+    """Even pipelines over the first ``k`` devices for every ``k`` from 2 to
+    the device count (ordered as :func:`gnn.problems.pipeline_assignments`
+    orders them: by site, largest total speed first, then speed), each
+    stage's share of the work proportional to its device's speed; the
+    one-shot baselines have only ``k`` a power of two (a site of three
+    fast GPUs is a pipeline of three)."""
+    D = problem.n_devices
+    rate = problem.rate
+    site_rate = np.bincount(problem.site, rate)
+    order = sorted(range(D), key=lambda d: (-site_rate[problem.site[d]], problem.site[d],
+                                            -rate[d], d))
+    work = problem.flops + (problem.bwd_flops if problem.training else 0.0)
+    frac = (np.cumsum(work) - work / 2) / max(work.sum(), 1e-30)
+    rows = []
+    for k in range(2, min(D, MAX_PIPELINE) + 1):
+        devs = np.array(order[:k])
+        bounds = np.cumsum(rate[devs]) / rate[devs].sum()
+        rows.append(devs[np.minimum(np.searchsorted(bounds, frac, side="right"), k - 1)])
+    return np.stack(rows) if rows else np.zeros((0, problem.n_ops), dtype=np.int64)
+
+
+#: the deepest of :func:`_pipelines`
+MAX_PIPELINE = 16
+
+
 class _Search:
     """The pool of scored genomes and the iterated local search over it."""
 
-    def __init__(self, space, evaluate, budget: Budget, rng, report):
+    def __init__(self, space, evaluate, budget: Budget, rng, report, label: str = ""):
         self.space, self.evaluate, self.budget, self.rng = space, evaluate, budget, rng
-        self.report = report
+        self.report, self.label = report, label
         self.pool: dict[bytes, tuple[float, object]] = {}
         self.best = math.inf
         self.news = ""
@@ -122,7 +220,8 @@ class _Search:
         self.limit = max(8, min(64, DESCENT_WORK // max(n, 1)))
 
     def model_name(self) -> str | None:
-        return getattr(self.evaluate.model, "name", None)
+        name = getattr(self.evaluate.model, "name", None)
+        return None if name is None else name + self.label
 
     def add(self, genomes: list) -> np.ndarray:
         """Score ``genomes``, keep them; their scores (``inf``: not scored)."""
@@ -173,12 +272,25 @@ class _Search:
         self.flush()
         return g, value
 
-    def run(self, policy, problem, *, seed, samples, batch, max_units) -> None:
+    def starts(self) -> list:
+        """The best plan and the best of each other shape (how many groups
+        and whether data-parallel), at most :data:`STARTS`, best first."""
+        D = self.space.n_devices
+        out, shapes = [], set()
+        for value, g in self.ranked():
+            shape = (len(np.unique(g.assign)), bool((g.assign >= D).any()))
+            if shape not in shapes:
+                shapes.add(shape)
+                out.append((value, g))
+            if len(out) >= STARTS:
+                break
+        return out
+
+    def run(self, policy, problem, *, samples, batch, max_units) -> None:
         """Descend from the best starts, then kick and descend, with fresh
         decodings by the policy now and then, until the budget ends."""
         from evolution.operators import mutate
-        ranked = self.ranked()
-        for value, g in ranked[:STARTS]:
+        for value, g in self.starts():
             if self.spent():
                 return
             self.descend(g, value)
@@ -186,7 +298,11 @@ class _Search:
         round_ = 0
         while not self.spent():
             round_ += 1
-            value, current = self.ranked()[0]
+            ranked = self.ranked()
+            value, current = ranked[0]
+            if round_ % 3 == 0 and len(ranked) > 1:
+                # now and then from another of the best: a second basin
+                value, current = ranked[int(self.rng.integers(1, min(ELITE, len(ranked))))]
             if round_ % RESAMPLE_EVERY == 0:
                 if decoder is None:
                     decoder = _Decoder(policy, problem, max_units)

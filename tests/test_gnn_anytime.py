@@ -26,7 +26,8 @@ def stem(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def problem():
-    return Problem(datasets.graph("layered-n30-w4-s0"), datasets.cluster("hetero-lab"))
+    # an unrolled LSTM (out of the policy's families) on two speed classes
+    return Problem(datasets.graph("rnn-t8-l2-s0"), datasets.cluster("classes-d4-s0"))
 
 
 def _search(stem, problem, budget, seed=0, **options):
@@ -40,20 +41,26 @@ def _search(stem, problem, budget, seed=0, **options):
 def test_anytime_rl_reports_its_first_plan_then_improves_deterministically(stem, problem):
     sim = get_cost_model("simulator")
     one, one_events, one_budget = _search(stem, problem, Budget())          # no budget: one-shot
-    off, _, _ = _search(stem, problem, Budget(evaluations=1500), anytime=False)
-    assert off.placement == one.placement and off.predicted["evaluations"] < 1500
+    off, _, _ = _search(stem, problem, Budget(evaluations=800), anytime=False)
+    assert off.placement == one.placement and off.predicted["evaluations"] < 800
     assert [e.message for e in one_events] == ["done"]
-    a, events, budget = _search(stem, problem, Budget(evaluations=1500))
-    b, _, _ = _search(stem, problem, Budget(evaluations=1500))
+    a, events, budget = _search(stem, problem, Budget(evaluations=800))
+    b, _, _ = _search(stem, problem, Budget(evaluations=800))
     assert a.placement == b.placement and a.microbatches == b.microbatches  # same seed, same plan
     # the first report is the one-shot plan, by the simulator, before the search goes on
     first = events[0]
     assert first.message == "first plan" and first.extra["model"] == "simulator"
     assert first.best == pytest.approx(sim.estimate(problem, one).objective)
     assert first.evaluations < 0.5 * budget.used
-    # then it spends the budget (keeping none idle) and is better by the simulator
-    assert 1400 <= budget.used <= 1500
-    assert sim.estimate(problem, a).objective < 0.99 * first.best
+    # then it spends the budget (a tenth kept for the final model's descent,
+    # which stops at its local optimum) and is better by the simulator
+    assert 700 <= budget.used <= 800
+    assert sim.estimate(problem, a).objective < 0.9 * first.best
+    # and here as good as evolution's at the same number of plans scored
+    evo = Budget(evaluations=800)
+    plan = get_strategy("evolution").search(problem, evo.meter(get_cost_model("analytical")),
+                                            evo, 0)
+    assert sim.estimate(problem, a).objective <= 1.05 * sim.estimate(problem, plan).objective
     assert a.extra["first_source"] == one.extra["source"]
     assert events[-1].done and len(events) > 2
 
