@@ -50,7 +50,8 @@ DESCENT_WORK = 40_000
 def refine(problem: Problem, cost_model, budget: Budget, starts: list, *, policy,
            seed: int = 0, samples: int = 16, batch: int = 4, max_units: int = 96,
            microbatches: list[int], schedules: list[str], final: str | None = "simulator",
-           first=None, first_value: float | None = None, report: Callable | None = None):
+           first=None, first_value: float | None = None, report: Callable | None = None,
+           fixed: dict | None = None):
     """Search from ``starts`` (the one-shot :class:`gnn.strategies.Candidate`
     s, best first) until ``budget`` ends; returns the best
     :class:`placer.Plan` and where it came from (``"anytime"`` or the
@@ -60,7 +61,9 @@ def refine(problem: Problem, cost_model, budget: Budget, starts: list, *, policy
     called on each improvement. Graphs of more than :data:`COARSEN_ABOVE`
     ops are searched coarsened to :data:`COARSEN_TO` (as evolution does;
     the reports then name the model ``"NAME-coarse"``: its figures are the
-    coarse graph's); the finalists are then ranked on the whole graph."""
+    coarse graph's); the finalists are then ranked on the whole graph.
+    ``fixed``: the strategy's fixed ``microbatches`` and ``schedule``, for
+    the heuristics whose plans join the starts (:func:`_heuristics`)."""
     from evolution.evaluate import Evaluator
     from evolution.genome import Space
     from evolution.search import (final_ranker, hold_back, polish_with, reserve,
@@ -73,7 +76,10 @@ def refine(problem: Problem, cost_model, budget: Budget, starts: list, *, policy
     genomes = [_genome(space, coarse, c.to_plan(problem, "rl"), c.source) for c in starts]
     if first is not None:
         genomes.append(_genome(space, coarse, first, "first"))
-    with reserve(budget, FINAL_K + 3), \
+    # the heuristics' plans on the whole graph: starts, and finalists of their own
+    heuristics = _heuristics(problem, cost_model, budget, seed, fixed or {})
+    genomes += [_genome(space, coarse, plan, name) for name, plan, _ in heuristics]
+    with reserve(budget, RESERVE), \
             Evaluator(space, budget.meter(cost_model), budget) as evaluate:
         screen = screen_exactly(inner, evaluate, cost_model,
                                 [g.to_plan(space) for g in genomes[:2]], budget, final)
@@ -101,6 +107,12 @@ def refine(problem: Problem, cost_model, budget: Budget, starts: list, *, policy
     # graph, against the first plan's figure by it
     finalists = [g for _, g in pool[:FINAL_K]]
     plans = [whole(g) for g in finalists]
+    if coarse.members is not None:
+        # the heuristics' own plans, the best by the search model first,
+        # after the coarse search's best
+        for name, plan, _ in sorted(heuristics, key=lambda h: h[2])[:FINAL_K]:
+            finalists.insert(1, _Origin(name))
+            plans.insert(1, plan)
     if first is not None and first_value is None:     # not ranked by it yet
         finalists.append(None)
         plans.append(first)
@@ -110,11 +122,66 @@ def refine(problem: Problem, cost_model, budget: Budget, starts: list, *, policy
     if finalists[i] is None or (first_value is not None and not values[i] < first_value):
         return first, "first"
     best, plan = finalists[i], plans[i]
+    if isinstance(best, _Origin):
+        return plan, best.origin
     if coarse.members is None:
         polished = polish_with(space, ranker, budget, best, rng)
         if polished is not None:
             best, plan = polished, polished.to_plan(space, "rl")
     return plan, best.origin
+
+
+class _Origin:
+    """A finalist that is a whole-graph plan already (a heuristic's)."""
+
+    def __init__(self, origin: str):
+        self.origin = origin
+
+
+#: share of the budget left after the first plan that the heuristics may use
+HEURISTIC_SHARE = 0.2
+#: evolution's seeding heuristics, in the order they run: the one most of
+#: evolution's results on the benchmarks' cases start from first, the
+#: slowest on big graphs (list scheduling) last; the one-device plans are
+#: among the one-shot baselines already
+HEURISTICS = ("pipeline_dp", "even_pipeline", "partition", "m_topo", "heft", "m_sct", "m_etf")
+
+
+def _heuristics(problem, cost_model, budget: Budget, seed: int, fixed: dict) -> list:
+    """``(name, plan, search objective)`` of evolution's seeding heuristics
+    (HEFT, m-SCT, pipeline_dp, ...) on ``problem``, together within
+    :data:`HEURISTIC_SHARE` of what is left of ``budget`` (as evolution
+    shares its seeding time); evolution's results often start from one."""
+    from evolution.search import SeedPool
+    from placer.errors import PlacerError
+    from placer.search.base import get_strategy
+    out = []
+    pool = SeedPool(budget, HEURISTIC_SHARE, len(HEURISTICS))
+    for name in HEURISTICS:
+        # a heuristic cannot be stopped mid-run (list scheduling on 2,000
+        # ops takes over a second): none starts after the share is spent
+        if budget.exhausted() or (pool.deadline is not None
+                                  and budget.elapsed >= pool.deadline):
+            break
+        # a strategy may score a plan or two past its own budget: none runs
+        # that could eat into what the search keeps for its final ranking
+        if budget.remaining_evaluations <= RESERVE + 4:
+            break
+        try:
+            strategy = get_strategy(name, **fixed)
+        except PlacerError:
+            pool.skip()
+            continue
+        sub = pool.next()
+        try:
+            plan = strategy.search(problem, cost_model, sub, seed=seed)
+        except PlacerError:
+            continue
+        finally:
+            budget.charge(sub.used)
+        value = plan.predicted.get("objective", plan.predicted.get("step_time", math.inf))
+        out.append((name, plan, float(value)))
+    return out
 
 
 def _scores(model, problem, plans: list, budget: Budget) -> list[float]:
@@ -177,6 +244,8 @@ def _layouts(space) -> list:
 
 #: finalists ranked by the final model
 FINAL_K = 4
+#: evaluations kept for the final ranking and the report of the result
+RESERVE = FINAL_K + 3
 #: share of the budget kept for the final model's descent from the winner
 FINAL_SHARE = 0.1
 

@@ -658,6 +658,7 @@ class RL(_Learned):
             samples=self.samples, batch=self.batch, max_units=self.max_units,
             microbatches=choices, schedules=self.schedule_choices(), final=self.final,
             first=best, first_value=value if model == self.final else None,
+            fixed={"microbatches": self.microbatches, "schedule": self.schedule},
             report=lambda v, m, msg: _report(progress, self.name, budget, v, m, msg))
         if plan is None:
             return self.finalize(problem, cost_model, budget, best, progress=progress)

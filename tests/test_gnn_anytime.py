@@ -70,6 +70,6 @@ def test_anytime_rl_stops_at_its_time_budget(stem, problem):
     start = time.perf_counter()
     plan, events, budget = _search(stem, problem, Budget(time=1.5))
     took = time.perf_counter() - start
-    assert 1.4 <= took <= 1.5 * 1.3 + 0.5
+    assert 1.2 <= took <= 1.5 * 1.3 + 0.5      # most of it used (a tenth kept to rank)
     assert events[0].message == "first plan" and events[0].elapsed < took
     plan.validate(problem.graph, problem.cluster, check_fingerprints=False)
