@@ -25,10 +25,16 @@ TEST_CLUSTERS = ("hetero-lab", "edge-wireless", "ib-4x8-a100", "dtfm-worldwide",
 
 
 def random_cluster(rng: np.random.Generator, bases: list[Cluster], max_devices: int = 16,
-                   name: str = "random") -> Cluster:
+                   name: str = "random", wide: bool = False) -> Cluster:
     """A perturbed random subset of one of ``bases``: 2..``max_devices``
     devices, speeds and memories scaled by 0.5-1.5 each, links by 0.3-3 (per
-    site pair, symmetric) and latencies by 0.5-2."""
+    site pair, symmetric) and latencies by 0.5-2. ``wide`` randomises
+    further (domain randomisation for clusters unlike the bases): the
+    devices of a random half of the sites slowed to a second speed class
+    (0.12-0.4x), links scaled by 0.02-3 and one site pair 5-10x slower
+    still, latencies by 0.5-20."""
+    if wide:
+        return _wide(rng, random_cluster(rng, bases, max_devices, name), name)
     base = bases[int(rng.integers(len(bases)))]
     n = int(rng.integers(2, min(max_devices, len(base)) + 1))
     idx = np.sort(rng.choice(len(base), size=n, replace=False))
@@ -47,6 +53,39 @@ def random_cluster(rng: np.random.Generator, bases: list[Cluster], max_devices: 
     lat = np.array(base.latency)[np.ix_(idx, idx)] * lat_scale
     np.fill_diagonal(bw, 1.0)
     return Cluster(f"{name}-{base.name}-{n}", devices, bw, lat)
+
+
+def _wide(rng: np.random.Generator, c: Cluster, name: str) -> Cluster:
+    """``c`` with a second speed class, wider link ratios and one slow site
+    pair (see :func:`random_cluster`); sites are split in two when there is
+    only one, so that there are site pairs to slow."""
+    devices = list(c.devices)
+    sites = sorted({d.site for d in devices})
+    if len(sites) == 1 and len(devices) > 1:
+        half = len(devices) // 2
+        devices = [Device(d.name, d.flops, d.memory, site=f"{d.site}-{int(i >= half)}",
+                          kind=d.kind, efficiency=d.efficiency)
+                   for i, d in enumerate(devices)]
+        sites = sorted({d.site for d in devices})
+    slow = set(rng.choice(sites, size=max(1, len(sites) // 2), replace=False).tolist()) \
+        if len(sites) > 1 else set()
+    factor = float(rng.uniform(0.12, 0.4))
+    devices = [Device(d.name, d.flops * (factor if d.site in slow else 1.0), d.memory,
+                      site=d.site, kind=d.kind, efficiency=d.efficiency) for d in devices]
+    s = np.array([sites.index(d.site) for d in devices])
+    n_sites = len(sites)
+    scale = np.exp(rng.uniform(math.log(0.02), math.log(3.0), size=(n_sites, n_sites)))
+    scale = np.sqrt(scale * scale.T)
+    np.fill_diagonal(scale, 1.0)
+    if n_sites > 1:
+        a, b = rng.choice(n_sites, size=2, replace=False)
+        extra = float(rng.uniform(5, 10))
+        scale[a, b] /= extra
+        scale[b, a] /= extra
+    bw = np.array(c.bandwidth) * scale[s][:, s]
+    lat = np.array(c.latency) * float(np.exp(rng.uniform(math.log(0.5), math.log(20.0))))
+    np.fill_diagonal(bw, 1.0)
+    return Cluster(f"{name}-wide-{c.name}", devices, bw, lat)
 
 
 def microbatch_choices(problem, limit: int = 8) -> list[int]:

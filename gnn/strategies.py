@@ -660,8 +660,8 @@ class RL(_Learned):
             first=best, first_value=value if model == self.final else None,
             fixed={"microbatches": self.microbatches, "schedule": self.schedule},
             report=lambda v, m, msg: _report(progress, self.name, budget, v, m, msg))
-        if plan is None:
-            return self.finalize(problem, cost_model, budget, best, progress=progress)
+        if plan is None:          # nothing scored after the first plan
+            plan, source = best, "first"
         plan.method = self.name
         plan.extra = dict(plan.extra or {}, source=source if source != "first"
                           else found[i].source, first_source=found[i].source)

@@ -733,3 +733,36 @@ def test_rl_descends_from_an_infeasible_best_when_nothing_fits():
     assert plain.objective >= INFEASIBLE and polished.source == "polished"
     # a lower excess, not only a faster step at the same excess
     assert int(polished.objective / 1e6) < int(plain.objective / 1e6)
+
+
+def test_wide_random_clusters_have_speed_classes_and_a_slow_site_pair():
+    """Domain randomisation for training: a second speed class and one site
+    pair far slower than the others, unlike the perturbed bases."""
+    bases = [datasets.cluster(n) for n in ("a100x8", "two-sites", "dtfm-regional")]
+    rng = np.random.default_rng(0)
+    ratios, slow = [], []
+    for _ in range(20):
+        c = random_cluster(rng, bases, 12, wide=True)
+        assert len(c.sites()) >= 2 and c.name.startswith("random-wide-")
+        rates = np.array([d.flops for d in c.devices])
+        ratios.append(rates.max() / rates.min())
+        bw = np.array(c.bandwidth)
+        off = bw[~np.eye(len(c), dtype=bool)]
+        slow.append(off.max() / off.min())
+    assert np.median(ratios) >= 2.5 and np.median(slow) >= 10 and min(slow) >= 2
+
+
+def test_training_can_start_from_a_checkpoint_with_wider_clusters(tmp_path):
+    save_policy(tmp_path / "p", PlacementPolicy(PolicyConfig(hidden=24, layers=1)))
+    cfg = TrainConfig(iterations=1, problems=1, samples=2, init=str(tmp_path / "p"),
+                      randomize=1.0, random_clusters=1.0, graphs=["layered-n30-w4-s0"],
+                      val_every=0, policy={"hidden": 16})
+    trainer = Trainer(cfg)
+    start = load_policy(tmp_path / "p").state_dict()
+    assert all(torch.equal(v, trainer.policy.state_dict()[k]) for k, v in start.items())
+    assert trainer.config.policy["hidden"] == 24          # the checkpoint's architecture
+    assert TrainConfig.from_dict(trainer.config.to_dict()).randomize == 1.0
+    problem, _ = trainer.draw(np.random.default_rng(0), 0)
+    assert "-wide-" in problem.cluster.name
+    trainer.step()
+    assert not all(torch.equal(v, trainer.policy.state_dict()[k]) for k, v in start.items())
