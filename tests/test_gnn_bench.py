@@ -138,7 +138,7 @@ def test_bench_learned_ood_split_runs_one_case_with_anytime_rl(tmp_path, monkeyp
     graph = min(parts["graphs"], key=lambda n: len(datasets.graph(n)))
     result = learned.bench_learned([graph], parts["clusters"][:1], evaluations=300,
                                    finetune=0.0, checkpoint=tmp_path / "p", samples=2,
-                                   out=None, quiet=True)
+                                   out=tmp_path / "ood.json", quiet=True)
     row = result["rows"][0]
     any_ = row["anytime"]
     assert any_["first_plan"]["model"] == "simulator"
@@ -146,3 +146,8 @@ def test_bench_learned_ood_split_runs_one_case_with_anytime_rl(tmp_path, monkeyp
     assert any_["evaluations"] <= 300 and any_["step_time"] <= row["zero_shot"]["step_time"]
     with pytest.raises(Exception, match="unknown split"):
         learned.cases("dev")
+    # a checkpoint's zero-shot against the saved run's evolution figures
+    again = learned.zero_shot_against(tmp_path / "ood.json", tmp_path / "p")
+    assert again["rows"][0]["step_time"] == row["zero_shot"]["step_time"]
+    assert again["rows"][0]["vs_evolution"] == pytest.approx(row["zero_shot_vs_evolution"])
+    assert again["summary"]["cases"] == 1

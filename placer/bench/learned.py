@@ -82,7 +82,8 @@ import numpy as np
 
 from .._io import PathLike, atomic_write_text, dump_json
 
-__all__ = ["bench_learned", "cases", "TEST_GRAPHS", "TEST_CLUSTERS", "SPLITS"]
+__all__ = ["bench_learned", "cases", "zero_shot_against", "TEST_GRAPHS", "TEST_CLUSTERS",
+           "SPLITS"]
 
 TEST_GRAPHS = ("inception.op", "unet.op", "dlrm.op", "moe.op", "gnmt.op")
 TEST_CLUSTERS = ("hetero-lab", "edge-wireless", "dtfm-worldwide")
@@ -560,3 +561,37 @@ def _clean(value):
     if isinstance(value, np.generic):
         return value.item()
     return value
+
+
+def zero_shot_against(saved: PathLike, checkpoint=None, *, split: str | None = None) -> dict:
+    """Zero-shot ``rl`` (one-shot, the bench's ``zero_shot`` row) with
+    ``checkpoint`` on the cases of a saved benchmark (``saved``: its JSON),
+    against that run's evolution figures: a quick look at a trained policy
+    without running evolution again (its figures are the saved run's, from
+    that run's machine and budget; ``rl`` with that run's ``samples``).
+    ``split`` keeps only that split's rows.
+    Returns ``{"rows": [{graph, cluster, step_time, vs_evolution}], "summary"}``."""
+    import json
+    from pathlib import Path
+    import placer
+    data = json.loads(Path(saved).read_text(encoding="utf-8"))
+    options = {} if data.get("samples") is None else {"samples": data["samples"]}
+    rows = []
+    for r in data["rows"]:
+        if "evolution" not in r or (split is not None and r.get("split") != split):
+            continue
+        z = _run(placer.datasets.graph(r["graph"]), placer.datasets.cluster(r["cluster"]),
+                 "rl", data.get("seed", 0), None,
+                 checkpoint=None if checkpoint is None else str(checkpoint), **options)
+        evo = r["evolution"]
+        ratio = z["step_time"] / evo["step_time"] if z["feasible"] or not evo["feasible"] \
+            else np.inf
+        rows.append({"split": r.get("split"), "graph": r["graph"], "cluster": r["cluster"],
+                     "step_time": z["step_time"], "plan_seconds": z["plan_seconds"],
+                     "vs_evolution": ratio})
+    ratios = [row["vs_evolution"] for row in rows]
+    finite = [v for v in ratios if np.isfinite(v)]
+    return {"rows": rows, "summary": {
+        "cases": len(rows), "within_10pct": int(sum(v <= 1.10 for v in ratios)),
+        "worst": float(max(ratios)) if ratios else None,
+        "gmean": float(np.exp(np.mean(np.log(finite)))) if finite else None}}
