@@ -252,24 +252,11 @@ FINAL_SHARE = 0.1
 
 def _pipelines(problem) -> np.ndarray:
     """Even pipelines over the first ``k`` devices for every ``k`` from 2 to
-    the device count (ordered as :func:`gnn.problems.pipeline_assignments`
-    orders them: by site, largest total speed first, then speed), each
-    stage's share of the work proportional to its device's speed; the
-    one-shot baselines have only ``k`` a power of two (a site of three
-    fast GPUs is a pipeline of three)."""
-    D = problem.n_devices
-    rate = problem.rate
-    site_rate = np.bincount(problem.site, rate)
-    order = sorted(range(D), key=lambda d: (-site_rate[problem.site[d]], problem.site[d],
-                                            -rate[d], d))
-    work = problem.flops + (problem.bwd_flops if problem.training else 0.0)
-    frac = (np.cumsum(work) - work / 2) / max(work.sum(), 1e-30)
-    rows = []
-    for k in range(2, min(D, MAX_PIPELINE) + 1):
-        devs = np.array(order[:k])
-        bounds = np.cumsum(rate[devs]) / rate[devs].sum()
-        rows.append(devs[np.minimum(np.searchsorted(bounds, frac, side="right"), k - 1)])
-    return np.stack(rows) if rows else np.zeros((0, problem.n_ops), dtype=np.int64)
+    :data:`MAX_PIPELINE` (:func:`gnn.problems.even_pipelines`); the one-shot
+    baselines have only ``k`` a power of two (a site of three fast GPUs is
+    a pipeline of three)."""
+    from .problems import even_pipelines
+    return even_pipelines(problem, range(2, min(problem.n_devices, MAX_PIPELINE) + 1))
 
 
 #: the deepest of :func:`_pipelines`

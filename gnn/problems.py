@@ -159,28 +159,35 @@ def pipeline_assignments(problem) -> np.ndarray:
     by its device's speed."""
     D = problem.n_devices
     rate = problem.rate
+    rows = []
+    top = np.argsort(-rate, kind="stable")[:min(D, 4)]
+    biggest = np.argsort(-problem.memory, kind="stable")[:2]
+    for d in dict.fromkeys(top.tolist() + biggest.tolist()):
+        rows.append(np.full(problem.n_ops, d, dtype=np.int64))
+    counts = [2 ** i for i in range(1, D.bit_length()) if 2 ** i <= D]
+    if D > 2 and D & (D - 1):
+        counts.append(D)
+    return np.concatenate([np.stack(rows), even_pipelines(problem, counts)])
+
+
+def even_pipelines(problem, counts) -> np.ndarray:
+    """Device per op (rows): for each ``k`` of ``counts``, an even pipeline
+    over the first ``k`` devices ordered by site (largest total speed
+    first) then speed, each stage's share of the work proportional to its
+    device's speed."""
+    D = problem.n_devices
+    rate = problem.rate
     site_rate = np.bincount(problem.site, rate)
     order = sorted(range(D), key=lambda d: (-site_rate[problem.site[d]], problem.site[d],
                                             -rate[d], d))
     work = problem.flops + (problem.bwd_flops if problem.training else 0.0)
     frac = (np.cumsum(work) - work / 2) / max(work.sum(), 1e-30)
     rows = []
-    top = np.argsort(-rate, kind="stable")[:min(D, 4)]
-    biggest = np.argsort(-problem.memory, kind="stable")[:2]
-    for d in dict.fromkeys(top.tolist() + biggest.tolist()):
-        rows.append(np.full(problem.n_ops, d, dtype=np.int64))
-    k = 2
-    while k <= D:
+    for k in counts:
         devs = np.array(order[:k])
         bounds = np.cumsum(rate[devs]) / rate[devs].sum()
-        stage = np.minimum(np.searchsorted(bounds, frac, side="right"), k - 1)
-        rows.append(devs[stage])
-        k *= 2
-    if D > 2 and D & (D - 1):
-        devs = np.array(order)
-        bounds = np.cumsum(rate[devs]) / rate[devs].sum()
-        rows.append(devs[np.minimum(np.searchsorted(bounds, frac, side="right"), D - 1)])
-    return np.stack(rows)
+        rows.append(devs[np.minimum(np.searchsorted(bounds, frac, side="right"), k - 1)])
+    return np.stack(rows) if rows else np.zeros((0, problem.n_ops), dtype=np.int64)
 
 
 def crossing_bytes(problem) -> np.ndarray:
