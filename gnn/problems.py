@@ -234,6 +234,50 @@ def cheap_cuts(problem, rows: np.ndarray, variants: int = 1) -> np.ndarray:
     return np.stack(list(out.values())) if out else rows[:0]
 
 
+def class_pipelines(problem, counts) -> np.ndarray:
+    """Device per op (rows): pipelines that keep colocation classes whole,
+    for each ``k`` of ``counts``. Ops are grouped by class (ops without one
+    alone), the classes' graph condensed to a DAG (its strongly connected
+    parts merged) and cut, in a topological order of it, into ``k``
+    stages with work in proportion to their devices' speeds (the devices
+    as :func:`even_pipelines` orders them). An unrolled recurrence whose
+    layers share weights is a pipeline of layers this way; cutting its
+    topological order of ops (by time step) and keeping classes whole
+    puts it all on one device. No rows when the graph has no classes."""
+    import networkx as nx
+    labels = [problem.graph.op(op).colocate for op in problem.ids]
+    if not any(labels):
+        return np.zeros((0, problem.n_ops), dtype=np.int64)
+    names: dict = {}
+    cls = np.array([names.setdefault(("c", lab) if lab else ("o", i), len(names))
+                    for i, lab in enumerate(labels)], dtype=np.int64)
+    g = nx.DiGraph()
+    g.add_nodes_from(range(len(names)))
+    a, b = cls[problem.edge_src], cls[problem.edge_dst]
+    g.add_edges_from((int(x), int(y)) for x, y in zip(a[a != b], b[a != b]))
+    dag = nx.condensation(g)
+    part = np.array([dag.graph["mapping"][c] for c in range(len(names))], dtype=np.int64)
+    order = list(nx.lexicographical_topological_sort(dag))
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    pos = rank[part[cls]]                               # each op's place in the order
+    work = problem.flops + (problem.bwd_flops if problem.training else 0.0)
+    per = np.bincount(pos, work, minlength=len(order))
+    frac = (np.cumsum(per) - per / 2) / max(per.sum(), 1e-30)
+    rows = []
+    D = problem.n_devices
+    rate = problem.rate
+    site_rate = np.bincount(problem.site, rate)
+    devices = sorted(range(D), key=lambda d: (-site_rate[problem.site[d]], problem.site[d],
+                                              -rate[d], d))
+    for k in counts:
+        devs = np.array(devices[:k])
+        bounds = np.cumsum(rate[devs]) / rate[devs].sum()
+        stage = np.minimum(np.searchsorted(bounds, frac, side="right"), k - 1)
+        rows.append(devs[stage][pos])
+    return np.stack(rows) if rows else np.zeros((0, problem.n_ops), dtype=np.int64)
+
+
 def _colocated(problem, rows: np.ndarray) -> np.ndarray:
     """Rows with every colocation group moved to its first member's device."""
     rows = rows.copy()

@@ -479,13 +479,19 @@ def _baseline_rows(problem, space=None, max_devices: int = 16):
     layouts cost the cost model up to 100x more per plan (an all-reduce per
     op over wide groups, many stages) and wide clusters are the policy's
     own ground."""
-    from .problems import _colocated, cheap_cuts, pipeline_assignments
+    from .problems import _colocated, cheap_cuts, class_pipelines, pipeline_assignments
     rows = pipeline_assignments(problem)
     # each pipeline also with its boundaries at the cheapest cuts nearby
     cuts = cheap_cuts(problem, rows[[len(np.unique(r)) > 1 for r in rows]])
     seen = {r.tobytes() for r in rows}
     cuts = [r for r in cuts if r.tobytes() not in seen]
     rows = _colocated(problem, np.concatenate([rows, cuts]) if cuts else rows)
+    # pipelines of whole colocation classes (an unrolled recurrence's layers)
+    classes = class_pipelines(problem, range(2, min(problem.n_devices, CLASS_STAGES) + 1))
+    if len(classes):
+        seen = {r.tobytes() for r in rows}
+        classes = [r for r in classes if r.tobytes() not in seen]
+        rows = np.concatenate([rows, classes]) if classes else rows
     if space is None:
         return rows, rows[:0], np.zeros(0, dtype=np.int64)
     from evolution.search import layout_seeds
@@ -499,6 +505,10 @@ def _baseline_rows(problem, space=None, max_devices: int = 16):
         return rows, rows[:0], np.zeros(0, dtype=np.int64)
     assign, stages = zip(*layouts.values())
     return rows, np.stack(assign), np.array(stages)
+
+
+#: the most stages of :func:`gnn.problems.class_pipelines` among the baselines
+CLASS_STAGES = 8
 
 
 def _merge(first: list[Candidate], second: list[Candidate], D: int) -> list[Candidate]:

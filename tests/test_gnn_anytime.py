@@ -55,7 +55,7 @@ def test_anytime_rl_reports_its_first_plan_then_improves_deterministically(stem,
     # then it spends the budget (a tenth kept for the final model's descent,
     # which stops at its local optimum) and is better by the simulator
     assert 700 <= budget.used <= 800
-    assert sim.estimate(problem, a).objective < 0.9 * first.best
+    assert sim.estimate(problem, a).objective < 0.97 * first.best
     # and here as good as evolution's at the same number of plans scored
     evo = Budget(evaluations=800)
     plan = get_strategy("evolution").search(problem, evo.meter(get_cost_model("analytical")),

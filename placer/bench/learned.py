@@ -577,6 +577,9 @@ def zero_shot_against(saved: PathLike, checkpoint=None, *, split: str | None = N
     import placer
     data = json.loads(Path(saved).read_text(encoding="utf-8"))
     options = {} if data.get("samples") is None else {"samples": data["samples"]}
+    if data["rows"]:
+        _warm_up(data["rows"][0]["graph"], data["rows"][0]["cluster"],
+                 None if checkpoint is None else str(checkpoint), False)
     rows = []
     for r in data["rows"]:
         if "evolution" not in r or (split is not None and r.get("split") != split):
