@@ -766,3 +766,28 @@ def test_training_can_start_from_a_checkpoint_with_wider_clusters(tmp_path):
     assert "-wide-" in problem.cluster.name
     trainer.step()
     assert not all(torch.equal(v, trainer.policy.state_dict()[k]) for k, v in start.items())
+
+
+def test_class_pipelines_keep_classes_whole_and_split_an_rnn_by_layer():
+    """An unrolled LSTM's layers share weights: cut by classes, it becomes a
+    pipeline of layers (cutting its op order by time step and keeping
+    classes whole would leave it on one device)."""
+    from gnn.problems import class_pipelines
+    problem = Problem(datasets.graph("rnn-t6-l3-s0"), datasets.cluster("classes-d8-s0"))
+    rows = class_pipelines(problem, [2, 3, 4])
+    assert rows.shape == (3, problem.n_ops)
+    index = problem.index
+    groups = problem.graph.colocation_groups()
+    for row in rows:
+        for members in groups.values():
+            assert len({int(row[index[m]]) for m in members}) == 1
+    # the chain of classes (embed, layers, proj) cut into k stages in its order
+    chain = ["embed", "layer0", "layer1", "layer2", "proj"]
+    for k, row in zip([2, 3, 4], rows):
+        devs = [int(row[index[groups[name][0]]]) for name in chain]
+        runs = [d for i, d in enumerate(devs) if i == 0 or d != devs[i - 1]]
+        assert len(runs) == len(set(runs)) and 2 <= len(runs) <= k, (k, devs)
+        assert k < 3 or len(set(devs[1:4])) >= 2    # the layers not all on one device
+    # a graph without classes has none
+    plain = Problem(datasets.graph("layered-n30-w4-s0"), datasets.cluster("two-sites"))
+    assert class_pipelines(plain, [2]).shape == (0, plain.n_ops)
