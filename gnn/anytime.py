@@ -66,8 +66,8 @@ def refine(problem: Problem, cost_model, budget: Budget, starts: list, *, policy
     the heuristics whose plans join the starts (:func:`_heuristics`)."""
     from evolution.evaluate import Evaluator
     from evolution.genome import Space
-    from evolution.search import (final_ranker, hold_back, polish_with, reserve,
-                                  screen_exactly)
+    from evolution.search import (EXACT_SCREEN_EVALS, final_ranker, hold_back, polish_with,
+                                  reserve, screen_exactly)
     from placer.search.common import Coarse
     coarse = Coarse(problem, COARSEN_TO if problem.n_ops > COARSEN_ABOVE else None)
     inner = coarse.problem
@@ -76,15 +76,20 @@ def refine(problem: Problem, cost_model, budget: Budget, starts: list, *, policy
     genomes = [_genome(space, coarse, c.to_plan(problem, "rl"), c.source) for c in starts]
     if first is not None:
         genomes.append(_genome(space, coarse, first, "first"))
-    # the heuristics' plans on the whole graph: starts, and finalists of their own
-    heuristics = _heuristics(problem, cost_model, budget, seed, fixed or {})
-    genomes += [_genome(space, coarse, plan, name) for name, plan, _ in heuristics]
     with reserve(budget, RESERVE), \
             Evaluator(space, budget.meter(cost_model), budget) as evaluate:
+        # the simulator screens where evolution's would, for the share of
+        # its estimates that fits in what the first plan left of the budget
+        evals = None if budget.time is None else \
+            int(EXACT_SCREEN_EVALS * budget.remaining_time / budget.time)
         screen = screen_exactly(inner, evaluate, cost_model,
-                                [g.to_plan(space) for g in genomes[:2]], budget, final)
+                                [g.to_plan(space) for g in genomes[:2]], budget, final,
+                                evals=evals)
         exact = coarse.members is None and (getattr(screen, "name", None) == final
                                             or final is None)
+        # the heuristics' plans on the whole graph: starts, and finalists of their own
+        heuristics = _heuristics(problem, cost_model, budget, seed, fixed or {})
+        genomes += [_genome(space, coarse, plan, name) for name, plan, _ in heuristics]
         share = 0.0 if exact else FINAL_SHARE
         with hold_back(budget, share):
             label = "" if coarse.members is None else "-coarse"
