@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             ("even_pipeline", "even_pipeline", {})]
     for label, method, options in runs:
         start = time.perf_counter()
-        plan = placer.optimize(graph, cluster, method=method, seed=0, time_budget=5,
+        plan = placer.optimize(graph, cluster, method=method, seed=0, time_budget=2,
                                **options)
         report = placer.simulate(graph, cluster, plan)
         used = len({d for ds in plan.placement.values() for d in ds})

@@ -25,10 +25,16 @@ TEST_CLUSTERS = ("hetero-lab", "edge-wireless", "ib-4x8-a100", "dtfm-worldwide",
 
 
 def random_cluster(rng: np.random.Generator, bases: list[Cluster], max_devices: int = 16,
-                   name: str = "random") -> Cluster:
+                   name: str = "random", wide: bool = False) -> Cluster:
     """A perturbed random subset of one of ``bases``: 2..``max_devices``
     devices, speeds and memories scaled by 0.5-1.5 each, links by 0.3-3 (per
-    site pair, symmetric) and latencies by 0.5-2."""
+    site pair, symmetric) and latencies by 0.5-2. ``wide`` randomises
+    further (domain randomisation for clusters unlike the bases): the
+    devices of a random half of the sites slowed to a second speed class
+    (0.12-0.4x), links scaled by 0.02-3 and one site pair 5-10x slower
+    still, latencies by 0.5-20."""
+    if wide:
+        return _wide(rng, random_cluster(rng, bases, max_devices, name), name)
     base = bases[int(rng.integers(len(bases)))]
     n = int(rng.integers(2, min(max_devices, len(base)) + 1))
     idx = np.sort(rng.choice(len(base), size=n, replace=False))
@@ -47,6 +53,39 @@ def random_cluster(rng: np.random.Generator, bases: list[Cluster], max_devices: 
     lat = np.array(base.latency)[np.ix_(idx, idx)] * lat_scale
     np.fill_diagonal(bw, 1.0)
     return Cluster(f"{name}-{base.name}-{n}", devices, bw, lat)
+
+
+def _wide(rng: np.random.Generator, c: Cluster, name: str) -> Cluster:
+    """``c`` with a second speed class, wider link ratios and one slow site
+    pair (see :func:`random_cluster`); sites are split in two when there is
+    only one, so that there are site pairs to slow."""
+    devices = list(c.devices)
+    sites = sorted({d.site for d in devices})
+    if len(sites) == 1 and len(devices) > 1:
+        half = len(devices) // 2
+        devices = [Device(d.name, d.flops, d.memory, site=f"{d.site}-{int(i >= half)}",
+                          kind=d.kind, efficiency=d.efficiency)
+                   for i, d in enumerate(devices)]
+        sites = sorted({d.site for d in devices})
+    slow = set(rng.choice(sites, size=max(1, len(sites) // 2), replace=False).tolist()) \
+        if len(sites) > 1 else set()
+    factor = float(rng.uniform(0.12, 0.4))
+    devices = [Device(d.name, d.flops * (factor if d.site in slow else 1.0), d.memory,
+                      site=d.site, kind=d.kind, efficiency=d.efficiency) for d in devices]
+    s = np.array([sites.index(d.site) for d in devices])
+    n_sites = len(sites)
+    scale = np.exp(rng.uniform(math.log(0.02), math.log(3.0), size=(n_sites, n_sites)))
+    scale = np.sqrt(scale * scale.T)
+    np.fill_diagonal(scale, 1.0)
+    if n_sites > 1:
+        a, b = rng.choice(n_sites, size=2, replace=False)
+        extra = float(rng.uniform(5, 10))
+        scale[a, b] /= extra
+        scale[b, a] /= extra
+    bw = np.array(c.bandwidth) * scale[s][:, s]
+    lat = np.array(c.latency) * float(np.exp(rng.uniform(math.log(0.5), math.log(20.0))))
+    np.fill_diagonal(bw, 1.0)
+    return Cluster(f"{name}-wide-{c.name}", devices, bw, lat)
 
 
 def microbatch_choices(problem, limit: int = 8) -> list[int]:
@@ -118,28 +157,35 @@ def pipeline_assignments(problem) -> np.ndarray:
     by its device's speed."""
     D = problem.n_devices
     rate = problem.rate
+    rows = []
+    top = np.argsort(-rate, kind="stable")[:min(D, 4)]
+    biggest = np.argsort(-problem.memory, kind="stable")[:2]
+    for d in dict.fromkeys(top.tolist() + biggest.tolist()):
+        rows.append(np.full(problem.n_ops, d, dtype=np.int64))
+    counts = [2 ** i for i in range(1, D.bit_length()) if 2 ** i <= D]
+    if D > 2 and D & (D - 1):
+        counts.append(D)
+    return np.concatenate([np.stack(rows), even_pipelines(problem, counts)])
+
+
+def even_pipelines(problem, counts) -> np.ndarray:
+    """Device per op (rows): for each ``k`` of ``counts``, an even pipeline
+    over the first ``k`` devices ordered by site (largest total speed
+    first) then speed, each stage's share of the work proportional to its
+    device's speed."""
+    D = problem.n_devices
+    rate = problem.rate
     site_rate = np.bincount(problem.site, rate)
     order = sorted(range(D), key=lambda d: (-site_rate[problem.site[d]], problem.site[d],
                                             -rate[d], d))
     work = problem.flops + (problem.bwd_flops if problem.training else 0.0)
     frac = (np.cumsum(work) - work / 2) / max(work.sum(), 1e-30)
     rows = []
-    top = np.argsort(-rate, kind="stable")[:min(D, 4)]
-    biggest = np.argsort(-problem.memory, kind="stable")[:2]
-    for d in dict.fromkeys(top.tolist() + biggest.tolist()):
-        rows.append(np.full(problem.n_ops, d, dtype=np.int64))
-    k = 2
-    while k <= D:
+    for k in counts:
         devs = np.array(order[:k])
         bounds = np.cumsum(rate[devs]) / rate[devs].sum()
-        stage = np.minimum(np.searchsorted(bounds, frac, side="right"), k - 1)
-        rows.append(devs[stage])
-        k *= 2
-    if D > 2 and D & (D - 1):
-        devs = np.array(order)
-        bounds = np.cumsum(rate[devs]) / rate[devs].sum()
-        rows.append(devs[np.minimum(np.searchsorted(bounds, frac, side="right"), D - 1)])
-    return np.stack(rows)
+        rows.append(devs[np.minimum(np.searchsorted(bounds, frac, side="right"), k - 1)])
+    return np.stack(rows) if rows else np.zeros((0, problem.n_ops), dtype=np.int64)
 
 
 def crossing_bytes(problem) -> np.ndarray:
@@ -184,6 +230,50 @@ def cheap_cuts(problem, rows: np.ndarray, variants: int = 1) -> np.ndarray:
             new[left:] = row[-1]
             out.setdefault(new.tobytes(), new)
     return np.stack(list(out.values())) if out else rows[:0]
+
+
+def class_pipelines(problem, counts) -> np.ndarray:
+    """Device per op (rows): pipelines that keep colocation classes whole,
+    for each ``k`` of ``counts``. Ops are grouped by class (ops without one
+    alone), the classes' graph condensed to a DAG (its strongly connected
+    parts merged) and cut, in a topological order of it, into ``k``
+    stages with work in proportion to their devices' speeds (the devices
+    as :func:`even_pipelines` orders them). An unrolled recurrence whose
+    layers share weights is a pipeline of layers this way; cutting its
+    topological order of ops (by time step) and keeping classes whole
+    puts it all on one device. No rows when the graph has no classes."""
+    import networkx as nx
+    labels = [problem.graph.op(op).colocate for op in problem.ids]
+    if not any(labels):
+        return np.zeros((0, problem.n_ops), dtype=np.int64)
+    names: dict = {}
+    cls = np.array([names.setdefault(("c", lab) if lab else ("o", i), len(names))
+                    for i, lab in enumerate(labels)], dtype=np.int64)
+    g = nx.DiGraph()
+    g.add_nodes_from(range(len(names)))
+    a, b = cls[problem.edge_src], cls[problem.edge_dst]
+    g.add_edges_from((int(x), int(y)) for x, y in zip(a[a != b], b[a != b]))
+    dag = nx.condensation(g)
+    part = np.array([dag.graph["mapping"][c] for c in range(len(names))], dtype=np.int64)
+    order = list(nx.lexicographical_topological_sort(dag))
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    pos = rank[part[cls]]                               # each op's place in the order
+    work = problem.flops + (problem.bwd_flops if problem.training else 0.0)
+    per = np.bincount(pos, work, minlength=len(order))
+    frac = (np.cumsum(per) - per / 2) / max(per.sum(), 1e-30)
+    rows = []
+    D = problem.n_devices
+    rate = problem.rate
+    site_rate = np.bincount(problem.site, rate)
+    devices = sorted(range(D), key=lambda d: (-site_rate[problem.site[d]], problem.site[d],
+                                              -rate[d], d))
+    for k in counts:
+        devs = np.array(devices[:k])
+        bounds = np.cumsum(rate[devs]) / rate[devs].sum()
+        stage = np.minimum(np.searchsorted(bounds, frac, side="right"), k - 1)
+        rows.append(devs[stage][pos])
+    return np.stack(rows) if rows else np.zeros((0, problem.n_ops), dtype=np.int64)
 
 
 def _colocated(problem, rows: np.ndarray) -> np.ndarray:

@@ -12,7 +12,12 @@
   the best multi-device plan (``widen``); only the winner becomes a Plan.
   ``finetune`` seconds (or ``finetune_steps`` updates) of REINFORCE on the
   target problem follow when asked, and the tuned policy's candidates join
-  the shipped policy's.
+  the shipped policy's. That plan is reported at once (progress message
+  ``"first plan"``); with a time or evaluation budget ``rl`` then searches
+  on from its best plans until the budget ends (:mod:`gnn.anytime`: local
+  descents, kicks, fresh decodings at other temperatures) and returns the
+  best by the final model, never worse than the first plan; without a
+  budget, or with ``anytime=False``, the first plan is the result.
 - ``hybrid``: ``rl``'s candidates (the steps of its polish included) are
   reported as progress first and handed to the ``evolution`` strategy (its
   ``candidates``), which spends the rest of the budget on its own search
@@ -474,13 +479,19 @@ def _baseline_rows(problem, space=None, max_devices: int = 16):
     layouts cost the cost model up to 100x more per plan (an all-reduce per
     op over wide groups, many stages) and wide clusters are the policy's
     own ground."""
-    from .problems import _colocated, cheap_cuts, pipeline_assignments
+    from .problems import _colocated, cheap_cuts, class_pipelines, pipeline_assignments
     rows = pipeline_assignments(problem)
     # each pipeline also with its boundaries at the cheapest cuts nearby
     cuts = cheap_cuts(problem, rows[[len(np.unique(r)) > 1 for r in rows]])
     seen = {r.tobytes() for r in rows}
     cuts = [r for r in cuts if r.tobytes() not in seen]
     rows = _colocated(problem, np.concatenate([rows, cuts]) if cuts else rows)
+    # pipelines of whole colocation classes (an unrolled recurrence's layers)
+    classes = class_pipelines(problem, range(2, min(problem.n_devices, CLASS_STAGES) + 1))
+    if len(classes):
+        seen = {r.tobytes() for r in rows}
+        classes = [r for r in classes if r.tobytes() not in seen]
+        rows = np.concatenate([rows, classes]) if classes else rows
     if space is None:
         return rows, rows[:0], np.zeros(0, dtype=np.int64)
     from evolution.search import layout_seeds
@@ -494,6 +505,10 @@ def _baseline_rows(problem, space=None, max_devices: int = 16):
         return rows, rows[:0], np.zeros(0, dtype=np.int64)
     assign, stages = zip(*layouts.values())
     return rows, np.stack(assign), np.array(stages)
+
+
+#: the most stages of :func:`gnn.problems.class_pipelines` among the baselines
+CLASS_STAGES = 8
 
 
 def _merge(first: list[Candidate], second: list[Candidate], D: int) -> list[Candidate]:
@@ -611,41 +626,89 @@ class RL(_Learned):
     re-ranked by ``final`` (cost model name, ``"simulator"``; None: keep the search
     model's best), as evolution ranks its finalists. The plan's
     ``extra["source"]`` says whether the policy's one-shot decoding, a
-    refinement round, the polish or a baseline won.
+    refinement round, the polish or a baseline won (``"anytime"`` or
+    ``"anytime-policy"``: the anytime search, from a kick or from a fresh
+    decoding; ``extra["first_source"]``: the first plan's source).
+
+    ``anytime`` (True): with a time or evaluation budget, report the first
+    plan through ``progress`` (message ``"first plan"``, by the ``final``
+    model) and search on until the budget ends (:func:`gnn.anytime.refine`);
+    deterministic given the seed and an evaluation budget. Without a
+    budget, or False: the first plan is the result (the zero-shot figure).
     """
 
     name = "rl"
 
     def __init__(self, *, final_k: int = 4, final: str | None = "simulator", polish: int = 3,
-                 **options):
+                 anytime: bool = True, **options):
         super().__init__(polish=polish, **options)
         if int(final_k) != final_k or final_k < 1:
             raise StrategyError(f"final_k must be a whole number >= 1, got {final_k!r}",
                                 field="final_k")
         self.final_k, self.final = int(final_k), final
+        self.anytime = bool(anytime)
 
     def search(self, problem, cost_model, budget, seed=0, progress=None):
-        """Decode, score, keep the best (see the class doc)."""
+        """Decode, score, keep the best; with a budget, search on from there
+        until it ends (see the class doc)."""
         cost_model = budget.meter(cost_model)
+        anytime = self.anytime and (budget.time is not None or budget.evaluations is not None)
         found = self._candidates(problem, cost_model, budget, seed, keep=self.final_k)
-        best = found[_rank(self.final, cost_model, budget, problem, found)]
-        return self.finalize(problem, cost_model, budget, best.to_plan(problem, self.name),
-                             progress=progress)
+        i, value = _rank(self.final, cost_model, budget, problem, found, values=True)
+        best = found[i].to_plan(problem, self.name)
+        if not anytime or _space(problem, [1], ["1f1b"]) is None:
+            return self.finalize(problem, cost_model, budget, best, progress=progress)
+        model = self.final if value is not None else cost_model.name
+        value = found[i].objective if value is None else value
+        _report(progress, self.name, budget, value, model, "first plan")
+        from .anytime import refine
+        choices = self.microbatch_choices(problem)
+        plan, source = refine(
+            problem, cost_model, budget, found, policy=_policy(self.checkpoint), seed=seed,
+            samples=self.samples, batch=self.batch, max_units=self.max_units,
+            microbatches=choices, schedules=self.schedule_choices(), final=self.final,
+            first=best, first_value=value if model == self.final else None,
+            fixed={"microbatches": self.microbatches, "schedule": self.schedule},
+            report=lambda v, m, msg: _report(progress, self.name, budget, v, m, msg))
+        if plan is None:          # nothing scored after the first plan
+            plan, source = best, "first"
+        plan.method = self.name
+        plan.extra = dict(plan.extra or {}, source=source if source != "first"
+                          else found[i].source, first_source=found[i].source)
+        return self.finalize(problem, cost_model, budget, plan, progress=progress)
 
 
-def _rank(final: str | None, cost_model, budget: Budget, problem, found: list[Candidate]) -> int:
+def _report(progress, name: str, budget: Budget, value: float, model: str | None,
+            message: str) -> None:
+    """A :class:`Progress` of objective ``value`` by cost model ``model``."""
+    if progress is None:
+        return
+    feasible = bool(value < INFEASIBLE)
+    progress(Progress(name, budget.used, budget.elapsed, float(value),
+                      float(value) if feasible else None, feasible, message,
+                      extra={"model": model}))
+
+
+def _rank(final: str | None, cost_model, budget: Budget, problem, found: list[Candidate],
+          values: bool = False):
     """Index of the best of ``found`` (ranked best first by the search model)
     by the ``final`` cost model, as evolution ranks its finalists (scored
     one by one through the model's array path, at least the first, until
     the budget's time is spent); 0 when there is nothing to rank or no
-    evaluations left for it."""
+    evaluations left for it. With ``values``: ``(index, its objective by
+    the final model)``, the objective None when it was not scored so."""
+    index, value = _ranked(final, cost_model, budget, problem, found)
+    return (index, value) if values else index
+
+
+def _ranked(final, cost_model, budget: Budget, problem, found: list[Candidate]):
     from placer.cost import get_cost_model
     if len(found) < 2 or final is None or final == getattr(cost_model, "name", None):
-        return 0
+        return 0, None
     room = budget.remaining_evaluations - 1   # keep one for finalize
     found = found[:max(int(min(len(found), room)), 0)] if math.isfinite(room) else found
     if len(found) < 2:
-        return 0
+        return 0, None
     model = budget.meter(get_cost_model(final))
     D = problem.n_devices
     values: list[float] = []
@@ -656,7 +719,8 @@ def _rank(final: str | None, cost_model, budget: Budget, problem, found: list[Ca
         values.append(float(model.step_times(problem, row[None], groups=groups,
                                              microbatches=c.microbatches,
                                              schedule=c.schedule)[0]))
-    return int(np.argmin(values))
+    i = int(np.argmin(values))
+    return i, values[i]
 
 
 #: the most of a budget :class:`Hybrid` spends on the policy's plans

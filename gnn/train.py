@@ -71,6 +71,9 @@ class TrainConfig:
     curriculum: tuple = (60, 250, 1_000_000)   # largest graph (ops) per stage
     stages: tuple = (0.2, 0.5, 1.0)            # where each stage ends (fraction)
     random_clusters: float = 0.5    # share of problems on perturbed random clusters
+    randomize: float = 0.0          # of those, the share randomised wider (speed classes,
+                                    # slow site links: gnn.problems.random_cluster(wide=True))
+    init: str | None = None         # start from this checkpoint's weights (stem)
     max_random_devices: int = 16
     refine: float = 0.2             # share of problems also trained in refinement
     imitation: float = 0.15         # first share of the run also imitates the reference plan
@@ -139,7 +142,12 @@ class Trainer:
     def __init__(self, config: TrainConfig):
         self.config = config
         seed_everything(config.seed)
-        self.policy = PlacementPolicy(PolicyConfig.from_dict(config.policy))
+        if config.init:
+            # the architecture is the checkpoint's; training starts from its weights
+            self.policy = load_policy(config.init)
+            config.policy = self.policy.config.to_dict()
+        else:
+            self.policy = PlacementPolicy(PolicyConfig.from_dict(config.policy))
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr)
         self.iteration = 0
         self.cost = get_cost_model("analytical")
@@ -180,7 +188,8 @@ class Trainer:
         name = names[int(rng.integers(len(names)))]
         if rng.random() < self.config.random_clusters:
             cluster = random_cluster(rng, list(self._clusters.values()),
-                                     self.config.max_random_devices)
+                                     self.config.max_random_devices,
+                                     wide=bool(rng.random() < self.config.randomize))
             key = None
         else:
             cname = self.config.clusters[int(rng.integers(len(self.config.clusters)))]
@@ -661,6 +670,11 @@ def build_parser(prog: str = "train_policy.py") -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
     p.add_argument("--val-every", type=int, default=d.val_every,
                    help="validate every N iterations and at the end (0: never)")
+    p.add_argument("--randomize", type=float, default=d.randomize, metavar="SHARE",
+                   help="share of the random clusters drawn with a second speed class and "
+                        "wider, slower site links (domain randomisation)")
+    p.add_argument("--init", metavar="STEM", help="start from this checkpoint's weights "
+                   "(e.g. gnn/checkpoints/policy), its architecture")
     p.add_argument("--resume", action="store_true", help="continue the run saved at --out")
     p.add_argument("--tune", type=int, default=0, metavar="N",
                    help="run an Optuna study of N short trials instead of training")
@@ -683,6 +697,7 @@ def main(argv: list[str] | None = None, prog: str = "train_policy.py") -> int:
                       max_units=args.max_units,
                       checkpoint_every=args.checkpoint_every, val_every=args.val_every,
                       graphs=args.graphs, clusters=list(args.clusters),
+                      randomize=args.randomize, init=args.init,
                       policy={"hidden": args.hidden, "layers": args.layers})
     with _StopSignals():      # a signal before or after the training loop: nothing to save
         return _run(args, cfg, prog)

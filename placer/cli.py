@@ -697,7 +697,7 @@ def cmd_bench(args) -> int:
         from .bench.learned import bench_learned
         extra = {} if args.time_budget is None else {"time_budget": args.time_budget}
         bench_learned(out=out, quick=args.quick, seed=args.seed, seeds=args.seeds,
-                      evaluations=args.evaluations, **extra)
+                      evaluations=args.evaluations, split=args.split or "test", **extra)
     elif args.what == "fidelity":
         from .bench.fidelity import bench_fidelity
         doc = bench_fidelity(out, quick=args.quick, seed=args.seed)
@@ -924,8 +924,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="learned: run evolution and hybrid once per seed and report "
                         "per-case medians and win counts (default: --seed)")
     p.add_argument("--evaluations", type=int, metavar="N",
-                   help="learned: give evolution and hybrid N plans scored instead of "
-                        "the time budget (deterministic, free of the machine's noise)")
+                   help="learned: give evolution, hybrid and anytime rl N plans scored "
+                        "instead of the time budget (deterministic, free of the machine's "
+                        "noise)")
+    p.add_argument("--split", choices=["test", "ood", "all"],
+                   help="learned: the test split's cases (default), the out-of-family "
+                        "split's (graph families and clusters no training draws from) or both")
     p.set_defaults(func=cmd_bench)
 
     for name, (help_text, example) in DELEGATED.items():

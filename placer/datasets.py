@@ -14,7 +14,11 @@ regenerated on demand (deterministically) by :func:`graph`.
 Splits hold out whole model families so a learned policy is tested on kinds of
 models it never saw: train has GPT, BERT, ResNet and synthetic layered and
 series-parallel DAGs; validation the U-Transformer and synthetic random DAGs;
-test MoE, GNMT, U-Net, Inception and DLRM.
+test MoE, GNMT, U-Net, Inception and DLRM. The out-of-family split
+(:func:`ood`) goes further: graph families and cluster shapes that no part
+of training draws from (:mod:`placer.generators`: operator-level graphs,
+unrolled recurrences, expert-parallel layers; clusters with speed classes,
+sites and slow links), regenerated from their names like the synthetic ones.
 
 >>> g = layered(40, width=4, seed=1)
 >>> len(g), g.name
@@ -36,7 +40,7 @@ from .errors import GraphError
 from .graph import Edge, Graph, Op
 
 __all__ = ["models", "model", "family", "graphs", "graph", "layered", "series_parallel",
-           "random_dag", "split", "splits", "clusters", "cluster", "SPLITS"]
+           "random_dag", "split", "splits", "ood", "clusters", "cluster", "SPLITS"]
 
 SPLITS = ("train", "val", "test")
 
@@ -113,6 +117,9 @@ def graph(name: str) -> Graph:
             return _GENERATORS[kind](int(n), int(w), int(s))
         n, s = match.group(6, 7)
         return series_parallel(int(n), int(s))
+    from . import generators
+    if generators.is_graph(name):
+        return generators.graph(name)
     folder = _graph_dir()
     for suffix in (".json.gz", ".json"):
         path = folder / f"{name}{suffix}"
@@ -134,6 +141,9 @@ def family(name: str) -> str:
     match = _SYNTHETIC.match(name)
     if match:
         return "synthetic-" + (match.group(1) or match.group(5))
+    from . import generators
+    if generators.is_graph(name):
+        return "ood-" + name.split("-", 1)[0]
     from . import zoo
     known = zoo.names()
     base = name
@@ -156,7 +166,24 @@ def split(which: str) -> list[str]:
     """
     if which not in SPLITS:
         raise ValueError(f"unknown split {which!r}; use one of {', '.join(SPLITS)}")
-    path = data_dir() / "splits" / f"{which}.txt"
+    return _names(data_dir() / "splits" / f"{which}.txt")
+
+
+def ood() -> dict[str, list[str]]:
+    """The out-of-family split: ``{"graphs": [...], "clusters": [...]}``,
+    names for :func:`graph` and :func:`cluster` (``splits/ood.txt`` and
+    ``splits/ood-clusters.txt``); every graph is benchmarked on every cluster.
+
+    >>> parts = ood()
+    >>> family(parts["graphs"][0]).startswith("ood-"), len(cluster(parts["clusters"][0])) > 1
+    (True, True)
+    """
+    return {"graphs": _names(data_dir() / "splits" / "ood.txt"),
+            "clusters": _names(data_dir() / "splits" / "ood-clusters.txt")}
+
+
+def _names(path) -> list[str]:
+    """Names in a list file, one a line (``#`` comments)."""
     names = []
     for line in path.read_text(encoding="utf-8").splitlines():
         line = line.split("#", 1)[0].strip()
@@ -187,11 +214,18 @@ def clusters() -> list[str]:
 
 
 def cluster(name: str) -> Cluster:
-    """Shipped cluster scenario ``name`` (= ``Cluster.preset(name)``).
+    """Shipped cluster scenario ``name`` (= ``Cluster.preset(name)``), or an
+    out-of-family cluster regenerated from its name (``classes-dD-sS``,
+    ``regions-dD-rR-sS``: :mod:`placer.generators`).
 
     >>> cluster("a100x8")
     Cluster('a100x8', devices=8, sites=1, flops=2.5e+15)
+    >>> len(cluster("regions-d8-r4-s0").sites())
+    4
     """
+    from . import generators
+    if generators.is_cluster(name):
+        return generators.cluster(name)
     return Cluster.preset(name)
 
 

@@ -57,6 +57,24 @@ def synthetic_names(which: str) -> list[str]:
     return names
 
 
+#: the out-of-family split (placer.generators): graph families and cluster
+#: shapes no part of training draws from; every graph runs on every cluster
+OOD_GRAPHS = ("opgraph-n2000-s0", "rnn-t32-l4-s0", "experts-e8-l4-s0", "experts-e16-l2-s1")
+OOD_CLUSTERS = ("classes-d8-s0", "regions-d8-r4-s0", "classes-d12-s1")
+
+
+def write_ood(split_dir: Path) -> None:
+    """``ood.txt`` (graphs) and ``ood-clusters.txt`` (clusters)."""
+    for name, items, what in (("ood", OOD_GRAPHS, "graph"), ("ood-clusters", OOD_CLUSTERS,
+                                                              "cluster")):
+        lines = [f"# out-of-family split: {what} names for placer.datasets.{what}(), one a "
+                 "line.", "# Generated from their names by placer.generators; written by "
+                 "scripts/make_graphs.py."]
+        (split_dir / f"{name}.txt").write_text("\n".join(lines + list(items)) + "\n",
+                                               encoding="utf-8")
+    print(f"ood: {len(OOD_GRAPHS)} graphs x {len(OOD_CLUSTERS)} clusters")
+
+
 def make_graph(model: str, granularity: str, out: Path) -> Path:
     module, inputs = datasets.model(model)
     graph = placer.trace(module, inputs, granularity=granularity,
@@ -79,6 +97,7 @@ def write_splits(graph_dir: Path, split_dir: Path) -> None:
         lines += real + synthetic_names(which)
         (split_dir / f"{which}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
         print(f"{which}: {len(real)} traced + {len(synthetic_names(which))} synthetic")
+    write_ood(split_dir)
 
 
 def main(argv: list[str] | None = None) -> int:

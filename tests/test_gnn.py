@@ -313,8 +313,10 @@ def test_rl_strategy_returns_valid_plan(tmp_path):
     # the policy alone (no baseline plans) never reports a baseline as source
     alone = get_strategy("rl", checkpoint=str(tmp_path / "p"), samples=4, max_units=48,
                          baselines=False).search(problem, cost, Budget(evaluations=400))
-    assert alone.extra["source"] in ("policy", "refined")
-    assert plan.extra["source"] in ("policy", "refined", "baseline", "polished")
+    # (its first plan: the anytime search goes on from there)
+    assert alone.extra["first_source"] in ("policy", "refined")
+    assert plan.extra["source"] in ("policy", "refined", "baseline", "polished", "anytime",
+                                    "anytime-policy")
 
 
 def test_fine_tuning_keeps_the_shipped_policys_candidates(tmp_path):
@@ -706,7 +708,8 @@ def test_rl_zero_shot_moe_edge_wireless_data_parallel_op():
     from gnn.checkpoint import default_checkpoint
     if not default_checkpoint().with_suffix(".pt").exists():
         pytest.skip("no shipped checkpoint")
-    plan = optimize(datasets.graph("moe.op"), datasets.cluster("edge-wireless"), "rl", seed=0)
+    plan = optimize(datasets.graph("moe.op"), datasets.cluster("edge-wireless"), "rl", seed=0,
+                    time_budget=None)        # one-shot: the anytime search would add to it
     assert any(len(devs) > 1 for devs in plan.placement.values())
     assert plan.predicted["step_time"] <= 1.02 * 2.912
 
@@ -730,3 +733,61 @@ def test_rl_descends_from_an_infeasible_best_when_nothing_fits():
     assert plain.objective >= INFEASIBLE and polished.source == "polished"
     # a lower excess, not only a faster step at the same excess
     assert int(polished.objective / 1e6) < int(plain.objective / 1e6)
+
+
+def test_wide_random_clusters_have_speed_classes_and_a_slow_site_pair():
+    """Domain randomisation for training: a second speed class and one site
+    pair far slower than the others, unlike the perturbed bases."""
+    bases = [datasets.cluster(n) for n in ("a100x8", "two-sites", "dtfm-regional")]
+    rng = np.random.default_rng(0)
+    ratios, slow = [], []
+    for _ in range(20):
+        c = random_cluster(rng, bases, 12, wide=True)
+        assert len(c.sites()) >= 2 and c.name.startswith("random-wide-")
+        rates = np.array([d.flops for d in c.devices])
+        ratios.append(rates.max() / rates.min())
+        bw = np.array(c.bandwidth)
+        off = bw[~np.eye(len(c), dtype=bool)]
+        slow.append(off.max() / off.min())
+    assert np.median(ratios) >= 2.5 and np.median(slow) >= 10 and min(slow) >= 2
+
+
+def test_training_can_start_from_a_checkpoint_with_wider_clusters(tmp_path):
+    save_policy(tmp_path / "p", PlacementPolicy(PolicyConfig(hidden=24, layers=1)))
+    cfg = TrainConfig(iterations=1, problems=1, samples=2, init=str(tmp_path / "p"),
+                      randomize=1.0, random_clusters=1.0, graphs=["layered-n30-w4-s0"],
+                      val_every=0, policy={"hidden": 16})
+    trainer = Trainer(cfg)
+    start = load_policy(tmp_path / "p").state_dict()
+    assert all(torch.equal(v, trainer.policy.state_dict()[k]) for k, v in start.items())
+    assert trainer.config.policy["hidden"] == 24          # the checkpoint's architecture
+    assert TrainConfig.from_dict(trainer.config.to_dict()).randomize == 1.0
+    problem, _ = trainer.draw(np.random.default_rng(0), 0)
+    assert "-wide-" in problem.cluster.name
+    trainer.step()
+    assert not all(torch.equal(v, trainer.policy.state_dict()[k]) for k, v in start.items())
+
+
+def test_class_pipelines_keep_classes_whole_and_split_an_rnn_by_layer():
+    """An unrolled LSTM's layers share weights: cut by classes, it becomes a
+    pipeline of layers (cutting its op order by time step and keeping
+    classes whole would leave it on one device)."""
+    from gnn.problems import class_pipelines
+    problem = Problem(datasets.graph("rnn-t6-l3-s0"), datasets.cluster("classes-d8-s0"))
+    rows = class_pipelines(problem, [2, 3, 4])
+    assert rows.shape == (3, problem.n_ops)
+    index = problem.index
+    groups = problem.graph.colocation_groups()
+    for row in rows:
+        for members in groups.values():
+            assert len({int(row[index[m]]) for m in members}) == 1
+    # the chain of classes (embed, layers, proj) cut into k stages in its order
+    chain = ["embed", "layer0", "layer1", "layer2", "proj"]
+    for k, row in zip([2, 3, 4], rows):
+        devs = [int(row[index[groups[name][0]]]) for name in chain]
+        runs = [d for i, d in enumerate(devs) if i == 0 or d != devs[i - 1]]
+        assert len(runs) == len(set(runs)) and 2 <= len(runs) <= k, (k, devs)
+        assert k < 3 or len(set(devs[1:4])) >= 2    # the layers not all on one device
+    # a graph without classes has none
+    plain = Problem(datasets.graph("layered-n30-w4-s0"), datasets.cluster("two-sites"))
+    assert class_pipelines(plain, [2]).shape == (0, plain.n_ops)

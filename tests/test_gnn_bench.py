@@ -114,3 +114,40 @@ def test_bench_learned_seeds_at_equal_evaluations(tmp_path):
     assert summary["hybrid_target_met_runs"] == row["hybrid_target_met_seeds"]
     with pytest.raises(Exception, match="distinct"):
         bench_learned(["unet.module"], ["edge-wireless"], seeds=[0, 0], out=None)
+
+
+def test_bench_learned_ood_split_runs_one_case_with_anytime_rl(tmp_path, monkeypatch):
+    """``--split ood`` reaches the benchmark, whose ood cases are the
+    out-of-family split's; one of them at a tiny budget has the anytime
+    row: its first plan reported early, its result no worse than zero-shot."""
+    import placer.bench.learned as learned
+    from placer import datasets
+    from placer.cli import main
+    seen = {}
+    monkeypatch.setattr(learned, "bench_learned", lambda **kw: seen.update(kw))
+    assert main(["bench", "learned", "--split", "ood", "-o", str(tmp_path / "x.json")]) == 0
+    assert seen["split"] == "ood"
+    monkeypatch.undo()
+    todo = learned.cases("ood")
+    parts = datasets.ood()
+    assert len(todo) == len(parts["graphs"]) * len(parts["clusters"])
+    assert {c for _, _, c in todo} == set(parts["clusters"])
+    torch.manual_seed(0)
+    save_policy(tmp_path / "p", PlacementPolicy(PolicyConfig(hidden=16, layers=1)))
+    # the smallest case of the split, at a tiny budget
+    graph = min(parts["graphs"], key=lambda n: len(datasets.graph(n)))
+    result = learned.bench_learned([graph], parts["clusters"][:1], evaluations=300,
+                                   finetune=0.0, checkpoint=tmp_path / "p", samples=2,
+                                   out=tmp_path / "ood.json", quiet=True)
+    row = result["rows"][0]
+    any_ = row["anytime"]
+    assert any_["first_plan"]["model"] == "simulator"
+    assert any_["first_plan"]["objective"] == pytest.approx(row["zero_shot"]["objective"])
+    assert any_["evaluations"] <= 300 and any_["step_time"] <= row["zero_shot"]["step_time"]
+    with pytest.raises(Exception, match="unknown split"):
+        learned.cases("dev")
+    # a checkpoint's zero-shot against the saved run's evolution figures
+    again = learned.zero_shot_against(tmp_path / "ood.json", tmp_path / "p")
+    assert again["rows"][0]["step_time"] == row["zero_shot"]["step_time"]
+    assert again["rows"][0]["vs_evolution"] == pytest.approx(row["zero_shot_vs_evolution"])
+    assert again["summary"]["cases"] == 1

@@ -12,6 +12,9 @@ training) it runs, per graph x cluster case, through :func:`placer.optimize`
   as candidates and refinement from the best), no fine-tuning; its plan's
   ``source`` says which won (policy, refined, polished or baseline);
 - ``fine-tuned``: ``rl`` after ``finetune`` seconds of REINFORCE on the case;
+- ``anytime``: ``rl`` with the same budget as evolution, searching on from
+  its first plan until the budget ends (``first_plan_seconds``: when it
+  reported that plan, the zero-shot figure of the run);
 - ``evolution`` and ``hybrid`` (the policy's plans, then evolution)
   at the same ``time_budget`` (or, with ``evaluations``, the same number of
   plans scored: deterministic, free of the machine's noise), for each of
@@ -26,6 +29,12 @@ evaluations spent by then), evolution's screening model and how many times
 it gave the simulator up for the analytical model mid-search
 (``screen_fallbacks``, from ``plan.extra["search"]``; None for methods
 that do not screen).
+
+Cases: ``split="test"`` (the default) the test split's graphs on
+:data:`TEST_CLUSTERS`; ``"ood"`` the out-of-family split
+(:func:`placer.datasets.ood`: graph families and cluster shapes no part of
+training draws from); ``"all"`` both, one after the other (each row says
+its ``split``; the summary has each split's figures under ``by_split``).
 
 Zero-shot runs :data:`ZERO_SHOT_RUNS` times per case (the same plan each
 time; ``deterministic`` says so): its ``plan_seconds`` is their median
@@ -73,10 +82,13 @@ import numpy as np
 
 from .._io import PathLike, atomic_write_text, dump_json
 
-__all__ = ["bench_learned", "TEST_GRAPHS", "TEST_CLUSTERS"]
+__all__ = ["bench_learned", "cases", "zero_shot_against", "TEST_GRAPHS", "TEST_CLUSTERS",
+           "SPLITS"]
 
 TEST_GRAPHS = ("inception.op", "unet.op", "dlrm.op", "moe.op", "gnmt.op")
 TEST_CLUSTERS = ("hetero-lab", "edge-wireless", "dtfm-worldwide")
+#: what ``split`` may name
+SPLITS = ("test", "ood", "all")
 QUICK = {"graphs": ("unet.op", "inception.module"), "clusters": ("hetero-lab", "edge-wireless"),
          "time_budget": 5.0, "finetune": 2.0}
 
@@ -89,12 +101,16 @@ def _run(graph, cluster, method, seed, time_budget, **options):
     trace: list[tuple[float, float]] = []
     models: list[str | None] = []
     evals: list[int] = []
+    first: list[dict] = []
 
     def progress(event):
         if np.isfinite(event.best):
             trace.append((float(event.elapsed), float(event.best)))
             models.append((event.extra or {}).get("model"))
             evals.append(int(event.evaluations))
+        if event.message == "first plan" and not first:
+            first.append({"seconds": float(event.elapsed), "objective": float(event.best),
+                          "model": (event.extra or {}).get("model")})
 
     start = time.perf_counter()
     plan = optimize(graph, cluster, method, seed=seed, time_budget=time_budget,
@@ -117,7 +133,8 @@ def _run(graph, cluster, method, seed, time_budget, **options):
             "origin": info.get("origin") if isinstance(info, dict) else None,
             "screen_fallbacks": info.get("screen_fallbacks") if isinstance(info, dict)
             else None,
-            "trace": trace, "trace_models": models, "trace_evaluations": evals}
+            "trace": trace, "trace_models": models, "trace_evaluations": evals,
+            "first_plan": first[0] if first else None}
 
 
 #: zero-shot planning runs per case: deterministic (the same plan each
@@ -146,7 +163,7 @@ def _warm_up(graph: str, cluster: str, checkpoint, have_evolution: bool) -> None
     """Load the policy and import every strategy once, untimed, so that the
     first case does not pay one-off costs the others do not."""
     import placer
-    g, c = placer.datasets.graph(graph), placer.Cluster.preset(cluster)
+    g, c = placer.datasets.graph(graph), placer.datasets.cluster(cluster)
     _run(g, c, "rl", 0, None, samples=0, refine=0, checkpoint=checkpoint)
     if have_evolution:
         _run(g, c, "evolution", 0, 0.5)
@@ -203,17 +220,45 @@ def _compare(evo: dict, hyb: dict, axis: str) -> dict:
             "half": bool(half), "no_worse": bool(no_worse), "target_met": bool(half or no_worse)}
 
 
+def cases(split: str = "test", graphs: Sequence[str] | None = None,
+          clusters: Sequence[str] | None = None) -> list[tuple[str, str, str]]:
+    """``(split, graph, cluster)`` of each case: ``graphs`` x ``clusters``
+    where given (split ``"custom"``), else the split's own (see the module doc).
+
+    >>> cases("ood")[0][0], len(cases("all")) == len(cases("test")) + len(cases("ood"))
+    ('ood', True)
+    """
+    from ..errors import PlacerError
+    if split not in SPLITS:
+        raise PlacerError(f"unknown split {split!r}", field="split",
+                          fix=f"use one of: {', '.join(SPLITS)}")
+    if graphs or clusters:
+        return [("custom", g, c) for g in graphs or TEST_GRAPHS
+                for c in clusters or TEST_CLUSTERS]
+    out = []
+    if split in ("test", "all"):
+        out += [("test", g, c) for g in TEST_GRAPHS for c in TEST_CLUSTERS]
+    if split in ("ood", "all"):
+        from .. import datasets
+        parts = datasets.ood()
+        out += [("ood", g, c) for g in parts["graphs"] for c in parts["clusters"]]
+    return out
+
+
 def bench_learned(graphs: Sequence[str] | None = None, clusters: Sequence[str] | None = None,
                   *, time_budget: float = 20.0, finetune: float = 5.0, seed: int = 0,
                   seeds: Sequence[int] | None = None, evaluations: int | None = None,
                   checkpoint=None, samples: int | None = None, quick: bool = False,
-                  out: PathLike | None = "bench-learned.json", quiet: bool = False) -> dict:
+                  split: str = "test", out: PathLike | None = "bench-learned.json",
+                  quiet: bool = False) -> dict:
     """Run the benchmark (see the module doc); prints a table unless
     ``quiet`` and writes the JSON results to ``out`` atomically. ``samples``
     (None: the strategies' defaults) is passed to ``rl`` and ``hybrid``.
     ``seeds`` (default ``[seed]``): evolution and hybrid run once per seed,
-    the other methods with the first; ``evaluations``: evolution and hybrid
-    get this many plans scored instead of ``time_budget`` seconds."""
+    the other methods with the first; ``evaluations``: evolution, hybrid
+    and anytime ``rl`` get this many plans scored instead of
+    ``time_budget`` seconds. ``split``: which cases (see :func:`cases`;
+    ``graphs`` and ``clusters`` replace them)."""
     from ..errors import PlacerError
     seeds = [int(seed)] if seeds is None else [int(s) for s in seeds]
     if not seeds or len(set(seeds)) != len(seeds):
@@ -231,8 +276,9 @@ def bench_learned(graphs: Sequence[str] | None = None, clusters: Sequence[str] |
         graphs = graphs or QUICK["graphs"]
         clusters = clusters or QUICK["clusters"]
         time_budget, finetune = QUICK["time_budget"], QUICK["finetune"]
-    graphs = list(graphs or TEST_GRAPHS)
-    clusters = list(clusters or TEST_CLUSTERS)
+    todo = cases(split, graphs, clusters)
+    graphs = list(dict.fromkeys(g for _, g, _ in todo))
+    clusters = list(dict.fromkeys(c for _, _, c in todo))
     have_evolution = "evolution" in strategies()
     # evolution and hybrid: the same seconds, or the same plans scored
     search_budget = None if evaluations is not None else time_budget
@@ -244,76 +290,93 @@ def bench_learned(graphs: Sequence[str] | None = None, clusters: Sequence[str] |
     rows = []
     start = time.perf_counter()
     _warm_up(graphs[0], clusters[0], learned["checkpoint"], have_evolution)
-    for gname in graphs:
-        graph = placer.datasets.graph(gname)
-        for cname in clusters:
-            cluster = placer.Cluster.preset(cname)
-            row = {"graph": gname, "ops": len(graph), "cluster": cname,
-                   "devices": len(cluster)}
-            # zero-shot planning is not bounded by the time budget: it is its own figure
-            row["greedy"] = _run(graph, cluster, "rl", seed, None, samples=0, refine=0,
-                                 baselines=False, final=None, polish=0,
-                                 checkpoint=learned["checkpoint"])
-            row["policy"] = _run(graph, cluster, "rl", seed, None, baselines=False,
-                                 polish=0, **learned)
-            row["zero_shot"] = _repeat(ZERO_SHOT_RUNS, graph, cluster, "rl", seed, None,
-                                       **learned)
-            row["fine_tuned"] = _run(graph, cluster, "rl", seed, None, finetune=finetune,
-                                     **learned)
-            if have_evolution:
-                per_seed = []
-                for s in seeds:
-                    evo = _run(graph, cluster, "evolution", s, search_budget, **search_limit)
-                    hyb = _run(graph, cluster, "hybrid", s, search_budget, **search_limit,
-                               **learned)
-                    cmp = _compare(evo, hyb, axis)
-                    if s == seed:
-                        row["evolution"], row["hybrid"] = evo, hyb
-                        targets, tol = _targets(evo), _tolerance(evo)
-                        row["evolution_time_to_final"] = _time_to_reach(evo, targets, "time",
-                                                                        tol)
-                        row["hybrid_time_to_evolution"] = _time_to_reach(hyb, targets, "time",
-                                                                         tol)
-                        row["evolution_evaluations_to_final"] = _time_to_reach(
-                            evo, targets, "evaluations", tol)
-                        row["hybrid_evaluations_to_evolution"] = _time_to_reach(
-                            hyb, targets, "evaluations", tol)
-                        for key in ("half", "no_worse", "target_met"):
-                            row[f"hybrid_{key}"] = cmp[key]
-                    per_seed.append({"seed": s, **cmp, **{
-                        name: {k: run[k] for k in SEED_KEYS}
-                        for name, run in (("evolution", evo), ("hybrid", hyb))}})
-                row["seeds"] = per_seed
-                row["hybrid_vs_evolution_median"] = float(np.median(
-                    [r["hybrid_vs_evolution"] for r in per_seed]))
-                row["hybrid_vs_evolution_objective_median"] = _median(
-                    [r["hybrid_vs_evolution_objective"] for r in per_seed])
-                for key in ("half", "no_worse", "target_met"):
-                    row[f"hybrid_{key}_seeds"] = int(sum(r[key] for r in per_seed))
-                evo, hyb = row["evolution"], row["hybrid"]
-                z = row["zero_shot"]
-                row["zero_shot_vs_evolution"] = z["step_time"] / evo["step_time"]
-                # evolution's result varies from seed to seed (a lucky run of
-                # one seed is ~8% below the others on dlrm@hetero-lab)
-                evo_steps = [r["evolution"]["step_time"] for r in per_seed]
-                row["evolution_step_time_median"] = float(np.median(evo_steps))
-                row["zero_shot_vs_evolution_median"] = \
-                    z["step_time"] / row["evolution_step_time_median"]
-                row["hybrid_vs_evolution"] = hyb["step_time"] / evo["step_time"]
-                row["fine_tuned_vs_evolution"] = row["fine_tuned"]["step_time"] / evo["step_time"]
-                row["policy_vs_evolution"] = row["policy"]["step_time"] / evo["step_time"]
-                row["planning_speedup"] = evo["plan_seconds"] / max(z["plan_seconds"], 1e-9)
-                reach = row["evolution_time_to_final"]
-                row["speedup_vs_time_to_final"] = None if reach is None \
-                    else reach / max(z["plan_seconds"], 1e-9)
-                row["greedy_vs_evolution"] = row["greedy"]["step_time"] / evo["step_time"]
-                row["greedy_planning_speedup"] = evo["plan_seconds"] / max(
-                    row["greedy"]["plan_seconds"], 1e-9)
-            rows.append(row)
-            if not quiet:
-                print(_line(row), flush=True)
-    summary = _summary(rows) if have_evolution else {"note": "evolution strategy unavailable"}
-    result = {"benchmark": "learned", "time_budget": time_budget, "finetune": finetune,
+    loaded: dict = {}
+    for part, gname, cname in todo:
+        if gname not in loaded:
+            loaded = {gname: placer.datasets.graph(gname)}
+        graph = loaded[gname]
+        cluster = placer.datasets.cluster(cname)
+        row = {"split": part, "graph": gname, "ops": len(graph), "cluster": cname,
+               "devices": len(cluster)}
+        # zero-shot planning is not bounded by the time budget: it is its own figure
+        row["greedy"] = _run(graph, cluster, "rl", seed, None, samples=0, refine=0,
+                             baselines=False, final=None, polish=0,
+                             checkpoint=learned["checkpoint"])
+        row["policy"] = _run(graph, cluster, "rl", seed, None, baselines=False,
+                             polish=0, **learned)
+        row["zero_shot"] = _repeat(ZERO_SHOT_RUNS, graph, cluster, "rl", seed, None,
+                                   **learned)
+        row["fine_tuned"] = _run(graph, cluster, "rl", seed, None, finetune=finetune,
+                                 **learned)
+        # rl searching on from its first plan, with evolution's budget
+        row["anytime"] = _run(graph, cluster, "rl", seed, search_budget, **search_limit,
+                              **learned)
+        if have_evolution:
+            per_seed = []
+            for s in seeds:
+                evo = _run(graph, cluster, "evolution", s, search_budget, **search_limit)
+                hyb = _run(graph, cluster, "hybrid", s, search_budget, **search_limit,
+                           **learned)
+                cmp = _compare(evo, hyb, axis)
+                if s == seed:
+                    row["evolution"], row["hybrid"] = evo, hyb
+                    targets, tol = _targets(evo), _tolerance(evo)
+                    row["evolution_time_to_final"] = _time_to_reach(evo, targets, "time",
+                                                                    tol)
+                    row["hybrid_time_to_evolution"] = _time_to_reach(hyb, targets, "time",
+                                                                     tol)
+                    row["evolution_evaluations_to_final"] = _time_to_reach(
+                        evo, targets, "evaluations", tol)
+                    row["hybrid_evaluations_to_evolution"] = _time_to_reach(
+                        hyb, targets, "evaluations", tol)
+                    for key in ("half", "no_worse", "target_met"):
+                        row[f"hybrid_{key}"] = cmp[key]
+                per_seed.append({"seed": s, **cmp, **{
+                    name: {k: run[k] for k in SEED_KEYS}
+                    for name, run in (("evolution", evo), ("hybrid", hyb))}})
+            row["seeds"] = per_seed
+            row["hybrid_vs_evolution_median"] = float(np.median(
+                [r["hybrid_vs_evolution"] for r in per_seed]))
+            row["hybrid_vs_evolution_objective_median"] = _median(
+                [r["hybrid_vs_evolution_objective"] for r in per_seed])
+            for key in ("half", "no_worse", "target_met"):
+                row[f"hybrid_{key}_seeds"] = int(sum(r[key] for r in per_seed))
+            evo, hyb = row["evolution"], row["hybrid"]
+            z = row["zero_shot"]
+            row["zero_shot_vs_evolution"] = z["step_time"] / evo["step_time"]
+            row["anytime_vs_evolution"] = row["anytime"]["step_time"] / evo["step_time"]
+            first = row["anytime"]["first_plan"] or {}
+            row["first_plan_speedup"] = None if first.get("seconds") is None else \
+                evo["plan_seconds"] / max(first["seconds"], 1e-9)
+            # evolution's result varies from seed to seed (a lucky run of
+            # one seed is ~8% below the others on dlrm@hetero-lab)
+            evo_steps = [r["evolution"]["step_time"] for r in per_seed]
+            row["evolution_step_time_median"] = float(np.median(evo_steps))
+            row["zero_shot_vs_evolution_median"] = \
+                z["step_time"] / row["evolution_step_time_median"]
+            row["hybrid_vs_evolution"] = hyb["step_time"] / evo["step_time"]
+            row["fine_tuned_vs_evolution"] = row["fine_tuned"]["step_time"] / evo["step_time"]
+            row["policy_vs_evolution"] = row["policy"]["step_time"] / evo["step_time"]
+            row["planning_speedup"] = evo["plan_seconds"] / max(z["plan_seconds"], 1e-9)
+            reach = row["evolution_time_to_final"]
+            row["speedup_vs_time_to_final"] = None if reach is None \
+                else reach / max(z["plan_seconds"], 1e-9)
+            row["greedy_vs_evolution"] = row["greedy"]["step_time"] / evo["step_time"]
+            row["greedy_planning_speedup"] = evo["plan_seconds"] / max(
+                row["greedy"]["plan_seconds"], 1e-9)
+        rows.append(row)
+        if not quiet:
+            print(_line(row), flush=True)
+    if have_evolution:
+        summary = _summary(rows)
+        parts = sorted({r["split"] for r in rows})
+        if len(parts) > 1:
+            summary["by_split"] = {p: _summary([r for r in rows if r["split"] == p])
+                                   for p in parts}
+    else:
+        summary = {"note": "evolution strategy unavailable"}
+    result = {"benchmark": "learned", "split": split, "time_budget": time_budget,
+              "finetune": finetune,
               "samples": samples, "evaluations": evaluations,
               "budget": "time" if evaluations is None else "evaluations",
               "seed": seed, "seeds": seeds, "graphs": graphs, "clusters": clusters,
@@ -361,9 +424,24 @@ def _summary(rows) -> dict:
           for r in feasible]
     zm = [r["zero_shot_vs_evolution_median"] if r["zero_shot"].get("feasible") else np.inf
           for r in feasible]
+    anytime = [r["anytime_vs_evolution"] if r["anytime"].get("feasible") else np.inf
+               for r in feasible]
+    first = [r["anytime"]["first_plan"]["seconds"] for r in rows
+             if r["anytime"].get("first_plan")]
     return {
         "cases": len(rows),
         "cases_evolution_feasible": len(feasible),
+        "zero_shot_worst_feasible": float(max(zf)) if zf else None,
+        "anytime_vs_evolution_gmean_feasible":
+            gmean(anytime) if np.all(np.isfinite(anytime)) else None,
+        "anytime_within_5pct_feasible": int(sum(v <= 1.05 for v in anytime)),
+        "anytime_worst_feasible": float(max(anytime)) if anytime else None,
+        "anytime_no_worse_than_zero_shot": int(sum(
+            r["anytime"]["step_time"] <= r["zero_shot"]["step_time"] * (1 + 1e-9)
+            for r in rows)),
+        "first_plan_seconds_median": float(np.median(first)) if first else None,
+        "first_plan_speedup_at_least_100x": int(sum((r.get("first_plan_speedup") or 0) >= 100
+                                                    for r in rows)),
         "zero_shot_vs_evolution_gmean_feasible": gmean(zf) if np.all(np.isfinite(zf)) else None,
         "zero_shot_within_10pct_feasible": int(sum(v <= 1.10 for v in zf)),
         # against the median of evolution's seeds
@@ -431,6 +509,7 @@ def _line(row) -> str:
     z = row["zero_shot"]
     text = (f"{row['graph']} on {row['cluster']}: zero-shot {_fmt(z['step_time'])} "
             f"in {z['plan_seconds']:.3g}s")
+    text += f", anytime {_fmt(row['anytime']['step_time'])}"
     if "evolution" in row:
         text += (f", evolution {_fmt(row['evolution']['step_time'])}, hybrid "
                  f"{_fmt(row['hybrid']['step_time'])}")
@@ -444,7 +523,7 @@ def _table(rows, axis: str = "time") -> str:
                         else ("hybrid_evaluations_to_evolution",
                               "evolution_evaluations_to_final"))
     head = ["graph", "cluster", "greedy", "plan s", "zero-shot", "plan s", "src", "fine-tuned",
-            "evolution", "plan s", "hybrid", "zs/evo", "zs/med evo", "hyb/evo", "hyb reach",
+            "anytime", "first s", "evolution", "plan s", "hybrid", "zs/evo", "any/evo", "zs/med evo", "hyb/evo", "hyb reach",
             "evo final", "med hyb/evo", "met"]
     lines = [head]
     for r in rows:
@@ -454,11 +533,14 @@ def _table(rows, axis: str = "time") -> str:
             r["graph"], r["cluster"], _fmt(r["greedy"]["step_time"]),
             f"{r['greedy']['plan_seconds']:.3g}", _fmt(r["zero_shot"]["step_time"]),
             f"{r['zero_shot']['plan_seconds']:.3g}", r["zero_shot"].get("source") or "-",
-            _fmt(r["fine_tuned"]["step_time"]),
+            _fmt(r["fine_tuned"]["step_time"]), _fmt(r["anytime"]["step_time"]),
+            "-" if not r["anytime"].get("first_plan")
+            else f"{r['anytime']['first_plan']['seconds']:.3g}",
             _fmt(evo["step_time"]) if evo else "-",
             f"{evo['plan_seconds']:.3g}" if evo else "-",
             _fmt(hyb["step_time"]) if hyb else "-",
             f"{r['zero_shot_vs_evolution']:.3f}" if evo else "-",
+            f"{r['anytime_vs_evolution']:.3f}" if evo else "-",
             f"{r['zero_shot_vs_evolution_median']:.3f}" if evo else "-",
             f"{r['hybrid_vs_evolution']:.3f}" if evo else "-",
             "-" if r.get(reach_h) is None else f"{r[reach_h]:.3g}",
@@ -479,3 +561,43 @@ def _clean(value):
     if isinstance(value, np.generic):
         return value.item()
     return value
+
+
+def zero_shot_against(saved: PathLike, checkpoint=None, *, split: str | None = None) -> dict:
+    """Zero-shot ``rl`` (one-shot, the bench's ``zero_shot`` row) with
+    ``checkpoint`` on the cases of a saved benchmark (``saved``: its JSON),
+    against that run's evolution figures: a quick look at a trained policy
+    without running evolution again (its figures are the saved run's, from
+    that run's machine and budget; ``rl`` with that run's ``samples``).
+    ``split`` keeps only that split's rows.
+    Returns ``{"rows": [{graph, cluster, step_time, vs_evolution, ...}], "summary"}``
+    (the summary, like the bench's, over the cases where evolution's plan fits)."""
+    import json
+    from pathlib import Path
+    import placer
+    data = json.loads(Path(saved).read_text(encoding="utf-8"))
+    options = {} if data.get("samples") is None else {"samples": data["samples"]}
+    if data["rows"]:
+        _warm_up(data["rows"][0]["graph"], data["rows"][0]["cluster"],
+                 None if checkpoint is None else str(checkpoint), False)
+    rows = []
+    for r in data["rows"]:
+        if "evolution" not in r or (split is not None and r.get("split") != split):
+            continue
+        z = _run(placer.datasets.graph(r["graph"]), placer.datasets.cluster(r["cluster"]),
+                 "rl", data.get("seed", 0), None,
+                 checkpoint=None if checkpoint is None else str(checkpoint), **options)
+        evo = r["evolution"]
+        ratio = z["step_time"] / evo["step_time"] if z["feasible"] or not evo["feasible"] \
+            else np.inf
+        rows.append({"split": r.get("split"), "graph": r["graph"], "cluster": r["cluster"],
+                     "step_time": z["step_time"], "plan_seconds": z["plan_seconds"],
+                     "vs_evolution": ratio, "evolution_feasible": bool(evo["feasible"])})
+    # as the bench's summary: where evolution's plan fits
+    ratios = [row["vs_evolution"] for row in rows if row["evolution_feasible"]]
+    finite = [v for v in ratios if np.isfinite(v) and v > 0]
+    return {"rows": rows, "summary": {
+        "cases": len(rows), "cases_evolution_feasible": len(ratios),
+        "within_10pct_feasible": int(sum(v <= 1.10 for v in ratios)),
+        "worst_feasible": float(max(ratios)) if ratios else None,
+        "gmean_feasible": float(np.exp(np.mean(np.log(finite)))) if finite else None}}
