@@ -334,6 +334,23 @@ def microbatch_candidates(graph, limit: int | None = None) -> list[int]:
     return batch_microbatches(batch, max(1, top))
 
 
+#: microbatch counts a training search tries when memory does not ask for more
+COMMON_MICROBATCHES = 32
+
+
+def microbatch_cap(graph, cluster) -> int | None:
+    """How far up the batch's microbatch counts a training search goes:
+    :data:`COMMON_MICROBATCHES`, or the whole batch (None) when memory asks
+    for more, i.e. when one microbatch of ``1/COMMON_MICROBATCHES`` of the
+    batch would hold activations over half the smallest device's memory (a
+    1F1B pipeline keeps about one whole-model microbatch in flight over its
+    devices). Peer-scale batches (a million tokens of GPT-1.3B) reach the
+    batch; ordinary ones keep the search space of 1-32 microbatches."""
+    acts = sum(float(op.output_bytes or 0.0) for op in graph)
+    smallest = min((float(d.memory) for d in cluster.devices), default=float("inf"))
+    return None if acts / COMMON_MICROBATCHES > smallest / 2 else COMMON_MICROBATCHES
+
+
 def _batch_statistics(graph) -> bool:
     """Whether an op of ``graph`` normalises over the batch (BatchNorm)."""
     return any(op.op.replace("_", "").startswith(("batchnorm", "syncbatchnorm"))
@@ -436,11 +453,14 @@ class Strategy(ABC):
     # --- helpers for implementations ------------------------------------------
     def microbatch_choices(self, problem: "Problem") -> list[int]:
         """Microbatch counts to try: the fixed ones, else
-        :func:`microbatch_candidates` of the graph (up to the batch when
-        training, up to 8 for inference)."""
+        :func:`microbatch_candidates` of the graph up to
+        :func:`microbatch_cap` (up to 8 for inference)."""
         if self.microbatches is not None:
             return list(self.microbatches)
-        return microbatch_candidates(problem.graph, None if problem.training is not False else 8)
+        if problem.training is False:
+            return microbatch_candidates(problem.graph, 8)
+        return microbatch_candidates(problem.graph, microbatch_cap(problem.graph,
+                                                                   problem.cluster))
 
     def schedule_choices(self) -> list[str]:
         """Schedules to try: the fixed one, else ``1f1b`` then ``gpipe``."""
