@@ -8,7 +8,8 @@
    two NCCL ranks on one GPU where NCCL allows it (else the reason), and two
    gloo ranks, one on the GPU (its messages staged through host memory),
    every message with tag 0 (matched by order, as NCCL does);
-4. the pipelining engine (``--engine pipelining``), where it exists.
+4. the pipelining engine (``--engine pipelining``) beside the built-in one on
+   GPU + CPU plans in one process.
 
 Prints a table and one JSON document (also written to ``--out``); exits 1
 if a correctness check fails. Within 5 minutes on one GPU.
@@ -125,20 +126,30 @@ def ranks(rows, graph, ref) -> bool:
     return ok
 
 
-def pipelining(rows) -> bool:
-    """--- place of the pipelining engine (``--engine pipelining``) ---
-    When placer.runtime.pipelining exists, run the same one-GPU plans on it
-    here and add a row per plan (losses against the built-in engine's,
-    1e-5 relative, and the step-time ratio of the two engines)."""
-    try:
-        import placer.runtime.pipelining  # noqa: F401
-    except ImportError:
-        rows.append({"check": "pipelining engine", "max_err": None, "measured": None,
-                     "predicted": None, "ok": True, "note": "not in this version"})
-        return True
-    rows.append({"check": "pipelining engine", "max_err": None, "measured": None,
-                 "predicted": None, "ok": True, "note": "present; add its GPU check here"})
-    return True
+def pipelining(rows, model, inputs, ref, devices=("cuda:0", "cpu")) -> bool:
+    """The pipelining engine (``engine="pipelining"``) beside the built-in
+    one on the same plans in this process: the first half of the model on
+    ``devices[0]``, the rest on ``devices[1]`` (GPipe and 1F1B), each
+    against the unplaced model, with the step-time ratio of the two engines
+    in the note. ``devices`` other than CUDA ones let a CPU host check the
+    plumbing (tests/test_gpu_check.py)."""
+    graph = placer.trace(model, inputs, granularity="module")
+    order = graph.topological_order()
+    ok = True
+    for schedule in ("gpipe", "1f1b"):
+        plan = placer.Plan({op: [devices[0] if k < len(order) // 2 else devices[1]]
+                            for k, op in enumerate(order)}, microbatches=2, schedule=schedule)
+        times = {}
+        for engine in ("builtin", "pipelining"):
+            r = placer.runtime.run(model, plan, inputs, steps=5, warmup=2, graph=graph,
+                                   engine=engine)
+            err = _max_err(r.outputs, r.loss, r.gradients, ref)
+            times[engine] = r.report.step_time
+            ok &= _row(rows, f"{engine} engine {schedule}, {devices[0]} + {devices[1]}", err,
+                       r.report.step_time, r.report.predicted,
+                       "" if engine == "builtin" else
+                       f"pipelining / built-in {times['pipelining'] / times['builtin']:.2f}")
+    return ok
 
 
 def table(rows) -> str:
@@ -172,7 +183,7 @@ def main(argv=None) -> int:
     for part in (lambda: single_process(rows, model, inputs, graph, ref, names),
                  lambda: overhead(rows) or True,
                  lambda: ranks(rows, graph, ref),
-                 lambda: pipelining(rows)):
+                 lambda: pipelining(rows, model, inputs, ref)):
         try:
             ok &= bool(part())
         except Exception:  # noqa: BLE001 - one part's failure does not hide the others
