@@ -94,7 +94,7 @@ class TrainConfig:
     COUNTS = {"iterations": 10**9, "problems": 4096, "samples": 4096, "max_units": 10**6,
               "max_random_devices": 8192, "checkpoint_every": 10**9}
     #: fractions in [0, 1]
-    SHARES = ("random_clusters", "refine", "imitation")
+    SHARES = ("random_clusters", "randomize", "refine", "imitation")
 
     @classmethod
     def from_dict(cls, data: dict, file: str | None = None,
@@ -130,6 +130,10 @@ class TrainConfig:
                                       or not all(isinstance(x, str) for x in items)):
                 fields.fail(key, "expected a list of names")
             values[key] = items
+        init = fields.get("init", None)
+        if init is not None and (not isinstance(init, str) or not init or len(init) > 4096):
+            fields.fail("init", f"expected a checkpoint path, got {init!r}")
+        values["init"] = init
         policy = fields.get("policy", {})
         PolicyConfig.from_dict(policy, file, f"{where}.policy")     # checks it
         values["policy"] = dict(policy)

@@ -20,7 +20,13 @@ def test_readme_python_example_runs(tmp_path):
                                                       "MPLBACKEND": "Agg", "PATH": ""})
     assert out.returncode == 0, out.stderr[-2000:]
     measured, predicted = out.stdout.strip().splitlines()[-1].split()
-    assert float(measured) > 0 and float(predicted) > 0
+    assert float(measured) > 0
+    import torch
+    if torch.cuda.is_available():
+        assert float(predicted) > 0
+    else:
+        # two-sites' A100s and T4s ran on the CPU: said once, not compared
+        assert predicted == "None" and "CPU" in out.stderr
     assert (tmp_path / "plan.json").exists() and (tmp_path / "step.trace.json").exists()
 
 
