@@ -498,6 +498,18 @@ class Simulator(CostModel):
         return out
 
 
+def _segment_ops(b: "_Build") -> dict[int, list[int]]:
+    """Segment index -> the op indices it runs (forward segments, then
+    backward ones offset by ``b.NF``)."""
+    seg_ops: dict[int, list[int]] = {}
+    for i, seg in enumerate(b.fseg.tolist()):
+        seg_ops.setdefault(seg, []).append(int(b.inst_op[i]))
+    if b.bseg is not None:
+        for i, seg in enumerate(b.bseg.tolist()):
+            seg_ops.setdefault(b.NF + seg, []).append(int(b.inst_op[i]))
+    return seg_ops
+
+
 def executed_orders(problem: Problem, plan: "Plan") -> dict:
     """Device name -> the tasks the simulation of ``plan`` runs on it, in
     order, as ``("F"|"B", microbatch, op ids)`` (a task is a segment of ops,
@@ -507,12 +519,7 @@ def executed_orders(problem: Problem, plan: "Plan") -> dict:
     b = _Build(problem, c)
     _end, starts, _x, _ar = _run(problem, b, c)
     NS, NF = b.NS, b.NF
-    seg_ops: dict[int, list[int]] = {}
-    for i, seg in enumerate(b.fseg.tolist()):
-        seg_ops.setdefault(seg, []).append(int(b.inst_op[i]))
-    if b.bseg is not None:
-        for i, seg in enumerate(b.bseg.tolist()):
-            seg_ops.setdefault(NF + seg, []).append(int(b.inst_op[i]))
+    seg_ops = _segment_ops(b)
     tasks = sorted(range(NS * c.microbatches),
                    key=lambda t: (int(b.task_dev[t % NS]), float(starts[t]), t))
     out: dict = {}
@@ -629,12 +636,7 @@ def _timeline(p: Problem, c: Compiled, b: _Build, starts, x_starts, ar_times):
         names = p.devices
         m = c.microbatches
         NS, NF = b.NS, b.NF
-        seg_ops: dict[int, list[int]] = {}
-        for i, s in enumerate(b.fseg.tolist()):
-            seg_ops.setdefault(s, []).append(int(b.inst_op[i]))
-        if b.bseg is not None:
-            for i, s in enumerate(b.bseg.tolist()):
-                seg_ops.setdefault(NF + s, []).append(int(b.inst_op[i]))
+        seg_ops = _segment_ops(b)
         out = []
         for task in range(NS * m):
             mb, local = divmod(task, NS)

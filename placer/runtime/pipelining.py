@@ -34,7 +34,6 @@ engine and the schedule class.
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from typing import Any, Callable
@@ -46,8 +45,8 @@ from torch.utils import _pytree as pytree
 from ..errors import PlanError
 from ..export import SCHEDULE_CLASSES, Layout, stage_layout
 from .engine import Engine, Inst, Routes, _bounds
-from .run import (LOSS_REDUCTIONS, MeasuredReport, RunResult, _as_device, build_optimizer,
-                  default_device_map, default_loss, join_outputs, predict, prepare, sink_device)
+from .run import (LOSS_REDUCTIONS, MeasuredReport, RunResult, build_optimizer,
+                  default_device_map, optimizer_state_bytes, default_loss, join_outputs, predict, prepare, sink_device)
 
 #: names usable as ``engine=`` in :func:`placer.run` and :func:`placer.launch`
 ENGINES = ("builtin", "pipelining")
@@ -263,13 +262,8 @@ def _targets(targets, batch: int):
 def _peak(engine: Engine, dev: str, tdev: torch.device, opt, training: bool) -> float:
     if tdev.type == "cuda":
         return float(torch.cuda.max_memory_allocated(tdev))
-    state = 0.0
-    if opt is not None:
-        for p in engine.copies.get(dev, {}).values():
-            for v in opt.state.get(p, {}).values():
-                if isinstance(v, torch.Tensor):
-                    state += v.numel() * v.element_size()
-    return engine.param_bytes().get(dev, 0.0) * (2 if training else 1) + state
+    return (engine.param_bytes().get(dev, 0.0) * (2 if training else 1)
+            + optimizer_state_bytes(engine, dev, opt))
 
 
 def _flat_sum(grads: list[torch.Tensor], reduce) -> None:
@@ -451,10 +445,10 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
         raise PlanError(f"the plan uses {len(devs)} devices but WORLD_SIZE is {world}",
                         fix=f"start {len(devs)} processes (one per device)")
     me = devs[rank]
-    backend = dist.get_backend()
-    tdev = torch.device(device) if device is not None else (
-        _as_device(me) or (torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-                           if backend == "nccl" else torch.device("cpu")))
+    from .dist import rank_torch_device
+    # a group made as "cpu:gloo,cuda:nccl" names both backends
+    backend = "nccl" if "nccl" in str(dist.get_backend()) else "gloo"
+    tdev = rank_torch_device(me, backend, cluster, device)
     if tdev.type == "cuda" and backend != "nccl" and world > 1:
         raise PlanError(f"rank {rank} runs on {tdev}, but torch pipelining sends CUDA "
                         f"tensors between ranks only over NCCL, not {backend}",

@@ -397,12 +397,7 @@ def run(model: torch.nn.Module, plan, example_inputs: Any, *, steps: int = 3,
         if tdev.type == "cuda":
             peak[d] = float(torch.cuda.max_memory_allocated(tdev))
             continue
-        state = 0.0
-        if opt is not None:
-            for p in engine.copies.get(d, {}).values():
-                for v in opt.state.get(p, {}).values():
-                    if isinstance(v, torch.Tensor):
-                        state += v.numel() * v.element_size()
+        state = optimizer_state_bytes(engine, d, opt)
         grad_bytes = sum(p.numel() * p.element_size() for p in engine.copies.get(d, {}).values()
                          if isinstance(p, torch.nn.Parameter) and p.requires_grad) \
             if training else 0.0
@@ -426,3 +421,13 @@ def run(model: torch.nn.Module, plan, example_inputs: Any, *, steps: int = 3,
     return RunResult(outputs=outputs, loss=last["loss"], losses=losses, gradients=grads,
                      parameters=engine.state(), report=report, schedule=used,
                      notes=list(sp.notes))
+
+
+def optimizer_state_bytes(engine, device: str, opt) -> float:
+    """Bytes of ``opt``'s state (momenta and the like) for the weight copies
+    ``engine`` holds on ``device``: part of its peak memory on a CPU."""
+    if opt is None:
+        return 0.0
+    return float(sum(v.numel() * v.element_size()
+                     for p in engine.copies.get(device, {}).values()
+                     for v in opt.state.get(p, {}).values() if isinstance(v, torch.Tensor)))
