@@ -393,19 +393,10 @@ class Evolution(Strategy):
         for name in names:
             if budget.exhausted():
                 break
-            try:
-                strategy = get_strategy(name, microbatches=self.microbatches,
-                                        schedule=self.schedule)
-            except PlacerError:
-                pool.skip()
+            plan = pool.run(name, inner, screen, seed, microbatches=self.microbatches,
+                            schedule=self.schedule)
+            if plan is None:
                 continue
-            sub = pool.next()
-            try:
-                plan = strategy.search(inner, screen, sub, seed=seed)
-            except PlacerError:
-                continue
-            finally:
-                budget.charge(sub.used)
             try:
                 out.append(OpGenome.from_plan(space, plan, origin=name))
             except (KeyError, PlacerError):
@@ -1047,6 +1038,23 @@ class SeedPool:
         if time is None and evals is None:
             time = 10.0
         return Budget(time=time, evaluations=evals)
+
+    def run(self, name: str, problem, cost_model, seed: int, **options):
+        """Strategy ``name``'s plan for ``problem`` within the next
+        heuristic's budget (charged to the whole), or None when it is not
+        registered or fails with a :class:`PlacerError`."""
+        try:
+            strategy = get_strategy(name, **options)
+        except PlacerError:
+            self.skip()
+            return None
+        sub = self.next()
+        try:
+            return strategy.search(problem, cost_model, sub, seed=seed)
+        except PlacerError:
+            return None
+        finally:
+            self.budget.charge(sub.used)
 
 
 def _sub_budget(budget: Budget, share: float) -> Budget:

@@ -158,8 +158,6 @@ def _heuristics(problem, cost_model, budget: Budget, seed: int, fixed: dict) -> 
     :data:`HEURISTIC_SHARE` of what is left of ``budget`` (as evolution
     shares its seeding time); evolution's results often start from one."""
     from evolution.search import SeedPool
-    from placer.errors import PlacerError
-    from placer.search.base import get_strategy
     out = []
     pool = SeedPool(budget, HEURISTIC_SHARE, len(HEURISTICS))
     for name in HEURISTICS:
@@ -172,18 +170,9 @@ def _heuristics(problem, cost_model, budget: Budget, seed: int, fixed: dict) -> 
         # that could eat into what the search keeps for its final ranking
         if budget.remaining_evaluations <= RESERVE + 4:
             break
-        try:
-            strategy = get_strategy(name, **fixed)
-        except PlacerError:
-            pool.skip()
+        plan = pool.run(name, problem, cost_model, seed, **fixed)
+        if plan is None:
             continue
-        sub = pool.next()
-        try:
-            plan = strategy.search(problem, cost_model, sub, seed=seed)
-        except PlacerError:
-            continue
-        finally:
-            budget.charge(sub.used)
         value = plan.predicted.get("objective", plan.predicted.get("step_time", math.inf))
         out.append((name, plan, float(value)))
     return out
