@@ -1272,7 +1272,7 @@ def _child(index: int, world: int, port: int, backend: str, timeout: float, buil
     # every rank is past the barrier and its result is saved: leave without
     # running the process group's and its threads' destructors, where a
     # gloo teardown race aborts a rank now and then ("terminate called
-    # without an active exception", seen in about 1 of 300 launches)
+    # without an active exception", seen once in a full test run)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
