@@ -791,3 +791,40 @@ def test_class_pipelines_keep_classes_whole_and_split_an_rnn_by_layer():
     # a graph without classes has none
     plain = Problem(datasets.graph("layered-n30-w4-s0"), datasets.cluster("two-sites"))
     assert class_pipelines(plain, [2]).shape == (0, plain.n_ops)
+
+
+def test_random_graphs_skew_op_costs_and_share_weights_for_training(tmp_path):
+    """Graph-side domain randomisation: the ops and edges kept, the total
+    FLOPs kept but concentrated in a few ops, and (half the time) groups of
+    same-kind ops sharing weights; a training run draws such graphs."""
+    from gnn.problems import random_graph
+    graph = datasets.graph("gpt-125m.op")
+    rng = np.random.default_rng(0)
+    flops = np.array([op.flops for op in graph.ops])
+    top = max(1, len(flops) // 20)
+    share0 = np.sort(flops)[::-1][:top].sum() / flops.sum()
+    grouped = 0
+    for _ in range(6):
+        g = random_graph(rng, graph)
+        assert g.ids == graph.ids and len(g.edges) == len(graph.edges)
+        f = np.array([op.flops for op in g.ops])
+        assert f.sum() == pytest.approx(flops.sum())
+        assert np.sort(f)[::-1][:top].sum() / f.sum() > share0
+        new = {k: v for k, v in g.colocation_groups().items() if k.startswith("random-shared")}
+        grouped += bool(new)
+        for members in new.values():
+            kinds = {g.op(m).op for m in members}
+            assert len(members) >= 2 and len(kinds) == 1
+            assert sum(g.op(m).param_bytes > 0 for m in members) == 1
+        Problem(g, datasets.cluster("a100x8"))
+    assert grouped >= 1
+    assert np.array_equal([op.flops for op in random_graph(np.random.default_rng(5), graph).ops],
+                          [op.flops for op in random_graph(np.random.default_rng(5), graph).ops])
+    cfg = TrainConfig(iterations=1, problems=1, samples=2, graph_randomize=1.0,
+                      random_clusters=0.0, graphs=["layered-n30-w4-s0"], val_every=0,
+                      policy={"hidden": 16, "layers": 1})
+    assert TrainConfig.from_dict(cfg.to_dict()).graph_randomize == 1.0
+    trainer = Trainer(cfg)
+    problem, _ = trainer.draw(np.random.default_rng(0), 0)
+    assert problem.graph.name.startswith("random-layered")
+    assert np.isfinite(trainer.step()["loss"])
