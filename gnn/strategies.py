@@ -479,8 +479,14 @@ def _baseline_rows(problem, space=None, max_devices: int = 16):
     layouts cost the cost model up to 100x more per plan (an all-reduce per
     op over wide groups, many stages) and wide clusters are the policy's
     own ground."""
-    from .problems import _colocated, cheap_cuts, class_pipelines, pipeline_assignments
+    from .problems import (_colocated, cheap_cuts, class_pipelines, even_pipelines,
+                           pipeline_assignments)
     rows = pipeline_assignments(problem)
+    # and every other depth: a site of three fast GPUs is a pipeline of three
+    deep = even_pipelines(problem, [k for k in range(3, min(problem.n_devices, PIPE_STAGES) + 1)
+                                    if k & (k - 1)])
+    if len(deep):
+        rows = np.concatenate([rows, deep])
     # each pipeline also with its boundaries at the cheapest cuts nearby
     cuts = cheap_cuts(problem, rows[[len(np.unique(r)) > 1 for r in rows]])
     seen = {r.tobytes() for r in rows}
@@ -509,6 +515,8 @@ def _baseline_rows(problem, space=None, max_devices: int = 16):
 
 #: the most stages of :func:`gnn.problems.class_pipelines` among the baselines
 CLASS_STAGES = 8
+#: the deepest even pipeline among the baselines
+PIPE_STAGES = 8
 
 
 def _merge(first: list[Candidate], second: list[Candidate], D: int) -> list[Candidate]:
