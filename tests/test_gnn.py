@@ -828,3 +828,17 @@ def test_random_graphs_skew_op_costs_and_share_weights_for_training(tmp_path):
     problem, _ = trainer.draw(np.random.default_rng(0), 0)
     assert problem.graph.name.startswith("random-layered")
     assert np.isfinite(trainer.step()["loss"])
+
+
+def test_baselines_hold_even_pipelines_of_every_depth():
+    """The one-shot baselines have even pipelines over 3, 5, 6, 7 devices
+    too (a site of three fast GPUs is a pipeline of three), not only over
+    powers of two."""
+    from gnn.problems import even_pipelines
+    from gnn.strategies import PIPE_STAGES, _baseline_rows
+    problem = Problem(datasets.graph("layered-n50-w4-s0"), datasets.cluster("classes-d8-s0"))
+    rows, _, _ = _baseline_rows(problem)
+    have = {r.tobytes() for r in rows}
+    for k in range(2, PIPE_STAGES + 1):
+        row = even_pipelines(problem, [k])[0]
+        assert row.tobytes() in have, k
