@@ -842,3 +842,22 @@ def test_baselines_hold_even_pipelines_of_every_depth():
     for k in range(2, PIPE_STAGES + 1):
         row = even_pipelines(problem, [k])[0]
         assert row.tobytes() in have, k
+
+
+def test_one_shot_rl_holds_hefts_plan_on_small_graphs(tmp_path):
+    """An unrolled LSTM on two speed classes: HEFT's list schedule beats
+    every pipeline and one-device baseline; one-shot rl scores it (at every
+    microbatch count, though its ops switch devices often) and is no worse."""
+    from placer.search import Budget, get_strategy
+    from gnn.problems import heuristic_plans
+    from gnn.strategies import HEFT_OPS
+    save_policy(tmp_path / "p", tiny_policy(2))
+    problem = Problem(datasets.graph("rnn-t32-l4-s0"), datasets.cluster("classes-d8-s0"))
+    assert problem.n_ops <= HEFT_OPS
+    cost = get_cost_model("analytical")
+    (heft, row), = heuristic_plans(cost, problem, ("heft",))
+    plan = get_strategy("rl", checkpoint=str(tmp_path / "p"), samples=2, final=None,
+                        max_units=48).search(problem, cost, Budget())
+    assert plan.predicted["objective"] <= heft * (1 + 1e-9)
+    rows = {tuple(problem.device_index[plan.placement[op][0]] for op in problem.ids)}
+    assert tuple(row.tolist()) in rows
