@@ -425,12 +425,16 @@ def test_shipped_checkpoint_loads():
     assert out.actions.shape[1] == problem.n_ops
 
 
-def test_policy_plans_settle_the_best_at_every_microbatch_count_and_schedule():
+def test_policy_plans_settle_the_best_at_every_microbatch_count_and_schedule(monkeypatch):
     """Screening scores rows at the first schedule only (here gpipe, which
     rarely wins); the best few are then scored at every microbatch count
     and schedule, so none of those beats a returned candidate's own."""
     from placer.search import Budget
+    import gnn.strategies as strategies
     from gnn.strategies import policy_plans
+    # without HEFT's plan, which leads here at gpipe: the pipelines' 1f1b
+    # is what screening alone could not find
+    monkeypatch.setattr(strategies, "HEFT_OPS", 0)
     # slow wireless links: a pipeline with many microbatches wins, and 1f1b
     # beats gpipe there
     problem = Problem(datasets.graph("layered-n30-w4-s0"), datasets.cluster("edge-wireless"))
@@ -714,14 +718,17 @@ def test_rl_zero_shot_moe_edge_wireless_data_parallel_op():
     assert plan.predicted["step_time"] <= 1.02 * 2.912
 
 
-def test_rl_descends_from_an_infeasible_best_when_nothing_fits():
+def test_rl_descends_from_an_infeasible_best_when_nothing_fits(monkeypatch):
     """dlrm's tables do not fit on edge-wireless's boards: every plan is
     infeasible, so the descent starts from the policy's best all the same
     and lowers the memory excess (the objective's first term)."""
     from placer.cost import INFEASIBLE
     from placer.search import Budget
+    import gnn.strategies as strategies
     from gnn.checkpoint import default_checkpoint
     from gnn.strategies import _policy, policy_plans
+    # HEFT's plan (a lower excess than the policy's) left out: the descent is the subject
+    monkeypatch.setattr(strategies, "HEFT_OPS", 0)
     if not default_checkpoint().with_suffix(".pt").exists():
         pytest.skip("no shipped checkpoint")
     problem = Problem(datasets.graph("dlrm.op"), datasets.cluster("edge-wireless"))
