@@ -89,7 +89,8 @@ def refine(problem: Problem, cost_model, budget: Budget, starts: list, *, policy
                                             or final is None)
         # the heuristics' plans on the whole graph: starts, and finalists of their own
         heuristics = _heuristics(problem, cost_model, budget, seed, fixed or {})
-        genomes += [_genome(space, coarse, plan, name) for name, plan, _ in heuristics]
+        found = [_genome(space, coarse, plan, name) for name, plan, _ in heuristics]
+        genomes += found
         share = 0.0 if exact else FINAL_SHARE
         with hold_back(budget, share):
             label = "" if coarse.members is None else "-coarse"
@@ -109,15 +110,30 @@ def refine(problem: Problem, cost_model, budget: Budget, starts: list, *, policy
         best = pool[0][1]
         return whole(best), best.origin
     # the screening model's best few ranked by the final model on the whole
-    # graph, against the first plan's figure by it
+    # graph, against the first plan's figure by it; then the heuristics' own
+    # plans (the best by the search model first) and the best of each other
+    # shape: where the two models disagree (an expert-parallel stack on two
+    # speed classes: the analytical model's four best all slower by the
+    # simulator than the first plan, pipeline_dp's faster), the search
+    # model's favourites alone can all lose to the first plan
     finalists = [g for _, g in pool[:FINAL_K]]
     plans = [whole(g) for g in finalists]
-    if coarse.members is not None:
-        # the heuristics' own plans, the best by the search model first,
-        # after the coarse search's best
-        for name, plan, _ in sorted(heuristics, key=lambda h: h[2])[:FINAL_K]:
-            finalists.insert(1, _Origin(name))
+    keys = {g.key() for _, g in pool[:FINAL_K]}
+    order = sorted(range(len(heuristics)), key=lambda k: heuristics[k][2])[:FINAL_K]
+    for k in order[::-1]:
+        name, plan, _ = heuristics[k]
+        if coarse.members is not None:
+            finalists.insert(1, _Origin(name))         # its whole-graph plan
             plans.insert(1, plan)
+        elif found[k].key() not in keys:               # a genome: polished if it wins
+            keys.add(found[k].key())
+            finalists.insert(1, found[k])
+            plans.insert(1, whole(found[k]))
+    for _, g in search.starts():
+        if g.key() not in keys:
+            keys.add(g.key())
+            finalists.append(g)
+            plans.append(whole(g))
     if first is not None and first_value is None:     # not ranked by it yet
         finalists.append(None)
         plans.append(first)
@@ -239,7 +255,7 @@ def _layouts(space) -> list:
 #: finalists ranked by the final model
 FINAL_K = 4
 #: evaluations kept for the final ranking and the report of the result
-RESERVE = FINAL_K + 3
+RESERVE = 2 * FINAL_K + STARTS + 3
 #: share of the budget kept for the final model's descent from the winner
 FINAL_SHARE = 0.1
 

@@ -15,7 +15,8 @@ import numpy as np
 from placer.cluster import Cluster, Device
 from placer.cost import INFEASIBLE
 
-__all__ = ["TRAIN_CLUSTERS", "TEST_CLUSTERS", "random_cluster", "microbatch_choices",
+__all__ = ["TRAIN_CLUSTERS", "TEST_CLUSTERS", "random_cluster", "random_graph",
+           "microbatch_choices",
            "best_times", "times_at", "reference_time", "reference", "reward", "pipeline_assignments"]
 
 TRAIN_CLUSTERS = ("a100x8", "two-sites", "dtfm-datacenter-ondemand", "dtfm-regional",
@@ -86,6 +87,45 @@ def _wide(rng: np.random.Generator, c: Cluster, name: str) -> Cluster:
     lat = np.array(c.latency) * float(np.exp(rng.uniform(math.log(0.5), math.log(20.0))))
     np.fill_diagonal(bw, 1.0)
     return Cluster(f"{name}-wide-{c.name}", devices, bw, lat)
+
+
+def random_graph(rng: np.random.Generator, graph, name: str = "random"):
+    """Domain randomisation of a training graph (its ops and edges kept):
+    op costs skewed by lognormal factors (sigma 0.5-1.5, the total FLOPs
+    kept), so that a few ops carry most of the work, as in operator-level
+    graphs; and, half the time, 2-8 groups of 2-6 ops of one kind sharing
+    their weights (colocated, the parameters on the first member), as in
+    an unrolled recurrence or tied embeddings, which no training family
+    has. The out-of-family generators themselves are never drawn from."""
+    from placer.graph import Graph, Op
+    ops = graph.ops
+    sigma = float(rng.uniform(0.5, 1.5))
+    factor = np.exp(rng.normal(0.0, sigma, size=len(ops)))
+    flops = np.array([op.flops for op in ops])
+    factor *= flops.sum() / max(float((flops * factor).sum()), 1e-30)
+    colocate = [op.colocate for op in ops]
+    params = [op.param_bytes for op in ops]
+    if rng.random() < 0.5:
+        kinds: dict = {}
+        for i, op in enumerate(ops):
+            if op.colocate is None and op.param_bytes > 0:
+                kinds.setdefault(op.op, []).append(i)
+        pools = [v for v in kinds.values() if len(v) >= 2]
+        for j in range(int(rng.integers(2, 9)) if pools else 0):
+            pool = [i for i in pools[int(rng.integers(len(pools)))] if colocate[i] is None]
+            if len(pool) < 2:
+                continue
+            members = np.sort(rng.choice(pool, size=min(len(pool), int(rng.integers(2, 7))),
+                                         replace=False))
+            for k, i in enumerate(members.tolist()):
+                colocate[i] = f"random-shared{j}"
+                if k:
+                    params[i] = 0.0
+    new = [Op(op.id, op.op, flops=op.flops * f, bwd_flops=op.bwd_flops * f,
+              param_bytes=pb, output_bytes=op.output_bytes, colocate=c)
+           for op, f, pb, c in zip(ops, factor.tolist(), params, colocate)]
+    return Graph(f"{name}-{graph.name}", new, graph.edges, training=graph.training,
+                 meta=graph.meta)
 
 
 def microbatch_choices(problem, limit: int = 8) -> list[int]:

@@ -261,12 +261,18 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
             sources += ["baseline"] * (len(pipes) + len(layouts))
             counts += [choices] * len(pipes)
             counts += [[choices[-1]] if s > 1 else [choices[0]] for s in stages.tolist()]
+            heft = _heft_rows(problem)
+            A = np.concatenate([A, heft])
+            sources += ["baseline"] * len(heft)
+            counts += [choices] * len(heft)
         # a scattered row (its ops switching devices hundreds of times, as an
         # even pipeline of an interleaved graph does) costs the cost model in
         # proportion to its runs at every count: it is screened at the most
         # microbatches (which hide the most transfers), settled at every
         # count if it leads
         runs = 1 + np.count_nonzero(A[:, 1:] != A[:, :-1], axis=1)
+        if baselines:       # HEFT's plan interleaves by design: every count
+            runs[len(A) - len(heft):] = 0
         counts = [c if r <= SCATTERED_RUNS else c[-1:] for c, r in zip(counts, runs.tolist())]
         score(A, sources, counts)
         for _ in range(max(refine, 0)):
@@ -479,8 +485,14 @@ def _baseline_rows(problem, space=None, max_devices: int = 16):
     layouts cost the cost model up to 100x more per plan (an all-reduce per
     op over wide groups, many stages) and wide clusters are the policy's
     own ground."""
-    from .problems import _colocated, cheap_cuts, class_pipelines, pipeline_assignments
+    from .problems import (_colocated, cheap_cuts, class_pipelines, even_pipelines,
+                           pipeline_assignments)
     rows = pipeline_assignments(problem)
+    # and every other depth: a site of three fast GPUs is a pipeline of three
+    deep = even_pipelines(problem, [k for k in range(3, min(problem.n_devices, PIPE_STAGES) + 1)
+                                    if k & (k - 1)])
+    if len(deep):
+        rows = np.concatenate([rows, deep])
     # each pipeline also with its boundaries at the cheapest cuts nearby
     cuts = cheap_cuts(problem, rows[[len(np.unique(r)) > 1 for r in rows]])
     seen = {r.tobytes() for r in rows}
@@ -509,6 +521,26 @@ def _baseline_rows(problem, space=None, max_devices: int = 16):
 
 #: the most stages of :func:`gnn.problems.class_pipelines` among the baselines
 CLASS_STAGES = 8
+#: the deepest even pipeline among the baselines
+PIPE_STAGES = 8
+#: HEFT's plan joins the baselines of graphs of at most this many ops (list
+#: scheduling 2,000 ops takes 0.2 s and more)
+HEFT_OPS = 256
+
+
+def _heft_rows(problem) -> np.ndarray:
+    """HEFT's plan (device per op, one row; none above :data:`HEFT_OPS` ops
+    or for a plan with data-parallel groups): an unrolled recurrence on two
+    speed classes is neither a pipeline nor one device (rnn-t32-l4 on
+    classes-d8: 3.85 ms against the other baselines' 5.06), and list
+    scheduling a small graph takes 10-40 ms."""
+    from placer.cost import get_cost_model
+    from .problems import heuristic_plans
+    if problem.n_ops > HEFT_OPS:
+        return np.zeros((0, problem.n_ops), dtype=np.int64)
+    rows = [r for _, r in heuristic_plans(get_cost_model("analytical"), problem, ("heft",))
+            if r is not None]
+    return np.stack(rows) if rows else np.zeros((0, problem.n_ops), dtype=np.int64)
 
 
 def _merge(first: list[Candidate], second: list[Candidate], D: int) -> list[Candidate]:

@@ -47,7 +47,7 @@ from .checkpoint import checkpoint_paths, load_policy, load_tensors, save_policy
 from .features import encode_problem
 from .model import PlacementPolicy, PolicyConfig
 from .problems import (TRAIN_CLUSTERS, best_times, microbatch_choices, random_cluster,
-                       reference, reference_time, reward)
+                       random_graph, reference, reference_time, reward)
 
 __all__ = ["TrainConfig", "Trainer", "TrainingInterrupted", "train", "main",
            "evaluate_policy", "VAL_GRAPHS"]
@@ -73,6 +73,8 @@ class TrainConfig:
     random_clusters: float = 0.5    # share of problems on perturbed random clusters
     randomize: float = 0.0          # of those, the share randomised wider (speed classes,
                                     # slow site links: gnn.problems.random_cluster(wide=True))
+    graph_randomize: float = 0.0    # share of problems on randomised graphs (skewed op
+                                    # costs, shared weights: gnn.problems.random_graph)
     init: str | None = None         # start from this checkpoint's weights (stem)
     max_random_devices: int = 16
     refine: float = 0.2             # share of problems also trained in refinement
@@ -94,7 +96,7 @@ class TrainConfig:
     COUNTS = {"iterations": 10**9, "problems": 4096, "samples": 4096, "max_units": 10**6,
               "max_random_devices": 8192, "checkpoint_every": 10**9}
     #: fractions in [0, 1]
-    SHARES = ("random_clusters", "randomize", "refine", "imitation")
+    SHARES = ("random_clusters", "randomize", "graph_randomize", "refine", "imitation")
 
     @classmethod
     def from_dict(cls, data: dict, file: str | None = None,
@@ -199,7 +201,11 @@ class Trainer:
             cname = self.config.clusters[int(rng.integers(len(self.config.clusters)))]
             cluster = self._clusters[cname]
             key = (name, cname)
-        problem = Problem(self.graph(name), cluster)
+        graph = self.graph(name)
+        # drawn only when asked for: runs without it keep their random stream
+        if self.config.graph_randomize > 0 and rng.random() < self.config.graph_randomize:
+            graph, key = random_graph(rng, graph), None
+        problem = Problem(graph, cluster)
         ref = self._refs.get(key) if key else None
         if ref is None:
             ref = reference(self.cost, problem)
@@ -677,6 +683,9 @@ def build_parser(prog: str = "train_policy.py") -> argparse.ArgumentParser:
     p.add_argument("--randomize", type=float, default=d.randomize, metavar="SHARE",
                    help="share of the random clusters drawn with a second speed class and "
                         "wider, slower site links (domain randomisation)")
+    p.add_argument("--graph-randomize", type=float, default=d.graph_randomize,
+                   metavar="SHARE", help="share of problems on randomised training graphs "
+                   "(lognormally skewed op costs, groups of ops sharing weights)")
     p.add_argument("--init", metavar="STEM", help="start from this checkpoint's weights "
                    "(e.g. gnn/checkpoints/policy), its architecture")
     p.add_argument("--resume", action="store_true", help="continue the run saved at --out")
@@ -701,7 +710,8 @@ def main(argv: list[str] | None = None, prog: str = "train_policy.py") -> int:
                       max_units=args.max_units,
                       checkpoint_every=args.checkpoint_every, val_every=args.val_every,
                       graphs=args.graphs, clusters=list(args.clusters),
-                      randomize=args.randomize, init=args.init,
+                      randomize=args.randomize, graph_randomize=args.graph_randomize,
+                      init=args.init,
                       policy={"hidden": args.hidden, "layers": args.layers})
     with _StopSignals():      # a signal before or after the training loop: nothing to save
         return _run(args, cfg, prog)

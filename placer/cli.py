@@ -697,7 +697,8 @@ def cmd_bench(args) -> int:
         from .bench.learned import bench_learned
         extra = {} if args.time_budget is None else {"time_budget": args.time_budget}
         bench_learned(out=out, quick=args.quick, seed=args.seed, seeds=args.seeds,
-                      evaluations=args.evaluations, split=args.split or "test", **extra)
+                      evaluations=args.evaluations, split=args.split or "test",
+                      only=args.cases, **extra)
     elif args.what == "fidelity":
         from .bench.fidelity import bench_fidelity
         doc = bench_fidelity(out, quick=args.quick, seed=args.seed)
@@ -930,6 +931,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", choices=["test", "ood", "all"],
                    help="learned: the test split's cases (default), the out-of-family "
                         "split's (graph families and clusters no training draws from) or both")
+    p.add_argument("--cases", nargs="+", metavar="GRAPH@CLUSTER",
+                   help="learned: only the split's cases matching these shell patterns, "
+                        "e.g. 'experts-*@classes-d8-s0' (a long run in pieces)")
     p.set_defaults(func=cmd_bench)
 
     for name, (help_text, example) in DELEGATED.items():

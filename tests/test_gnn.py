@@ -425,12 +425,16 @@ def test_shipped_checkpoint_loads():
     assert out.actions.shape[1] == problem.n_ops
 
 
-def test_policy_plans_settle_the_best_at_every_microbatch_count_and_schedule():
+def test_policy_plans_settle_the_best_at_every_microbatch_count_and_schedule(monkeypatch):
     """Screening scores rows at the first schedule only (here gpipe, which
     rarely wins); the best few are then scored at every microbatch count
     and schedule, so none of those beats a returned candidate's own."""
     from placer.search import Budget
+    import gnn.strategies as strategies
     from gnn.strategies import policy_plans
+    # without HEFT's plan, which leads here at gpipe: the pipelines' 1f1b
+    # is what screening alone could not find
+    monkeypatch.setattr(strategies, "HEFT_OPS", 0)
     # slow wireless links: a pipeline with many microbatches wins, and 1f1b
     # beats gpipe there
     problem = Problem(datasets.graph("layered-n30-w4-s0"), datasets.cluster("edge-wireless"))
@@ -714,14 +718,17 @@ def test_rl_zero_shot_moe_edge_wireless_data_parallel_op():
     assert plan.predicted["step_time"] <= 1.02 * 2.912
 
 
-def test_rl_descends_from_an_infeasible_best_when_nothing_fits():
+def test_rl_descends_from_an_infeasible_best_when_nothing_fits(monkeypatch):
     """dlrm's tables do not fit on edge-wireless's boards: every plan is
     infeasible, so the descent starts from the policy's best all the same
     and lowers the memory excess (the objective's first term)."""
     from placer.cost import INFEASIBLE
     from placer.search import Budget
+    import gnn.strategies as strategies
     from gnn.checkpoint import default_checkpoint
     from gnn.strategies import _policy, policy_plans
+    # HEFT's plan (a lower excess than the policy's) left out: the descent is the subject
+    monkeypatch.setattr(strategies, "HEFT_OPS", 0)
     if not default_checkpoint().with_suffix(".pt").exists():
         pytest.skip("no shipped checkpoint")
     problem = Problem(datasets.graph("dlrm.op"), datasets.cluster("edge-wireless"))
@@ -791,3 +798,73 @@ def test_class_pipelines_keep_classes_whole_and_split_an_rnn_by_layer():
     # a graph without classes has none
     plain = Problem(datasets.graph("layered-n30-w4-s0"), datasets.cluster("two-sites"))
     assert class_pipelines(plain, [2]).shape == (0, plain.n_ops)
+
+
+def test_random_graphs_skew_op_costs_and_share_weights_for_training(tmp_path):
+    """Graph-side domain randomisation: the ops and edges kept, the total
+    FLOPs kept but concentrated in a few ops, and (half the time) groups of
+    same-kind ops sharing weights; a training run draws such graphs."""
+    from gnn.problems import random_graph
+    graph = datasets.graph("gpt-125m.op")
+    rng = np.random.default_rng(0)
+    flops = np.array([op.flops for op in graph.ops])
+    top = max(1, len(flops) // 20)
+    share0 = np.sort(flops)[::-1][:top].sum() / flops.sum()
+    grouped = 0
+    for _ in range(6):
+        g = random_graph(rng, graph)
+        assert g.ids == graph.ids and len(g.edges) == len(graph.edges)
+        f = np.array([op.flops for op in g.ops])
+        assert f.sum() == pytest.approx(flops.sum())
+        assert np.sort(f)[::-1][:top].sum() / f.sum() > share0
+        new = {k: v for k, v in g.colocation_groups().items() if k.startswith("random-shared")}
+        grouped += bool(new)
+        for members in new.values():
+            kinds = {g.op(m).op for m in members}
+            assert len(members) >= 2 and len(kinds) == 1
+            assert sum(g.op(m).param_bytes > 0 for m in members) == 1
+        Problem(g, datasets.cluster("a100x8"))
+    assert grouped >= 1
+    assert np.array_equal([op.flops for op in random_graph(np.random.default_rng(5), graph).ops],
+                          [op.flops for op in random_graph(np.random.default_rng(5), graph).ops])
+    cfg = TrainConfig(iterations=1, problems=1, samples=2, graph_randomize=1.0,
+                      random_clusters=0.0, graphs=["layered-n30-w4-s0"], val_every=0,
+                      policy={"hidden": 16, "layers": 1})
+    assert TrainConfig.from_dict(cfg.to_dict()).graph_randomize == 1.0
+    trainer = Trainer(cfg)
+    problem, _ = trainer.draw(np.random.default_rng(0), 0)
+    assert problem.graph.name.startswith("random-layered")
+    assert np.isfinite(trainer.step()["loss"])
+
+
+def test_baselines_hold_even_pipelines_of_every_depth():
+    """The one-shot baselines have even pipelines over 3, 5, 6, 7 devices
+    too (a site of three fast GPUs is a pipeline of three), not only over
+    powers of two."""
+    from gnn.problems import even_pipelines
+    from gnn.strategies import PIPE_STAGES, _baseline_rows
+    problem = Problem(datasets.graph("layered-n50-w4-s0"), datasets.cluster("classes-d8-s0"))
+    rows, _, _ = _baseline_rows(problem)
+    have = {r.tobytes() for r in rows}
+    for k in range(2, PIPE_STAGES + 1):
+        row = even_pipelines(problem, [k])[0]
+        assert row.tobytes() in have, k
+
+
+def test_one_shot_rl_holds_hefts_plan_on_small_graphs(tmp_path):
+    """An unrolled LSTM on two speed classes: HEFT's list schedule beats
+    every pipeline and one-device baseline; one-shot rl scores it (at every
+    microbatch count, though its ops switch devices often) and is no worse."""
+    from placer.search import Budget, get_strategy
+    from gnn.problems import heuristic_plans
+    from gnn.strategies import HEFT_OPS
+    save_policy(tmp_path / "p", tiny_policy(2))
+    problem = Problem(datasets.graph("rnn-t32-l4-s0"), datasets.cluster("classes-d8-s0"))
+    assert problem.n_ops <= HEFT_OPS
+    cost = get_cost_model("analytical")
+    (heft, row), = heuristic_plans(cost, problem, ("heft",))
+    plan = get_strategy("rl", checkpoint=str(tmp_path / "p"), samples=2, final=None,
+                        max_units=48).search(problem, cost, Budget())
+    assert plan.predicted["objective"] <= heft * (1 + 1e-9)
+    rows = {tuple(problem.device_index[plan.placement[op][0]] for op in problem.ids)}
+    assert tuple(row.tolist()) in rows

@@ -73,3 +73,29 @@ def test_anytime_rl_stops_at_its_time_budget(stem, problem):
     assert 1.2 <= took <= 1.5 * 1.3 + 0.5      # most of it used (a tenth kept to rank)
     assert events[0].message == "first plan" and events[0].elapsed < took
     plan.validate(problem.graph, problem.cluster, check_fingerprints=False)
+
+
+def test_anytime_rl_ranks_the_heuristics_plans_by_the_final_model(stem, problem, monkeypatch):
+    """The final model ranks the heuristics' plans and the best of each
+    other shape beside the search model's best: where the two models
+    disagree, the search model's favourites alone can all lose to the
+    first plan by the final model."""
+    import numpy as np
+    import gnn.anytime as anytime
+    ranked, found = [], []
+    scores, heuristics = anytime._scores, anytime._heuristics
+    monkeypatch.setattr(anytime, "_scores", lambda model, problem, plans, budget: (
+        ranked.extend(plans) or scores(model, problem, plans, budget)))
+    monkeypatch.setattr(anytime, "_heuristics", lambda *a: (
+        found.extend(heuristics(*a)) or found))
+    # the analytical model screens (an evaluation budget), the simulator ranks
+    plan, _, _ = _search(stem, problem, Budget(evaluations=800))
+    assert found and len(ranked) > anytime.FINAL_K
+
+    def row(p):
+        return tuple(tuple(p.placement[op]) for op in problem.ids)
+    rows = {row(p) for p in ranked}
+    best = sorted(found, key=lambda h: h[2])[:anytime.FINAL_K]
+    assert all(row(p) in rows for _, p, _ in best)
+    assert len({len(np.unique([d for op in problem.ids for d in p.placement[op]]))
+                for p in ranked}) >= 2      # plans over different numbers of devices

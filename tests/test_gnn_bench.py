@@ -151,3 +151,46 @@ def test_bench_learned_ood_split_runs_one_case_with_anytime_rl(tmp_path, monkeyp
     assert again["rows"][0]["step_time"] == row["zero_shot"]["step_time"]
     assert again["rows"][0]["vs_evolution"] == pytest.approx(row["zero_shot_vs_evolution"])
     assert again["summary"]["cases"] == 1
+
+
+def test_cases_pick_by_pattern_and_pieces_merge_into_one_result(tmp_path, monkeypatch):
+    """``--cases`` picks a split's cases by GRAPH@CLUSTER patterns (the split
+    label kept); a run split into pieces merges into the result a whole run
+    would have had (rows in order, summary and per-split summaries over all)."""
+    import placer.bench.learned as learned
+    from placer.cli import main
+    from placer.errors import PlacerError
+    picked = learned.cases("all", only=["experts-*@classes-d8-s0", "*@hetero-lab"])
+    assert {s for s, _, _ in picked} == {"test", "ood"}
+    assert all(c == "hetero-lab" or (g.startswith("experts-") and c == "classes-d8-s0")
+               for _, g, c in picked)
+    assert len(picked) == len(learned.TEST_GRAPHS) + 2
+    with pytest.raises(PlacerError, match="no case of split 'ood' matches"):
+        learned.cases("ood", only=["gpt*@*"])
+    seen = {}
+    monkeypatch.setattr(learned, "bench_learned", lambda **kw: seen.update(kw))
+    assert main(["bench", "learned", "--split", "ood", "--cases", "rnn-*@*",
+                 "-o", str(tmp_path / "x.json")]) == 0
+    assert seen["only"] == ["rnn-*@*"] and seen["split"] == "ood"
+    monkeypatch.undo()
+    whole = json.loads(open("docs/bench/learned-all-5s.json", encoding="utf-8").read())
+    paths = []
+    for part in ("test", "ood"):
+        piece = dict(whole, rows=[r for r in whole["rows"] if r["split"] == part],
+                     bench_seconds=1.5)
+        paths.append(tmp_path / f"{part}.json")
+        paths[-1].write_text(json.dumps(piece))
+    merged = learned.merge(paths, tmp_path / "all.json")
+    again = json.loads((tmp_path / "all.json").read_text())
+    assert again["rows"] == whole["rows"] and merged["split"] == "all"
+    assert again["bench_seconds"] == 3.0 and [p["cases"] for p in again["pieces"]] == [15, 12]
+    for key in ("anytime_within_5pct_feasible", "zero_shot_within_10pct_feasible",
+                "anytime_worst_feasible"):
+        assert again["summary"][key] == whole["summary"][key]
+        assert again["summary"]["by_split"]["ood"][key] == \
+            whole["summary"]["by_split"]["ood"][key]
+    bad = json.loads(paths[1].read_text())
+    bad["time_budget"] = 10.0
+    paths[1].write_text(json.dumps(bad))
+    with pytest.raises(PlacerError, match="time_budget is 10.0"):
+        learned.merge(paths)

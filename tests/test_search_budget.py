@@ -84,15 +84,15 @@ class NaNFirst(Erratic):
         return report
 
 
-def test_a_careless_strategy_still_returns_the_best_plan_its_model_scored(problem):
-    """A strategy that scores each one-device plan and returns the slowest
-    (after a NaN for the first): optimize keeps the best it scored instead."""
+def _register_slowest(label: str) -> None:
+    """Register strategy ``label``: it scores each one-device plan and
+    returns the slowest by its cost model."""
     from placer import Plan
-    from placer.search import Strategy, register_strategy, unregister_strategy
+    from placer.search import Strategy, register_strategy
 
     @register_strategy
-    class Careless(Strategy):
-        name = "careless-test"
+    class Slowest(Strategy):
+        name = label
 
         def search(self, problem, cost_model, budget, seed=0, progress=None):
             plans = [Plan({op: [d.name] for op in problem.graph.ids})
@@ -101,6 +101,13 @@ def test_a_careless_strategy_still_returns_the_best_plan_its_model_scored(proble
             worst = max(range(len(plans)), key=lambda i: reports[i].objective)
             return self.finalize(problem, cost_model, budget, plans[worst], reports[worst])
 
+
+def test_a_careless_strategy_still_returns_the_best_plan_its_model_scored(problem):
+    """A strategy that scores each one-device plan and returns the slowest
+    (after a NaN for the first): optimize keeps the best it scored instead."""
+    from placer import Plan
+    from placer.search import unregister_strategy
+    _register_slowest("careless-test")
     graph, cluster = problem
     try:
         plan = optimize_with_report(graph, cluster, "careless-test", time_budget=None,
@@ -113,3 +120,44 @@ def test_a_careless_strategy_still_returns_the_best_plan_its_model_scored(proble
                for d in cluster.devices]
     assert clean.estimate(p, plan).objective == pytest.approx(min(singles))
     assert plan.method == "careless-test" and plan.predicted["search"]["kept_seen"]
+
+
+class Flipped(CostModel):
+    """The analytical model's objectives inverted: the slowest plan by it is
+    the fastest by this one."""
+
+    name = "flipped"
+
+    def __init__(self):
+        self.inner = get_cost_model("analytical")
+
+    def estimate(self, problem, plan):
+        report = self.inner.estimate(problem, plan)
+        report.objective = report.step_time = 1.0 / report.objective
+        return report
+
+
+def test_the_final_model_keeps_a_plan_it_prefers_to_the_best_seen(problem):
+    """A strategy that returns the slowest one-device plan by its search
+    model, which the final model prices best: the swap to the search
+    model's best seen plan needs the final model's agreement."""
+    from placer import Plan
+    from placer.search import unregister_strategy
+    _register_slowest("slowest-test")
+    graph, cluster = problem
+    clean = get_cost_model("analytical")
+    p = Problem(graph, cluster)
+    singles = [clean.estimate(p, Plan({op: [d.name] for op in graph.ids})).objective
+               for d in cluster.devices]
+    assert max(singles) > min(singles) * 1.01
+    try:
+        kept = optimize_with_report(graph, cluster, "slowest-test", time_budget=None,
+                                    final_cost_model=Flipped())[0]
+        swapped = optimize_with_report(graph, cluster, "slowest-test", time_budget=None,
+                                       final_cost_model="analytical")[0]
+    finally:
+        unregister_strategy("slowest-test")
+    assert clean.estimate(p, kept).objective == pytest.approx(max(singles))
+    assert "kept_seen" not in kept.predicted["search"]
+    assert clean.estimate(p, swapped).objective == pytest.approx(min(singles))
+    assert swapped.predicted["search"]["kept_seen"]

@@ -82,7 +82,7 @@ import numpy as np
 
 from .._io import PathLike, atomic_write_text, dump_json
 
-__all__ = ["bench_learned", "cases", "zero_shot_against", "TEST_GRAPHS", "TEST_CLUSTERS",
+__all__ = ["bench_learned", "cases", "merge", "zero_shot_against", "TEST_GRAPHS", "TEST_CLUSTERS",
            "SPLITS"]
 
 TEST_GRAPHS = ("inception.op", "unet.op", "dlrm.op", "moe.op", "gnmt.op")
@@ -221,13 +221,32 @@ def _compare(evo: dict, hyb: dict, axis: str) -> dict:
 
 
 def cases(split: str = "test", graphs: Sequence[str] | None = None,
-          clusters: Sequence[str] | None = None) -> list[tuple[str, str, str]]:
+          clusters: Sequence[str] | None = None,
+          only: Sequence[str] | None = None) -> list[tuple[str, str, str]]:
     """``(split, graph, cluster)`` of each case: ``graphs`` x ``clusters``
-    where given (split ``"custom"``), else the split's own (see the module doc).
+    where given (split ``"custom"``), else the split's own (see the module
+    doc); ``only``: just the cases whose ``GRAPH@CLUSTER`` matches one of
+    these shell patterns (a long run split into pieces, one case rerun).
 
     >>> cases("ood")[0][0], len(cases("all")) == len(cases("test")) + len(cases("ood"))
     ('ood', True)
+    >>> [g for _, g, _ in cases("ood", only=["rnn-*@classes-d8-s0"])]
+    ['rnn-t32-l4-s0']
     """
+    out = _cases(split, graphs, clusters)
+    if only is None:
+        return out
+    from fnmatch import fnmatchcase
+    from ..errors import PlacerError
+    out = [c for c in out if any(fnmatchcase(f"{c[1]}@{c[2]}", p) for p in only)]
+    if not out:
+        raise PlacerError(f"no case of split {split!r} matches {' '.join(only)}",
+                          field="cases", fix="give GRAPH@CLUSTER patterns such as "
+                          "'experts-*@classes-d8-s0' or '*@hetero-lab'")
+    return out
+
+
+def _cases(split, graphs, clusters) -> list[tuple[str, str, str]]:
     from ..errors import PlacerError
     if split not in SPLITS:
         raise PlacerError(f"unknown split {split!r}", field="split",
@@ -249,8 +268,8 @@ def bench_learned(graphs: Sequence[str] | None = None, clusters: Sequence[str] |
                   *, time_budget: float = 20.0, finetune: float = 5.0, seed: int = 0,
                   seeds: Sequence[int] | None = None, evaluations: int | None = None,
                   checkpoint=None, samples: int | None = None, quick: bool = False,
-                  split: str = "test", out: PathLike | None = "bench-learned.json",
-                  quiet: bool = False) -> dict:
+                  split: str = "test", only: Sequence[str] | None = None,
+                  out: PathLike | None = "bench-learned.json", quiet: bool = False) -> dict:
     """Run the benchmark (see the module doc); prints a table unless
     ``quiet`` and writes the JSON results to ``out`` atomically. ``samples``
     (None: the strategies' defaults) is passed to ``rl`` and ``hybrid``.
@@ -258,7 +277,8 @@ def bench_learned(graphs: Sequence[str] | None = None, clusters: Sequence[str] |
     the other methods with the first; ``evaluations``: evolution, hybrid
     and anytime ``rl`` get this many plans scored instead of
     ``time_budget`` seconds. ``split``: which cases (see :func:`cases`;
-    ``graphs`` and ``clusters`` replace them)."""
+    ``graphs`` and ``clusters`` replace them; ``only`` picks among them by
+    ``GRAPH@CLUSTER`` patterns; :func:`merge` joins the pieces' files)."""
     from ..errors import PlacerError
     seeds = [int(seed)] if seeds is None else [int(s) for s in seeds]
     if not seeds or len(set(seeds)) != len(seeds):
@@ -276,7 +296,7 @@ def bench_learned(graphs: Sequence[str] | None = None, clusters: Sequence[str] |
         graphs = graphs or QUICK["graphs"]
         clusters = clusters or QUICK["clusters"]
         time_budget, finetune = QUICK["time_budget"], QUICK["finetune"]
-    todo = cases(split, graphs, clusters)
+    todo = cases(split, graphs, clusters, only)
     graphs = list(dict.fromkeys(g for _, g, _ in todo))
     clusters = list(dict.fromkeys(c for _, _, c in todo))
     have_evolution = "evolution" in strategies()
@@ -367,15 +387,10 @@ def bench_learned(graphs: Sequence[str] | None = None, clusters: Sequence[str] |
         rows.append(row)
         if not quiet:
             print(_line(row), flush=True)
-    if have_evolution:
-        summary = _summary(rows)
-        parts = sorted({r["split"] for r in rows})
-        if len(parts) > 1:
-            summary["by_split"] = {p: _summary([r for r in rows if r["split"] == p])
-                                   for p in parts}
-    else:
-        summary = {"note": "evolution strategy unavailable"}
-    result = {"benchmark": "learned", "split": split, "time_budget": time_budget,
+    summary = _summaries(rows) if have_evolution else \
+        {"note": "evolution strategy unavailable"}
+    result = {"benchmark": "learned", "split": split, "only": None if only is None
+              else list(only), "time_budget": time_budget,
               "finetune": finetune,
               "samples": samples, "evaluations": evaluations,
               "budget": "time" if evaluations is None else "evaluations",
@@ -388,6 +403,53 @@ def bench_learned(graphs: Sequence[str] | None = None, clusters: Sequence[str] |
         print(_table(rows, axis))
         for k, v in summary.items():
             print(f"{k}: {v}")
+    if out is not None:
+        atomic_write_text(out, dump_json(_clean(result)))
+    return result
+
+
+def _summaries(rows) -> dict:
+    """:func:`_summary` of ``rows``, with each split's under ``by_split``
+    when they hold several."""
+    summary = _summary(rows)
+    parts = sorted({r["split"] for r in rows})
+    if len(parts) > 1:
+        summary["by_split"] = {p: _summary([r for r in rows if r["split"] == p])
+                               for p in parts}
+    return summary
+
+
+def merge(paths: Sequence[PathLike], out: PathLike | None = None) -> dict:
+    """One result from the files of a run split into pieces (``only``, or
+    ``split`` run by split): their rows in order, the summary over all of
+    them, ``bench_seconds`` summed and ``pieces`` (each file's name, cases
+    and seconds); written to ``out`` atomically when given. The pieces must
+    share their budgets and seeds (else :class:`placer.errors.PlacerError`
+    names the first that differs)."""
+    import json
+    from pathlib import Path
+    from ..errors import PlacerError
+    docs = [json.loads(Path(p).read_text(encoding="utf-8")) for p in paths]
+    if not docs:
+        raise PlacerError("nothing to merge", field="paths", fix="give the pieces' files")
+    same = ("time_budget", "finetune", "samples", "evaluations", "seeds")
+    for path, doc in zip(paths, docs):
+        for key in same:
+            if doc.get(key) != docs[0].get(key):
+                raise PlacerError(f"{key} is {doc.get(key)!r}, the first piece's "
+                                  f"{docs[0].get(key)!r}", file=str(path), field=key,
+                                  fix="merge pieces run with the same options")
+    rows = [r for doc in docs for r in doc["rows"]]
+    splits = sorted({r["split"] for r in rows})
+    result = dict(docs[0], split=splits[0] if len(splits) == 1 else "all", only=None,
+                  graphs=list(dict.fromkeys(r["graph"] for r in rows)),
+                  clusters=list(dict.fromkeys(r["cluster"] for r in rows)), rows=rows,
+                  summary=_summaries(rows) if all("evolution" in r for r in rows)
+                  else {"note": "evolution strategy unavailable"},
+                  bench_seconds=round(sum(d.get("bench_seconds") or 0 for d in docs), 1),
+                  pieces=[{"file": Path(p).name, "cases": len(d["rows"]),
+                           "bench_seconds": d.get("bench_seconds")}
+                          for p, d in zip(paths, docs)])
     if out is not None:
         atomic_write_text(out, dump_json(_clean(result)))
     return result
