@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import socket
 import sys
 from typing import Sequence
 
@@ -130,7 +132,10 @@ def tune(cases: Sequence[str] = DEFAULT_CASES, *, trials: int | None = 20,
     st = optuna.create_study(study_name=study, storage=rdb,
                              sampler=sampler, direction="minimize", load_if_exists=True)
 
+    worker = f"{socket.gethostname()}:{os.getpid()}"
+
     def objective(trial) -> float:
+        trial.set_user_attr("worker", worker)     # which host and process ran it
         config = search_space(trial)
         value, ratios = bench.score(config)
         trial.set_user_attr("ratios", ratios)

@@ -89,7 +89,17 @@ class PostgresServer:
     @property
     def url(self) -> str:
         """The SQLAlchemy URL of the database over TCP, with the password."""
-        return f"postgresql://{USER}:{PASSWORD}@127.0.0.1:{self.port}/{DATABASE}"
+        return self.url_of(DATABASE)
+
+    def url_of(self, database: str, password: str = PASSWORD) -> str:
+        """The URL of ``database`` on this server."""
+        return f"postgresql://{USER}:{password}@127.0.0.1:{self.port}/{database}"
+
+    def create_database(self, name: str) -> str:
+        """A new empty database; returns its URL."""
+        self._cmd(self._tool("createdb"), "-h", self.root, "-p", str(self.port), "-U", USER,
+                  name)
+        return self.url_of(name)
 
     def start(self) -> str:
         pwfile = os.path.join(self.root, "pw")
@@ -107,9 +117,7 @@ class PostgresServer:
                 break
         else:
             raise RuntimeError(f"PostgreSQL did not start: {self.tail()}")
-        self._cmd(self._tool("createdb"), "-h", self.root, "-p", str(self.port), "-U", USER,
-                  DATABASE)
-        return self.url
+        return self.create_database(DATABASE)
 
     def _launch(self) -> bool:
         cred = {} if self.user is None else {"user": self.user.pw_uid,
@@ -158,10 +166,11 @@ class PostgresServer:
 
 @contextlib.contextmanager
 def postgres(bin_dir: str):
-    """A running server's URL for the ``with`` block; stopped afterwards,
-    also when starting it or the block fails."""
+    """A running server for the ``with`` block (its ``url`` names a ready
+    database); stopped afterwards, also when starting it or the block fails."""
     server = PostgresServer(bin_dir)
     try:
-        yield server.start()
+        server.start()
+        yield server
     finally:
         server.stop()
