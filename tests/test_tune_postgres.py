@@ -50,7 +50,7 @@ def _driver() -> bool:
 
 @pytest.fixture
 def pg_url(pg_server, request):
-    """A fresh database of the session's server, for this test alone."""
+    """A fresh database on the tests' shared server, for this test alone."""
     _require(_driver(), "no PostgreSQL driver (pip install 'placer[postgres]')")
     return pg_server.create_database(re.sub(r"\W", "_", request.node.name)[:50].lower())
 
@@ -107,6 +107,22 @@ def test_two_workers_split_one_study(pg_url, tmp_path):
         assert 3 <= out["trials"] <= 6 and out["value"] >= best
         assert out["storage"] == pg_url.replace(pgs.PASSWORD, "***")
         assert json.loads((tmp_path / f"w{i}.json").read_text()) == out
+
+
+def test_workers_racing_to_create_the_tables_all_get_the_study(pg_url):
+    # four workers open a fresh database at the same instant: all but one
+    # collide creating optuna's tables (a unique or duplicate-table error)
+    # and retry, and all of them then share the one study
+    code = ("import sys, time, optuna; from placer.studies import open_storage; "
+            "start = float(sys.argv[2]); time.sleep(max(0.0, start - time.time())); "
+            "s = optuna.create_study(study_name='race', storage=open_storage(sys.argv[1]), "
+            "load_if_exists=True); s.enqueue_trial({'x': 1.0}); print(s._study_id)")
+    start = str(time.time() + 3)
+    procs = [subprocess.Popen([sys.executable, "-c", code, pg_url, start], env=_env(),
+                              text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for _ in range(4)]
+    ids = {_finish(p).strip() for p in procs}
+    assert len(ids) == 1 and len(_trials(pg_url, "race")) == 4
 
 
 def test_killed_worker_is_recovered_and_nothing_lost(pg_url, tmp_path):
@@ -244,14 +260,15 @@ def test_readme_shared_study_recipe_runs_as_written(pg_server, tmp_path):
     setup = [c.split() for c in recipe if c.split()[0] in ("createuser", "createdb")]
     tune = [c.split() for c in recipe if c.startswith("placer tune")]
     assert len(setup) == 2 and len(tune) == 1, recipe
-    # the database host's part, against this server (the prompt answered on stdin)
+    # the database host's part, against this server; without a controlling
+    # terminal (setsid) the password prompt reads stdin
     url = next(a for a in tune[0] if a.startswith("postgresql://"))
     password = url.split("://")[1].split("@")[0].split(":")[1]
     connect = ["-h", pg_server.root, "-p", str(pg_server.port), "-U", pgs.USER]
     for cmd in setup:
         done = subprocess.run([os.path.join(pg_server.bin, cmd[0]), *cmd[1:], *connect],
                               input=f"{password}\n{password}\n", capture_output=True,
-                              text=True, timeout=60, start_new_session=True)
+                              text=True, timeout=60, preexec_fn=os.setsid)
         assert done.returncode == 0, done.stderr
     # each machine's part: the same command in two processes, a smaller study
     args = [a.replace("@db-host:5432/", f"@127.0.0.1:{pg_server.port}/") for a in tune[0][1:]]
