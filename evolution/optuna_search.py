@@ -74,6 +74,9 @@ class OptunaSearch(Strategy):
                                 field="storage", fix="e.g. postgresql://user:pw@host/db")
         if study is not None and (not isinstance(study, str) or not study):
             raise StrategyError(f"study must be a name, got {study!r}", field="study")
+        if storage is not None:
+            from placer.studies import driver_url
+            driver_url(storage, field="storage")    # a bad scheme or no driver: now
         self.storage = storage
         self.study = study
         self.heartbeat = heartbeat

@@ -122,10 +122,15 @@ def open_storage(url: str, *, heartbeat: int | None = HEARTBEAT, field: str = "-
     import sqlalchemy.exc
     if heartbeat is not None and (int(heartbeat) != heartbeat or heartbeat < 0):
         raise StrategyError(f"heartbeat must be a whole number of seconds >= 0, got "
-                            f"{heartbeat!r}", field="heartbeat")
+                            f"{heartbeat!r}", field="--heartbeat" if field.startswith("--")
+                            else "heartbeat")
     if not isinstance(url, str) or "://" not in url:
         raise StrategyError(f"not a storage URL: {safe_url(str(url))!r}", field=field,
                             fix=URL_FIX)
+    if url.split("://", 1)[1].split("/", 1)[0].count("@") > 1:
+        raise StrategyError(f"the storage URL holds '@' more than once: "
+                            f"{safe_url(url).split('@')[-1]!r}", field=field,
+                            fix="write an '@' in the user or password as %40")
     full = driver_url(url, field)
     secret = _password(url)
 
@@ -157,8 +162,10 @@ def open_storage(url: str, *, heartbeat: int | None = HEARTBEAT, field: str = "-
         except (sqlalchemy.exc.NoSuchModuleError, sqlalchemy.exc.ArgumentError):
             raise fail("unknown URL form", URL_FIX) from None
         except ImportError:
-            raise fail("its database driver is not installed",
-                       INSTALL_FIX + ", or install the driver the URL names") from None
+            fix = (INSTALL_FIX if full.startswith(("postgresql+psycopg", "postgresql+psycopg2"))
+                   else "install the Python driver the URL names, or use postgresql:// "
+                        "(pip install 'placer[postgres]') or sqlite:///FILE")
+            raise fail("its database driver is not installed", fix) from None
         except sqlalchemy.exc.SQLAlchemyError as exc:
             raise fail(_driver_message(exc), "check the URL and the server") from None
         except RuntimeError as exc:
