@@ -58,9 +58,13 @@ def _run_as() -> pwd.struct_passwd | None:
     raise RuntimeError("running as root and neither a 'postgres' nor a 'nobody' user exists")
 
 
+_prctl = ctypes.CDLL(None, use_errno=True).prctl     # looked up before any fork
+
+
 def _die_with_parent() -> None:
-    # immediate shutdown of the postmaster (and so its backends) if we die
-    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGQUIT))   # PR_SET_PDEATHSIG
+    # immediate shutdown of the postmaster (and so its backends) if we die;
+    # runs in the child after its switch to the server's user
+    _prctl(1, int(signal.SIGQUIT))      # PR_SET_PDEATHSIG
 
 
 class PostgresServer:
@@ -69,7 +73,10 @@ class PostgresServer:
     def __init__(self, bin_dir: str):
         self.bin = bin_dir
         self.user = _run_as()
-        self.root = tempfile.mkdtemp(prefix="placer-pg-")
+        # under /tmp when the server runs as another user: $TMPDIR may be
+        # a folder that user cannot enter
+        self.root = tempfile.mkdtemp(prefix="placer-pg-",
+                                     dir="/tmp" if self.user is not None else None)
         self.data = os.path.join(self.root, "data")
         self.log = os.path.join(self.root, "server.log")
         self.port: int | None = None

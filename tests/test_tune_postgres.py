@@ -127,20 +127,20 @@ def test_workers_racing_to_create_the_tables_all_get_the_study(pg_url):
 
 def test_killed_worker_is_recovered_and_nothing_lost(pg_url, tmp_path):
     cmd = ("--total-trials", "4", "--heartbeat", "1")
-    first = _tune(pg_url, "resume", *cmd, "--evaluations", "400", "-o", str(tmp_path / "a.json"))
+    first = _tune(pg_url, "resume", *cmd, "--evaluations", "300", "-o", str(tmp_path / "a.json"))
     try:
-        # SIGKILL it early in a trial (one takes 2 s or more), once its
-        # settings are drawn and two trials are done
+        # SIGKILL it in the first half of a trial, once two trials are done
+        # and this one's settings are drawn (the half: of the shortest done)
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and first.poll() is None:
             try:
                 trials = _trials(pg_url, "resume")
             except KeyError:        # the study does not exist yet
                 trials = []
-            running = [t for t in trials if t.state.name == "RUNNING" and len(t.params) == 8
-                       and datetime.datetime.now() - t.datetime_start
-                       < datetime.timedelta(seconds=1)]
-            if _states(trials)["COMPLETE"] >= 2 and running:
+            done = [t.duration for t in trials if t.state.name == "COMPLETE"]
+            running = [t for t in trials if t.state.name == "RUNNING" and len(t.params) == 8]
+            if len(done) >= 2 and running and \
+                    datetime.datetime.now() - running[0].datetime_start < min(done) / 2:
                 first.send_signal(signal.SIGKILL)
                 break
             time.sleep(0.05)
