@@ -110,19 +110,24 @@ def test_two_workers_split_one_study(pg_url, tmp_path):
 
 
 def test_workers_racing_to_create_the_tables_all_get_the_study(pg_url):
-    # four workers open a fresh database at the same instant: all but one
-    # collide creating optuna's tables (a unique or duplicate-table error)
-    # and retry, and all of them then share the one study
-    code = ("import sys, time, optuna; from placer.studies import open_storage; "
-            "start = float(sys.argv[2]); time.sleep(max(0.0, start - time.time())); "
+    # three workers open a fresh database at the same instant (each waits,
+    # imports done, for a line on stdin): all but one collide creating
+    # optuna's tables (a unique or duplicate-table error) and retry, and all
+    # then share the one study
+    code = ("import sys, optuna; from placer.studies import open_storage; "
+            "print('ready', flush=True); sys.stdin.readline(); "
             "s = optuna.create_study(study_name='race', storage=open_storage(sys.argv[1]), "
             "load_if_exists=True); s.enqueue_trial({'x': 1.0}); print(s._study_id)")
-    start = str(time.time() + 3)
-    procs = [subprocess.Popen([sys.executable, "-c", code, pg_url, start], env=_env(),
-                              text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-             for _ in range(4)]
+    procs = [subprocess.Popen([sys.executable, "-c", code, pg_url], env=_env(), text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE) for _ in range(3)]
+    for p in procs:
+        assert p.stdout.readline().strip() == "ready", p.communicate()[1][-2000:]
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
     ids = {_finish(p).strip() for p in procs}
-    assert len(ids) == 1 and len(_trials(pg_url, "race")) == 4
+    assert len(ids) == 1 and len(_trials(pg_url, "race")) == 3
 
 
 def test_killed_worker_is_recovered_and_nothing_lost(pg_url, tmp_path):
