@@ -38,6 +38,7 @@ def _require(ok: bool, why: str) -> None:
 
 @pytest.fixture(scope="session")
 def pg_server():
+    _require(_driver(), "no PostgreSQL driver (pip install 'placer[postgres]')")
     bin_dir = pgs.bindir()
     _require(bin_dir is not None, "PostgreSQL server binaries (initdb, pg_ctl) not found")
     with pgs.postgres(bin_dir) as server:
@@ -51,7 +52,6 @@ def _driver() -> bool:
 @pytest.fixture
 def pg_url(pg_server, request):
     """A fresh database on the tests' shared server, for this test alone."""
-    _require(_driver(), "no PostgreSQL driver (pip install 'placer[postgres]')")
     return pg_server.create_database(re.sub(r"\W", "_", request.node.name)[:50].lower())
 
 
@@ -235,8 +235,10 @@ def test_bad_storage_is_one_line_without_the_password(pg_server, pg_url, capsys)
     assert "write postgresql://" in _error_line(capsys, ["--storage", "db.lab/placer"])
 
 
-def test_missing_driver_is_one_line_naming_the_extra(pg_url):
+def test_missing_driver_is_one_line_naming_the_extra():
     # the real entry point, in a process where neither driver can be imported
+    # (it fails before connecting: no server needed)
+    pg_url = f"postgresql://{pgs.USER}:{pgs.PASSWORD}@127.0.0.1:5432/{pgs.DATABASE}"
     code = ("import sys; sys.modules['psycopg'] = sys.modules['psycopg2'] = None; "
             "from placer.cli import main; sys.exit(main())")
     out = subprocess.run([sys.executable, "-c", code, "tune", "--case", CASE,
@@ -259,7 +261,6 @@ def _readme_recipe() -> list[str]:
 
 
 def test_readme_shared_study_recipe_runs_as_written(pg_server, tmp_path):
-    _require(_driver(), "no PostgreSQL driver (pip install 'placer[postgres]')")
     recipe = _readme_recipe()
     assert recipe[0] == "pip install 'placer[postgres]'"
     setup = [c.split() for c in recipe if c.split()[0] in ("createuser", "createdb")]
