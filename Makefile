@@ -6,12 +6,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 OUT ?= out
 
-.PHONY: demo test install clean
+.PHONY: demo test install clean postgres
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[postgres]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -22,6 +23,18 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest
+
+# PostgreSQL server binaries for the shared-study tests (tests/postgres_server.py
+# starts a throwaway server from them): Debian's package when initdb is found
+# neither on PATH nor under /usr/lib/postgresql (apt needs root), told not to
+# create (and start) a cluster of its own.
+APT := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends
+postgres:
+	command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+		apt-get update -qq && $(APT) postgresql-common && \
+		sed -i 's/^#*[[:space:]]*create_main_cluster.*/create_main_cluster = false/' \
+			/etc/postgresql-common/createcluster.conf && \
+		$(APT) postgresql; }
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache

@@ -43,3 +43,32 @@ def test_tune_main_resumes(tmp_path, capsys):
     assert tune_main(args) == 0
     assert json.loads(out.read_text())["trials"] == 2
     assert tune_main(["--case", "nonsense", "--storage", url]) == 2
+
+
+@pytest.mark.parametrize("url, fix", [
+    ("sqlite:////no/such/folder/t.db", "folder exists"),
+    ("postgres://tuner:hunter2@db.lab/placer", "write postgresql://"),
+    ("db.lab/placer", "write postgresql://"),
+    ("mysql://tuner:hunter2@db.lab/placer", "install the Python driver"),
+    ("postgresql://tuner:hun@ter2@db.lab/placer", "%40"),
+])
+def test_bad_storage_is_one_line_naming_the_fix(url, fix, capsys):
+    assert tune_main(["--case", CASES[0], "--trials", "1", "--storage", url, "-o", ""]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and fix in err, err
+    assert err.startswith("placer tune: error: --storage:") and "hunter2" not in err
+
+
+def test_safe_url_hides_the_password():
+    from placer.studies import safe_url
+    assert safe_url("postgresql://u:p%40ss@h:5/db") == "postgresql://u:***@h:5/db"
+    assert safe_url("postgresql://u@h/db") == "postgresql://u@h/db"
+    assert safe_url("sqlite:///t.db") == "sqlite:///t.db"
+
+
+def test_optuna_strategy_refuses_a_bad_storage_url_at_once():
+    from placer.errors import StrategyError
+    from placer.search import get_strategy
+    with pytest.raises(StrategyError, match="storage: not a storage URL") as err:
+        get_strategy("optuna", storage="postgres://u:hunter2@h/db")
+    assert "hunter2" not in str(err.value)
