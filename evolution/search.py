@@ -956,8 +956,10 @@ def rank(model, problem: "Problem", plans: list[Plan], budget: Budget | None = N
     """Index of the best of ``plans`` by ``model`` (the first on ties).
 
     With a ``budget`` that has a time limit the plans are scored one by one
-    in the order given (put the likeliest first), at least the first, while
-    the time left exceeds the longest estimate so far: a final ranking by a
+    in the order given (put the likeliest first) while the time left
+    exceeds the longest estimate so far (and, for the simulator, its
+    predicted time, :class:`placer.search.common.SimulationClock`; the
+    first plan is then kept unscored if none fits): a final ranking by a
     slow model (the simulator on a big graph and cluster can take seconds
     per plan) must not overrun the search's time budget. Without one, all
     are scored."""
@@ -966,15 +968,22 @@ def rank(model, problem: "Problem", plans: list[Plan], budget: Budget | None = N
     if budget is None or budget.time is None:
         reports = model.estimate_many(problem, plans)
         return int(np.argmin([r.objective for r in reports]))
+    from placer.search.common import SimulationClock
     values: list[float] = []
     longest = 0.0
     for plan in plans:
         if values and budget.remaining_time <= longest:
             break
         start = _time.perf_counter()
-        values.append(model.estimate(problem, plan).objective)
+        if getattr(model, "name", None) == "simulator":
+            report = SimulationClock.estimate(model, problem, plan, budget)
+            if report is None:      # predicted not to fit the time left
+                break
+        else:
+            report = model.estimate(problem, plan)
+        values.append(report.objective)
         longest = max(longest, _time.perf_counter() - start)
-    return int(np.argmin(values))
+    return int(np.argmin(values)) if values else 0
 
 
 def _rescore(evaluate: Evaluator, genomes: list[OpGenome]) -> None:

@@ -401,3 +401,44 @@ def repair_memory(ctx: Context, assign: np.ndarray) -> np.ndarray:
             used[d] -= need
             used[target] += need
     return assign
+
+
+class SimulationClock:
+    """Predicts how long the event simulator takes on a plan, so a search
+    calls it only where it fits the time left: its work grows with the op
+    replicas (an op on k devices counts k) times the microbatches. The rate
+    is this process's slowest measured one (a conservative start before the
+    first measurement)."""
+
+    #: seconds per op replica and microbatch before any measurement
+    rate = 4e-6
+    _measured = False
+
+    @classmethod
+    def tasks(cls, problem: Problem, plan: "Plan") -> float:
+        replicas = sum(len(devices) for devices in plan.placement.values())
+        return float(replicas) * max(int(plan.microbatches), 1)
+
+    @classmethod
+    def predict(cls, problem: Problem, plan: "Plan") -> float:
+        """Predicted seconds of one simulation of ``plan``."""
+        return cls.tasks(problem, plan) * cls.rate
+
+    @classmethod
+    def estimate(cls, model, problem: Problem, plan: "Plan", budget: "Budget"):
+        """``model.estimate(problem, plan)`` when its predicted time fits
+        ``budget``'s time left (always without a time limit), else None."""
+        import time as _time
+        if budget.time is not None and cls.predict(problem, plan) > budget.remaining_time:
+            return None
+        start = _time.perf_counter()
+        report = model.estimate(problem, plan)
+        took = _time.perf_counter() - start
+        tasks = cls.tasks(problem, plan)
+        if tasks >= 1e5:        # small runs time the call's overhead, not the work
+            measured = took / tasks
+            # the first measurement replaces the prior; later ones can
+            # halve the rate at most per run (a quiet moment on a busy host)
+            cls.rate = measured if not cls._measured else max(measured, cls.rate / 2)
+            cls._measured = True
+        return report

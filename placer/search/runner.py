@@ -31,7 +31,8 @@ def optimize_with_report(graph: "Graph", cluster: "Cluster",
                          final_cost_model: Any = "simulator",
                          progress: "bool | Callable | None" = None, microbatches=None,
                          schedule: str | None = None, problem_options: dict | None = None,
-                         initial=None, **strategy_options: Any) -> "tuple[Plan, Report]":
+                         initial=None, coarsen: "str | int | None" = "auto",
+                         **strategy_options: Any) -> "tuple[Plan, Report]":
     """Search a plan for ``graph`` on ``cluster`` with strategy ``method``;
     returns the plan and the final cost model's report of it (so callers that
     want its trace or Gantt chart need not simulate again).
@@ -48,7 +49,13 @@ def optimize_with_report(graph: "Graph", cluster: "Cluster",
       what the strategy would otherwise choose;
     - ``problem_options`` go to :class:`placer.cost.Problem` (objective,
       recompute, ...); ``initial`` plans warm-start the strategy; other
-      keywords are options of the strategy.
+      keywords are options of the strategy;
+    - ``coarsen``: ``"auto"`` (default) searches graphs over
+      :data:`~placer.search.multilevel.COARSEN_ABOVE` ops coarsened to
+      :data:`~placer.search.multilevel.COARSEN_TO` groups, then refines the
+      expanded plan on the original ops within the same budget (see
+      :mod:`placer.search.multilevel`); an int coarsens to that many groups
+      whatever the size; None hands the whole graph to the strategy.
 
     The plan is bound to ``graph`` and ``cluster`` (fingerprints) and its
     ``method`` is the strategy's name. It is never one the search model
@@ -83,8 +90,13 @@ def optimize_with_report(graph: "Graph", cluster: "Cluster",
     budget = Budget(time_budget, evaluations)
     metered = budget.meter(search_model)
     callback = progress_callback(progress)
+    from .multilevel import coarsen_target, search_coarsened
+    groups = coarsen_target(coarsen, problem.n_ops)
     try:
-        plan = strategy.search(problem, metered, budget, seed, callback)
+        if groups is None:
+            plan = strategy.search(problem, metered, budget, seed, callback)
+        else:
+            plan = search_coarsened(strategy, problem, metered, budget, seed, callback, groups)
     except SearchInterrupted as exc:
         if exc.plan is not None:
             _check_plan(problem, exc.plan)
