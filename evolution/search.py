@@ -352,8 +352,9 @@ class Evolution(Strategy):
     def _fine_seeds(self, problem: "Problem", screen, budget: Budget, seed: int,
                     first: str | None = None):
         """(name, plan) of the seed heuristics run on the full graph: ``first``
-        (the heuristic whose coarse seed scored best) always, the others
-        while the budget lasts (on a 10,000-op graph they take seconds each,
+        (the heuristic whose coarse seed scored best) first, the others
+        while the budget lasts, each only if predicted to finish in the
+        time left (:func:`seed_seconds`) (on a 10,000-op graph they take seconds each,
         most of it coarsening, which once made a 10 s search take 60 s)."""
         names = [s for s in self.seeds if s != self.name]
         if first in names:
@@ -363,14 +364,18 @@ class Evolution(Strategy):
             if budget.remaining_evaluations <= len(self.initial) + 1 or (
                     k and budget.out_of_time()):
                 break
+            if seed_seconds(name, problem) > budget.remaining_time:
+                continue            # predicted to overrun the budget
             try:
                 strategy = get_strategy(name, microbatches=self.microbatches,
                                         schedule=self.schedule)
                 sub = _sub_budget(budget, self.seed_share / max(len(self.seeds), 1))
+                start = _time.perf_counter()
                 try:
                     plan = strategy.search(problem, screen, sub, seed=seed)
                 finally:
                     budget.charge(sub.used)
+                    _learn_seed_seconds(name, problem, _time.perf_counter() - start)
             except PlacerError:
                 continue
             yield name, plan
@@ -1030,6 +1035,7 @@ class SeedPool:
         t = budget.remaining_time
         self.deadline = None if math.isinf(t) else budget.elapsed + t * share
         self.evals = share / self.left
+        self.ran = False
 
     def skip(self) -> None:
         """One heuristic fewer to run."""
@@ -1058,12 +1064,41 @@ class SeedPool:
             self.skip()
             return None
         sub = self.next()
+        if self.ran and sub.time is not None and \
+                seed_seconds(name, problem) > sub.time:
+            return None             # predicted not to finish in its share
+        self.ran = True
+        start = _time.perf_counter()
         try:
             return strategy.search(problem, cost_model, sub, seed=seed)
         except PlacerError:
             return None
         finally:
             self.budget.charge(sub.used)
+            _learn_seed_seconds(name, problem, _time.perf_counter() - start)
+
+
+#: seconds per (op x device) a seeding heuristic takes, placing and
+#: scoring its candidates, before this process has timed it (measured on
+#: 10,000 ops x 64 devices, a busy 2-core host); :func:`seed_seconds`
+SEED_SECONDS_PER_OP_DEVICE = {"heft": 5e-6, "m_etf": 2e-6, "m_sct": 2.5e-6,
+                              "partition": 1e-6, "pipeline_dp": 1e-6,
+                              "even_pipeline": 5e-7, "m_topo": 3e-7, "single": 3e-7}
+_SEED_RATES: dict[str, float] = {}
+
+
+def seed_seconds(name: str, problem) -> float:
+    """Predicted seconds of seeding heuristic ``name`` on ``problem``: its
+    last measured rate in this process (else the prior of
+    :data:`SEED_SECONDS_PER_OP_DEVICE`, 2e-6 for others) times ops x devices."""
+    rate = _SEED_RATES.get(name, SEED_SECONDS_PER_OP_DEVICE.get(name, 2e-6))
+    return rate * problem.n_ops * problem.n_devices
+
+
+def _learn_seed_seconds(name: str, problem, seconds: float) -> None:
+    size = problem.n_ops * problem.n_devices
+    if size >= 1e4:             # tiny problems time the call's overhead
+        _SEED_RATES[name] = seconds / size
 
 
 def _sub_budget(budget: Budget, share: float) -> Budget:

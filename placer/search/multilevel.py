@@ -17,6 +17,7 @@ batch of ``8 x n_ops`` candidate rows) plus the strategy's footprint on
 from __future__ import annotations
 
 import time as _time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from .base import Budget, Progress, SearchInterrupted
@@ -71,8 +72,15 @@ def search_coarsened(strategy, problem: "Problem", metered, budget: Budget, seed
     if strategy.initial:
         strategy.initial = [_project(plan, coarse_graph) for plan in strategy.initial]
     sub = _share(budget, COARSE_SHARE)
+    used, elapsed = budget.used, budget.elapsed
+
+    def inner(event: Progress) -> None:
+        # the coarse search counts on its own budget: report on the whole one
+        callback(replace(event, evaluations=used + event.evaluations,
+                         elapsed=elapsed + event.elapsed, done=False,
+                         message=f"{event.message} (coarse)".strip()))
     try:
-        found = strategy.search(coarse, sub.meter(metered.inner), sub, seed, callback)
+        found = strategy.search(coarse, sub.meter(metered.inner), sub, seed, inner)
     except SearchInterrupted as exc:
         if exc.plan is not None:
             exc.plan = exc.plan.expand(coarse_graph)
@@ -81,13 +89,14 @@ def search_coarsened(strategy, problem: "Problem", metered, budget: Budget, seed
         budget.charge(sub.used)
     say("expanding the plan to the original ops", found.predicted.get("objective", float("inf")))
     plan = found.expand(coarse_graph)
-    plan, value, kept = refine(problem, plan, metered, budget,
+    plan, value, kept, expanded = refine(problem, plan, metered, budget,
                                progress=lambda v, msg: say(msg, v))
     plan.predicted = {"objective": value, "step_time": value, "model": metered.name,
                       "coarse": dict(found.predicted)}
     plan.extra["search"] = {**plan.extra.get("search", {}),
                             "coarsened": {"ops": len(graph), "to": len(coarse_graph),
                                           "seconds": round(coarsening, 3),
+                                          "expanded_objective": expanded,
                                           "refine_moves": kept}}
     say(f"refined: {kept} moves kept", value)
     return plan

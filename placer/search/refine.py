@@ -26,7 +26,8 @@ def refine(problem, plan, cost_model, budget, *, pairs: int = 6, batch: int = 8,
            depths=DEPTHS, progress=None):
     """``plan`` improved by boundary moves scored by ``cost_model`` (its
     ``step_times``; metered, so the moves are charged to ``budget``) while
-    ``budget`` lasts; returns ``(plan, objective, moves kept)``. The plan
+    ``budget`` lasts; returns ``(plan, objective, moves kept, objective of
+    plan as given)``. The plan
     returned is never worse by ``cost_model`` than ``plan``.
 
     ``pairs`` pairs of device groups get moves each round (half by load
@@ -44,7 +45,7 @@ def refine(problem, plan, cost_model, budget, *, pairs: int = 6, batch: int = 8,
         return np.asarray(cost_model.step_times(problem, rows, groups=groups,
                                                 microbatches=m, schedule=s), dtype=float)
 
-    value = float(score(a[None, :])[0])
+    value = first = float(score(a[None, :])[0])
     kept = 0
     ctx = context(problem)
     rate = np.array([sum(problem.rate[list(g)]) for g in table])
@@ -78,7 +79,7 @@ def refine(problem, plan, cost_model, budget, *, pairs: int = 6, batch: int = 8,
                               plan.method)
     refined.predicted = dict(plan.predicted)
     refined.extra = dict(plan.extra)
-    return refined, value, kept
+    return refined, value, kept, first
 
 
 def _moves(problem, ctx, a: np.ndarray, rate: np.ndarray, pairs: int, depths,
@@ -134,8 +135,6 @@ def _moves(problem, ctx, a: np.ndarray, rate: np.ndarray, pairs: int, depths,
             if moves and moves[-1][0] == fg and moves[-1][1] == tg and \
                     len(moves[-1][2]) == len(ops):
                 continue
-            if len(ops) >= inside.sum():        # never empty a group entirely
-                break
             moves.append((fg, tg, ops))
     return moves
 
