@@ -49,8 +49,7 @@ def problem():
     return placer.datasets.layered(40, width=4, seed=0), placer.Cluster.preset("two-sites")
 
 
-@pytest.mark.parametrize("method", ["evolution", "heft", "pipeline_dp", "optuna", "dtfm",
-                                    "partition", "m_etf", "even_pipeline"])
+@pytest.mark.parametrize("method", placer.strategies())
 def test_budget_kept_and_no_worse_than_seen_under_an_erratic_model(problem, method):
     graph, cluster = problem
     model = Erratic()

@@ -62,7 +62,9 @@ def optimize_with_report(graph: "Graph", cluster: "Cluster",
     scored worse than another plan of this problem it scored (a NaN counts
     as infinitely slow). The search returns within ``time_budget`` + 10%;
     building the problem, compiling the kernels (first call only) and the
-    final scoring come on top. Raises
+    final scoring come on top (the final model is the search's own where
+    simulating the plan is predicted to take over a minute, or over the
+    time budget if longer: see :data:`FINAL_SIMULATION_SECONDS`). Raises
     :class:`placer.errors.StrategyError` for an unknown method or bad
     options.
 
@@ -115,8 +117,16 @@ def optimize_with_report(graph: "Graph", cluster: "Cluster",
     search = dict(plan.predicted)
     search.setdefault("evaluations", budget.used)
     search.setdefault("search_seconds", budget.elapsed)
-    report = final_model.estimate(problem, plan)
-    if getattr(final_model, "name", None) == "simulator":
+    final_model, note = _affordable_final(problem, plan, final_model, search_model, time_budget)
+    if note:
+        search["final_model"] = note
+    from .common import SimulationClock
+    simulating = getattr(final_model, "name", None) == "simulator"
+    # timed, so the bucket choice below knows what three more simulations cost
+    report = SimulationClock.estimate(final_model, problem, plan, Budget()) if simulating \
+        else final_model.estimate(problem, plan)
+    if simulating and 3 * SimulationClock.predict(problem, plan) <= \
+            max(FINAL_SIMULATION_SECONDS, time_budget or 0.0):
         # the all-reduce bucket size, where groups span slow links
         from .buckets import choose_buckets
         plan, report = choose_buckets(problem, plan, final_model, report)
@@ -127,6 +137,27 @@ def optimize_with_report(graph: "Graph", cluster: "Cluster",
         plan.predicted["infeasible"] = explain_infeasible(problem, plan, report, final_model)
     plan.method = strategy.name
     return plan.bind(graph, cluster), report
+
+
+#: the final simulation of a plan may take this many seconds, or the time
+#: budget if longer; a plan predicted slower to simulate (100,000 ops in
+#: wide data-parallel groups: minutes, gigabytes) is scored by the search's
+#: own model instead, and ``predicted["search"]["final_model"]`` says why
+FINAL_SIMULATION_SECONDS = 60.0
+
+
+def _affordable_final(problem, plan, final_model, search_model, time_budget):
+    """``(model, note)``: the final model, or the search's where simulating
+    the plan is predicted to take over :data:`FINAL_SIMULATION_SECONDS`."""
+    from .common import SimulationClock
+    if getattr(final_model, "name", None) != "simulator" or final_model is search_model:
+        return final_model, None
+    limit = max(FINAL_SIMULATION_SECONDS, time_budget or 0.0)
+    seconds = SimulationClock.predict(problem, plan)
+    if seconds <= limit:
+        return final_model, None
+    return search_model, (f"{search_model.name}: simulating this plan was predicted to take "
+                          f"{seconds:.0f} s (over {limit:.0f} s)")
 
 
 def _no_worse_than_seen(problem: Problem, plan: "Plan", metered) -> "Plan":
