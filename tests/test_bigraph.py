@@ -167,3 +167,22 @@ def test_seeding_skips_a_heuristic_predicted_to_overrun(monkeypatch):
     start = time.perf_counter()
     assert pool.run("heft", p, model, 0) is None
     assert time.perf_counter() - start < 0.1
+
+
+def test_deepened_graph_is_the_traced_deep_model():
+    """Three traced blocks replicated to 6 give the op graph a 6-block trace
+    gives: the same ops, costs and edges, position by position."""
+    from placer.deepen import deepen
+
+    def shape(g):
+        order = g.topological_order()
+        pos = {x: i for i, x in enumerate(order)}
+        ops = [(g.op(x).op, g.op(x).flops, g.op(x).bwd_flops, g.op(x).param_bytes,
+                g.op(x).output_bytes) for x in order]
+        return ops, sorted((pos[e.src], pos[e.dst], e.bytes) for e in g.edges)
+
+    module, inputs = placer.datasets.model("gpt-125m", 2, 16, tiny=True, n_layer=6)
+    real = placer.trace(module, inputs, granularity="op")
+    deep = deepen("gpt-125m", 6, batch=2, seq=16, tiny=True)
+    assert len(deep) == len(real) and shape(deep) == shape(real)
+    assert deep.meta["deepened"]["layers"] == 6
