@@ -50,6 +50,7 @@ from placer.plan import Plan
 from placer._io import atomic_write_text, load_document
 from placer.search.base import (Budget, Progress, SearchInterrupted, Strategy, get_strategy,
                                 register_strategy)
+from placer.search.common import learn_seed_seconds, seed_seconds
 
 from .evaluate import Evaluator, auto_workers
 from .genome import LayoutGenome, OpGenome, Space
@@ -375,7 +376,7 @@ class Evolution(Strategy):
                     plan = strategy.search(problem, screen, sub, seed=seed)
                 finally:
                     budget.charge(sub.used)
-                    _learn_seed_seconds(name, problem, _time.perf_counter() - start)
+                    learn_seed_seconds(name, problem, _time.perf_counter() - start)
             except PlacerError:
                 continue
             yield name, plan
@@ -1075,30 +1076,7 @@ class SeedPool:
             return None
         finally:
             self.budget.charge(sub.used)
-            _learn_seed_seconds(name, problem, _time.perf_counter() - start)
-
-
-#: seconds per (op x device) a seeding heuristic takes, placing and
-#: scoring its candidates, before this process has timed it (measured on
-#: 10,000 ops x 64 devices, a busy 2-core host); :func:`seed_seconds`
-SEED_SECONDS_PER_OP_DEVICE = {"heft": 5e-6, "m_etf": 2e-6, "m_sct": 2.5e-6,
-                              "partition": 1e-6, "pipeline_dp": 1e-6,
-                              "even_pipeline": 5e-7, "m_topo": 3e-7, "single": 3e-7}
-_SEED_RATES: dict[str, float] = {}
-
-
-def seed_seconds(name: str, problem) -> float:
-    """Predicted seconds of seeding heuristic ``name`` on ``problem``: its
-    last measured rate in this process (else the prior of
-    :data:`SEED_SECONDS_PER_OP_DEVICE`, 2e-6 for others) times ops x devices."""
-    rate = _SEED_RATES.get(name, SEED_SECONDS_PER_OP_DEVICE.get(name, 2e-6))
-    return rate * problem.n_ops * problem.n_devices
-
-
-def _learn_seed_seconds(name: str, problem, seconds: float) -> None:
-    size = problem.n_ops * problem.n_devices
-    if size >= 1e4:             # tiny problems time the call's overhead
-        _SEED_RATES[name] = seconds / size
+            learn_seed_seconds(name, problem, _time.perf_counter() - start)
 
 
 def _sub_budget(budget: Budget, share: float) -> Budget:

@@ -122,8 +122,11 @@ def test_optimize_coarsens_searches_and_refines_within_its_budget():
     assert search["search_seconds"] <= 1.1 * budget and wall <= 1.1 * budget + 2.0
     assert plan.extra["search"]["coarsened"]["to"] <= 150
     # the refined plan is no worse by the search model than the expanded coarse one
-    expanded = plan.extra["search"]["coarsened"]["expanded_objective"]
-    assert search["objective"] <= expanded * (1 + 1e-9)
+    info = plan.extra["search"]["coarsened"]
+    assert search["objective"] <= info["expanded_objective"] * (1 + 1e-9)
+    # and no worse than the heuristics run on the whole graph
+    assert {"heft", "pipeline_dp"} <= set(info["starts"])
+    assert search["objective"] <= min(info["starts"].values()) * (1 + 1e-9)
     messages = [e.message for e in events]
     assert any("coarsening 1500 ops" in m for m in messages)
     assert any("refine" in m for m in messages)
@@ -158,9 +161,10 @@ def test_simulation_clock_skips_what_cannot_fit():
 
 def test_seeding_skips_a_heuristic_predicted_to_overrun(monkeypatch):
     from evolution import search as evo
+    from placer.search import common
     g = placer.datasets.graph("random_dag-n400-w8-s0")
     p = Problem(g, placer.Cluster.preset("dtfm-worldwide"))
-    monkeypatch.setitem(evo._SEED_RATES, "heft", 1.0)      # an hour per op
+    monkeypatch.setitem(common._SEED_RATES, "heft", 1.0)      # an hour per op
     pool = evo.SeedPool(Budget(time=2.0), 0.5, 2)
     model = get_cost_model("analytical")
     assert pool.run("even_pipeline", p, model, 0) is not None

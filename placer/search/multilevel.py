@@ -2,11 +2,14 @@
 
 Above :data:`COARSEN_ABOVE` ops :func:`placer.search.optimize` does not
 hand the whole graph to the strategy: it coarsens it to
-:data:`COARSEN_TO` groups (:meth:`placer.Graph.coarsen`), runs the strategy
-on that graph with :data:`COARSE_SHARE` of the time (and evaluation)
-budget, expands the plan back to the original ops and spends the rest on
-boundary moves on the fine graph (:func:`placer.search.refine.refine`).
-Everything, coarsening included, runs on the search's clock.
+:data:`COARSEN_TO` groups (:meth:`placer.Graph.coarsen`), runs the fast
+heuristics of :data:`FINE_SEEDS` on the whole graph where they fit the
+time, runs the strategy on the coarse graph with :data:`COARSE_SHARE` of
+the time (and evaluation) budget left, expands its plan back to the
+original ops, and spends the rest on boundary moves
+(:func:`placer.search.refine.refine`) from the best of those plans by the
+search's model. Everything, coarsening included, runs on the search's
+clock.
 
 Memory is then bounded by the fine graph's arrays (a few per op and edge,
 the search's per-op device table of ``n_ops x n_devices`` floats, one
@@ -30,8 +33,15 @@ if TYPE_CHECKING:
 COARSEN_ABOVE = 20_000
 #: how many groups they are coarsened to
 COARSEN_TO = 2_000
-#: share of the budget for the search on the coarse graph (the rest refines)
+#: share of the time left for the search on the coarse graph (the rest refines)
 COARSE_SHARE = 0.6
+#: heuristics also run on the whole graph, where they fit in
+#: :data:`FINE_SEED_SHARE` of the budget: their plans compete with the
+#: coarse search's as the refinement's start (a plan found on the coarse
+#: graph can overflow memory once expanded; these never leave the search
+#: worse than they are)
+FINE_SEEDS = ("heft", "pipeline_dp", "even_pipeline")
+FINE_SEED_SHARE = 0.4
 
 
 def coarsen_target(coarsen, n_ops: int) -> int | None:
@@ -68,9 +78,11 @@ def search_coarsened(strategy, problem: "Problem", metered, budget: Budget, seed
     coarse_graph = graph.coarsen(groups)
     coarse = Problem(coarse_graph, problem.cluster, **problem.options)
     coarsening = _time.perf_counter() - start
-    say(f"coarsened to {len(coarse_graph)} ops in {coarsening:.1f} s; searching them")
+    say(f"coarsened to {len(coarse_graph)} ops in {coarsening:.1f} s")
+    found = _fine_seeds(strategy, problem, metered, budget, seed, say)
     if strategy.initial:
         strategy.initial = [_project(plan, coarse_graph) for plan in strategy.initial]
+    say(f"searching the {len(coarse_graph)} coarse ops")
     sub = _share(budget, COARSE_SHARE)
     used, elapsed = budget.used, budget.elapsed
 
@@ -80,26 +92,60 @@ def search_coarsened(strategy, problem: "Problem", metered, budget: Budget, seed
                          elapsed=elapsed + event.elapsed, done=False,
                          message=f"{event.message} (coarse)".strip()))
     try:
-        found = strategy.search(coarse, sub.meter(metered.inner), sub, seed, inner)
+        result = strategy.search(coarse, sub.meter(metered.inner), sub, seed, inner)
     except SearchInterrupted as exc:
         if exc.plan is not None:
             exc.plan = exc.plan.expand(coarse_graph)
         raise
     finally:
         budget.charge(sub.used)
-    say("expanding the plan to the original ops", found.predicted.get("objective", float("inf")))
-    plan = found.expand(coarse_graph)
-    plan, value, kept, expanded = refine(problem, plan, metered, budget,
-                               progress=lambda v, msg: say(msg, v))
+    expanded = result.expand(coarse_graph)
+    found.append((name, expanded, metered.estimate(problem, expanded)))
+    origin, plan, report = min(found, key=lambda f: (not f[2].feasible, f[2].objective))
+    say(f"refining the best start ({origin}) on the original ops", report.objective)
+    plan, value, kept, first = refine(problem, plan, metered, budget,
+                                      progress=lambda v, msg: say(msg, v))
     plan.predicted = {"objective": value, "step_time": value, "model": metered.name,
-                      "coarse": dict(found.predicted)}
+                      "coarse": dict(result.predicted)}
     plan.extra["search"] = {**plan.extra.get("search", {}),
                             "coarsened": {"ops": len(graph), "to": len(coarse_graph),
                                           "seconds": round(coarsening, 3),
-                                          "expanded_objective": expanded,
+                                          "starts": {o: r.objective for o, _, r in found},
+                                          "refined_from": origin,
+                                          "expanded_objective": found[-1][2].objective,
                                           "refine_moves": kept}}
     say(f"refined: {kept} moves kept", value)
     return plan
+
+
+def _fine_seeds(strategy, problem, metered, budget: Budget, seed: int, say) -> list:
+    """``[(name, plan, report)]`` of :data:`FINE_SEEDS` run on the whole
+    graph, each only where predicted (:func:`~placer.search.common.seed_seconds`)
+    to finish within :data:`FINE_SEED_SHARE` of the time left; their plans
+    compete with the coarse search's as the start of the refinement."""
+    from ..errors import PlacerError
+    from .base import get_strategy
+    from .common import learn_seed_seconds, seed_seconds
+    out = []
+    deadline = budget.elapsed + budget.remaining_time * FINE_SEED_SHARE
+    for heuristic in FINE_SEEDS:
+        left = deadline - budget.elapsed
+        if budget.exhausted() or seed_seconds(heuristic, problem) > left:
+            continue
+        say(f"{heuristic} on all {problem.n_ops} ops")
+        sub = Budget(time=max(left, 1e-3))
+        start = _time.perf_counter()
+        try:
+            plan = get_strategy(heuristic, microbatches=strategy.microbatches,
+                                schedule=strategy.schedule).search(
+                problem, sub.meter(metered.inner), sub, seed=seed)
+        except PlacerError:
+            continue
+        finally:
+            budget.charge(sub.used)
+            learn_seed_seconds(heuristic, problem, _time.perf_counter() - start)
+        out.append((heuristic, plan, metered.estimate(problem, plan)))
+    return out
 
 
 def _share(budget: Budget, share: float) -> Budget:
