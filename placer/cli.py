@@ -436,6 +436,20 @@ def _methods(text: str) -> list[str]:
     return methods
 
 
+def _coarsen_option(text: str):
+    """``--coarsen``: "auto", None (``none``) or a number of groups."""
+    if text in ("auto", "none"):
+        return None if text == "none" else text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 2:
+        raise PlacerError(f"bad --coarsen {text!r}", field="--coarsen",
+                          fix="use auto, none or a whole number of groups >= 2")
+    return value
+
+
 def _best_of(results: list) -> tuple:
     """The (plan, report) with the shortest predicted step among feasible ones."""
     return min(results, key=lambda r: (not r[1].feasible, r[1].step_time))
@@ -469,6 +483,7 @@ def cmd_plan(args) -> int:
         options["evaluations"] = args.evaluations
     if args.checkpoint:
         options.update(checkpoint=args.checkpoint, resume=args.resume)
+    options["coarsen"] = _coarsen_option(args.coarsen)
     previous = _sigterm_as_interrupt()
     from ._cli import SearchBar
     from .convergence import Convergence
@@ -828,6 +843,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue the search saved in --checkpoint (same arguments)")
     p.add_argument("--microbatches", type=int, help="fix the number of microbatches")
     p.add_argument("--schedule", choices=["gpipe", "1f1b"], help="fix the pipeline schedule")
+    from .search.multilevel import COARSEN_ABOVE, COARSEN_TO
+    p.add_argument("--coarsen", default="auto", metavar="auto|none|N",
+                   help=f"auto (default): a graph over {COARSEN_ABOVE:,} ops is coarsened to "
+                        f"{COARSEN_TO:,} groups, searched, expanded and refined on its ops "
+                        "within the same budget; none: search the whole graph; N: coarsen "
+                        "to N groups whatever the size")
     p.add_argument("--no-plots", action="store_true", help="do not write PNG pictures")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     model_options(p)

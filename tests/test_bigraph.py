@@ -190,3 +190,17 @@ def test_deepened_graph_is_the_traced_deep_model():
     deep = deepen("gpt-125m", 6, batch=2, seq=16, tiny=True)
     assert len(deep) == len(real) and shape(deep) == shape(real)
     assert deep.meta["deepened"]["layers"] == 6
+
+
+def test_cli_plan_coarsen_option(tmp_path, capsys):
+    from placer.cli import main
+    out = tmp_path / "p.json"
+    assert main(["plan", "layered-n300-w4-s0", "-c", "two-sites", "--coarsen", "x",
+                 "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--coarsen" in err[0] and "fix:" in err[0]
+    assert main(["plan", "layered-n300-w4-s0", "-c", "two-sites", "--coarsen", "40",
+                 "-m", "heft", "--time-budget", "2", "--no-plots", "--json",
+                 "-o", str(out)]) == 0
+    plan = Plan.load(out)
+    assert len(plan.placement) == 300 and plan.extra["search"]["coarsened"]["to"] <= 40
