@@ -701,6 +701,10 @@ def cmd_bench(args) -> int:
         if args.suite == "heuristics":
             from .bench.search import bench_search as bench_heuristics
             bench_heuristics(out=out, seed=args.seed)
+        elif args.suite == "bigraph":
+            from .bench.bigraph import bench_bigraph
+            bench_bigraph(out=out, seconds=args.time_budget or 120.0, seed=args.seed,
+                          sizes=(20_000, 100_000) if args.quick else (100_000,))
         elif args.suite == "dtfm-paper":
             from .bench.dtfm_paper import bench_dtfm_paper
             bench_dtfm_paper(out=out, seed=args.seed, seconds=args.time_budget or 60.0)
@@ -935,8 +939,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "policy, the runtime, or predicted against measured over many plans")
     p.add_argument("-o", "--output", help="JSON file to write (default bench-WHAT.json)")
     p.add_argument("--quick", action="store_true", help="small sizes (seconds)")
-    p.add_argument("--suite", help="search: quick, hetero, homo, dtfm, dtfm-paper, scale or "
-                                   "heuristics; runtime: overhead, accuracy, netns or engines")
+    p.add_argument("--suite", help="search: quick, hetero, homo, dtfm, dtfm-paper, scale, "
+                                   "heuristics or bigraph (100,000 ops on 64 devices); "
+                                   "runtime: overhead, accuracy, netns or engines")
     add_seed(p, "benchmark's searches")
     p.add_argument("--time-budget", type=float, metavar="SECONDS",
                    help="search and learned: seconds per strategy and case "
