@@ -111,13 +111,58 @@ def bench_bigraph(out: str, sizes=(100_000,), cases=("generated", "gpt"),
     return doc
 
 
-if __name__ == "__main__":      # python -m placer.bench.bigraph OUT CASE N [SECONDS] [METHODS]
-    args = sys.argv[1:]
-    result = run_case(args[1], int(args[2]),
-                      methods=tuple(args[4].split(",")) if len(args) > 4 else
-                      ("heft", "pipeline_dp", "evolution"),
-                      seconds=float(args[3]) if len(args) > 3 else 120.0,
-                      folder=str(Path(args[0]).parent))
+def _budget_run(n: int, budget: float, method: str, queue) -> None:
+    import resource
+    import placer
+    from placer.cost.warmup import warm_up
+    from placer.search import optimize_with_report
+    warm_up()
+    graph = placer.datasets.graph(f"random_dag-n{n}-w8-s0")
+    start = time.perf_counter()
+    plan, report = optimize_with_report(graph, placer.Cluster.preset("dtfm-worldwide"), method,
+                                        seed=0, time_budget=budget)
+    wall = time.perf_counter() - start
+    search = plan.predicted["search"]
+    queue.put({"ops": n, "method": method, "budget": budget,
+               "search_seconds": round(search["search_seconds"], 2),
+               "overrun": round(search["search_seconds"] / budget - 1, 3),
+               "wall_seconds": round(wall, 2), "step_time": report.step_time,
+               "final_model": search.get("final_model", report.model),
+               "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
+                                    2)})
+
+
+def budgets(n: int, budget: float, methods) -> list[dict]:
+    """Each of ``methods`` on ``random_dag-n{n}-w8-s0`` @ dtfm-worldwide with
+    ``budget`` seconds, in a fresh process: its search seconds, overrun,
+    wall seconds of ``optimize`` (final scoring included, generating the
+    graph and compiling kernels not), peak RSS and the host's load."""
+    rows = []
+    ctx = mp.get_context("spawn")
+    for method in methods:
+        with open("/proc/loadavg") as f:
+            load = f.read().split()[:3]
+        queue = ctx.Queue()
+        proc = ctx.Process(target=_budget_run, args=(n, budget, method, queue))
+        proc.start()
+        rows.append({**queue.get(), "load": load})
+        proc.join()
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    # python -m placer.bench.bigraph OUT CASE N [SECONDS] [METHODS]
+    # python -m placer.bench.bigraph OUT budgets N SECONDS METHODS
     from placer._io import atomic_write_text, dump_json
+    args = sys.argv[1:]
+    if args[1] == "budgets":
+        result = budgets(int(args[2]), float(args[3]), args[4].split(","))
+    else:
+        result = run_case(args[1], int(args[2]),
+                          methods=tuple(args[4].split(",")) if len(args) > 4 else
+                          ("heft", "pipeline_dp", "evolution"),
+                          seconds=float(args[3]) if len(args) > 3 else 120.0,
+                          folder=str(Path(args[0]).parent))
     atomic_write_text(args[0], dump_json(result))
     print(json.dumps(result, indent=1))
