@@ -204,3 +204,13 @@ def test_cli_plan_coarsen_option(tmp_path, capsys):
                  "-o", str(out)]) == 0
     plan = Plan.load(out)
     assert len(plan.placement) == 300 and plan.extra["search"]["coarsened"]["to"] <= 40
+
+
+@pytest.mark.parametrize("name", ["random_dag-n3000-w8-s0", "gpt-1.3b.op", "inception.op",
+                                  "opgraph-n2000-s0", "series_parallel-n1000-s3"])
+def test_topological_order_is_networkx_lexicographic_by_file_position(name):
+    import networkx as nx
+    g = placer.datasets.graph(name)
+    position = {op: i for i, op in enumerate(g.ids)}
+    assert g.topological_order() == list(nx.lexicographical_topological_sort(
+        g.nx, key=position.__getitem__))
