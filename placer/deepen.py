@@ -127,7 +127,9 @@ def replicate_middle_block(traced: Graph, layers: int, name: str | None = None) 
             raise GraphError(f"edge {e.src} -> {e.dst} skips a block; cannot replicate",
                              field="edges")
     meta = dict(traced.meta)
-    meta["deepened"] = {"traced_blocks": 3, "layers": layers, "ops_per_block": width}
+    meta["generator"] = "deepen"
+    meta["description"] = (f"{traced.name} traced with 3 blocks of {width} ops, the middle "
+                           f"one repeated to {layers} blocks")
     return Graph(name or f"{traced.name}-l{layers}", ops, edges, training=traced.training,
                  meta=meta)
 

@@ -189,7 +189,7 @@ def test_deepened_graph_is_the_traced_deep_model():
     real = placer.trace(module, inputs, granularity="op")
     deep = deepen("gpt-125m", 6, batch=2, seq=16, tiny=True)
     assert len(deep) == len(real) and shape(deep) == shape(real)
-    assert deep.meta["deepened"]["layers"] == 6
+    assert deep.meta["generator"] == "deepen" and "6 blocks" in deep.meta["description"]
 
 
 def test_cli_plan_coarsen_option(tmp_path, capsys):
