@@ -112,3 +112,17 @@ def test_a_careless_strategy_still_returns_the_best_plan_its_model_scored(proble
                for d in cluster.devices]
     assert clean.estimate(p, plan).objective == pytest.approx(min(singles))
     assert plan.method == "careless-test" and plan.predicted["search"]["kept_seen"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", placer.strategies())
+def test_budget_kept_on_a_5000_op_graph_on_64_devices(method):
+    """The same on a graph big enough to be coarsened inside evolution and
+    to make each seeding heuristic take a sizeable part of the budget."""
+    from placer.cost.warmup import warm_up
+    warm_up()
+    graph = placer.datasets.graph("random_dag-n5000-w8-s0")
+    budget = 4.0
+    plan = placer.optimize(graph, placer.Cluster.preset("dtfm-worldwide"), method, seed=0,
+                           time_budget=budget)
+    assert plan.predicted["search"]["search_seconds"] <= 1.1 * budget
