@@ -383,8 +383,8 @@ class Evolution(Strategy):
             if budget.remaining_evaluations <= len(self.initial) + 1 or (
                     k and budget.out_of_time()):
                 break
-            if seed_seconds(name, problem) > budget.remaining_time:
-                continue            # predicted to overrun the budget
+            if 2 * seed_seconds(name, problem) > budget.remaining_time:
+                continue            # predicted to overrun (a margin for the ranking)
             try:
                 strategy = get_strategy(name, microbatches=self.microbatches,
                                         schedule=self.schedule)

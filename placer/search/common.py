@@ -455,10 +455,18 @@ _SEED_RATES: dict[str, float] = {}
 
 def seed_seconds(name: str, problem) -> float:
     """Predicted seconds of seeding heuristic ``name`` on ``problem``: its
-    last measured rate in this process (else the prior of
-    :data:`SEED_SECONDS_PER_OP_DEVICE`, 2e-6 for others) times ops x devices."""
-    rate = _SEED_RATES.get(name, SEED_SECONDS_PER_OP_DEVICE.get(name, 2e-6))
+    last measured rate in this process, else its prior
+    (:data:`SEED_SECONDS_PER_OP_DEVICE`, 2e-6 for others) times how much
+    slower than their priors the heuristics measured so far ran (a busy
+    host slows them all), times ops x devices."""
+    rate = _SEED_RATES.get(name)
+    if rate is None:
+        rate = SEED_SECONDS_PER_OP_DEVICE.get(name, 2e-6) * _SLOWDOWN[0]
     return rate * problem.n_ops * problem.n_devices
+
+
+#: measured / prior rate of the last heuristic timed (at least 1)
+_SLOWDOWN = [1.0]
 
 
 def learn_seed_seconds(name: str, problem, seconds: float) -> None:
@@ -466,3 +474,5 @@ def learn_seed_seconds(name: str, problem, seconds: float) -> None:
     size = problem.n_ops * problem.n_devices
     if size >= 1e4:             # tiny problems time the call's overhead
         _SEED_RATES[name] = seconds / size
+        _SLOWDOWN[0] = max(1.0, _SEED_RATES[name] /
+                           SEED_SECONDS_PER_OP_DEVICE.get(name, 2e-6))
