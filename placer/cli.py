@@ -160,7 +160,9 @@ def load_graph(spec: str, args: argparse.Namespace | None = None):
     from .graph import Graph
 
     if _is_graph_file(spec):
-        return Graph.load(spec)
+        with slow_stage(f"placer {getattr(args, 'command', None) or 'trace'}",
+                        f"loading {spec}"):
+            return Graph.load(spec)
     if ":" not in spec and spec in datasets.graphs() and not getattr(args, "tiny", False):
         return datasets.graph(spec)
     granularity = getattr(args, "granularity", None) or DEFAULT_GRANULARITY
