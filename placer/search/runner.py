@@ -64,7 +64,8 @@ def optimize_with_report(graph: "Graph", cluster: "Cluster",
     building the problem, compiling the kernels (first call only) and the
     final scoring come on top (the final model is the search's own where
     simulating the plan is predicted to take over a minute, or over the
-    time budget if longer: see :data:`FINAL_SIMULATION_SECONDS`). Raises
+    time budget if longer, or over about 1 GB: see
+    :data:`FINAL_SIMULATION_SECONDS`). Raises
     :class:`placer.errors.StrategyError` for an unknown method or bad
     options.
 
@@ -148,16 +149,19 @@ FINAL_SIMULATION_SECONDS = 60.0
 
 def _affordable_final(problem, plan, final_model, search_model, time_budget):
     """``(model, note)``: the final model, or the search's where simulating
-    the plan is predicted to take over :data:`FINAL_SIMULATION_SECONDS`."""
+    the plan is predicted to take over :data:`FINAL_SIMULATION_SECONDS` or
+    to hold over :attr:`SimulationClock.max_tasks` tasks in memory."""
     from .common import SimulationClock
     if getattr(final_model, "name", None) != "simulator" or final_model is search_model:
         return final_model, None
     limit = max(FINAL_SIMULATION_SECONDS, time_budget or 0.0)
     seconds = SimulationClock.predict(problem, plan)
-    if seconds <= limit:
+    tasks = SimulationClock.tasks(problem, plan)
+    if seconds <= limit and tasks <= SimulationClock.max_tasks:
         return final_model, None
     return search_model, (f"{search_model.name}: simulating this plan was predicted to take "
-                          f"{seconds:.0f} s (over {limit:.0f} s)")
+                          f"{seconds:.0f} s and {tasks:.3g} tasks (limits {limit:.0f} s, "
+                          f"{SimulationClock.max_tasks:.3g} tasks, about 1 GB)")
 
 
 def _no_worse_than_seen(problem: Problem, plan: "Plan", metered) -> "Plan":
