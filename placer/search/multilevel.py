@@ -11,10 +11,12 @@ original ops, and spends the rest on boundary moves
 search's model. Everything, coarsening included, runs on the search's
 clock.
 
-Memory is then bounded by the fine graph's arrays (a few per op and edge,
-the search's per-op device table of ``n_ops x n_devices`` floats, one
-batch of ``8 x n_ops`` candidate rows) plus the strategy's footprint on
-``COARSEN_TO`` ops, which does not grow with the graph.
+Memory is then bounded by the whole graph's objects and arrays (a few per
+op and edge, some per op x device) plus the strategy's footprint on
+``COARSEN_TO`` ops, which does not grow with the graph: measured with
+evolution at 64 devices, about 0.35 GB + 4.5 KB per op (0.80 GB at 100,000
+ops). The final simulation in :func:`placer.search.optimize` adds at most
+about 1 GB (:attr:`placer.search.common.SimulationClock.max_tasks`).
 """
 
 from __future__ import annotations
