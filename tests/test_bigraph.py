@@ -214,3 +214,13 @@ def test_topological_order_is_networkx_lexicographic_by_file_position(name):
     position = {op: i for i, op in enumerate(g.ids)}
     assert g.topological_order() == list(nx.lexicographical_topological_sort(
         g.nx, key=position.__getitem__))
+
+
+def test_coarsened_search_is_deterministic_under_an_evaluation_budget():
+    g = placer.datasets.graph("random_dag-n1200-w8-s0")
+    cluster = placer.Cluster.preset("hetero-lab")
+    plans = [placer.optimize(g, cluster, "evolution", seed=1, time_budget=None,
+                             evaluations=600, coarsen=100, final_cost_model="analytical")
+             for _ in range(2)]
+    assert dict(plans[0].placement) == dict(plans[1].placement)
+    assert plans[0].predicted["search"]["evaluations"] <= 600

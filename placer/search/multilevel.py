@@ -21,6 +21,7 @@ about 1 GB (:attr:`placer.search.common.SimulationClock.max_tasks`).
 
 from __future__ import annotations
 
+import math
 import time as _time
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -135,7 +136,10 @@ def _fine_seeds(strategy, problem, metered, budget: Budget, seed: int, say) -> l
         if budget.exhausted() or seed_seconds(heuristic, problem) > left:
             continue
         say(f"{heuristic} on all {problem.n_ops} ops")
-        sub = Budget(time=max(left, 1e-3))
+        evals = budget.remaining_evaluations
+        sub = Budget(time=None if math.isinf(left) else max(left, 1e-3),
+                     evaluations=None if math.isinf(evals) else
+                     max(1, int(evals * FINE_SEED_SHARE / len(FINE_SEEDS))))
         start = _time.perf_counter()
         try:
             plan = get_strategy(heuristic, microbatches=strategy.microbatches,
