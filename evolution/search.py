@@ -50,6 +50,7 @@ from placer.plan import Plan
 from placer._io import atomic_write_text, load_document
 from placer.search.base import (Budget, Progress, SearchInterrupted, Strategy, get_strategy,
                                 register_strategy)
+from placer.search.common import learn_seed_seconds, seed_seconds
 
 from .evaluate import Evaluator, auto_workers
 from .genome import LayoutGenome, OpGenome, Space
@@ -222,7 +223,7 @@ class Evolution(Strategy):
         try:
             with reserve(budget, len(self.initial) + 2), \
                     hold_back(budget, self._final_share(cost_model, coarse)
-                              or self._rank_share(cost_model)), \
+                              or self._rank_share(cost_model, coarse)), \
                     Evaluator(space, metered, budget, workers=self._workers(screen, budget)) \
                     as evaluate:
                 self._run = {"identity": identity, "space": space, "coarse": coarse,
@@ -270,6 +271,8 @@ class Evolution(Strategy):
             - (ranker is not cost_model)
         if not math.isinf(room):
             finalists = finalists[:max(1, int(room))]
+        if coarse.members is not None:
+            finalists = self._affordable(space, coarse, finalists, budget)
         plans = [self._expand(space, coarse, g) for g in finalists]
         origins = [g.origin for g in finalists]
         if coarse.members is not None:
@@ -334,12 +337,28 @@ class Evolution(Strategy):
         return screen_exactly(space.problem, evaluate, screen, plans, budget, self.final,
                               fallback=True)
 
-    def _rank_share(self, cost_model) -> float:
+    def _rank_share(self, cost_model, coarse=None) -> float:
         """Share of the time kept for ranking the finalists by a final model
-        other than the search's (when there is no polishing to keep it for)."""
+        other than the search's (when there is no polishing to keep it for);
+        on a coarsened graph, where the finalists are expanded, the
+        heuristics run on the whole graph and all scored there, at least
+        :data:`COARSE_RANK_SHARE`."""
+        floor = COARSE_RANK_SHARE if coarse is not None and coarse.members is not None else 0.0
         if self.final is None or self.final == getattr(cost_model, "name", None):
-            return 0.0
-        return RANK_SHARE
+            return floor
+        return max(RANK_SHARE, floor)
+
+    def _affordable(self, space: Space, coarse, finalists: list, budget: Budget) -> list:
+        """The first of ``finalists`` (in ranking order) whose expansion to
+        the whole graph and scoring there fit 40% of the time left (timed
+        on the first; at least one)."""
+        if budget.time is None or len(finalists) < 2:
+            return finalists
+        start = _time.perf_counter()
+        self._expand(space, coarse, finalists[0])
+        # expanded, then scored on the whole graph (about twice the expansion)
+        each = 3.0 * (_time.perf_counter() - start) + 1e-4
+        return finalists[:max(1, int(0.4 * budget.remaining_time / each))]
 
     def _final_polish(self, space: Space, ranker, budget: Budget, g: OpGenome,
                       rng: np.random.Generator) -> Plan | None:
@@ -352,8 +371,9 @@ class Evolution(Strategy):
     def _fine_seeds(self, problem: "Problem", screen, budget: Budget, seed: int,
                     first: str | None = None):
         """(name, plan) of the seed heuristics run on the full graph: ``first``
-        (the heuristic whose coarse seed scored best) always, the others
-        while the budget lasts (on a 10,000-op graph they take seconds each,
+        (the heuristic whose coarse seed scored best) first, the others
+        while the budget lasts, each only if predicted to finish in the
+        time left (:func:`seed_seconds`) (on a 10,000-op graph they take seconds each,
         most of it coarsening, which once made a 10 s search take 60 s)."""
         names = [s for s in self.seeds if s != self.name]
         if first in names:
@@ -363,14 +383,18 @@ class Evolution(Strategy):
             if budget.remaining_evaluations <= len(self.initial) + 1 or (
                     k and budget.out_of_time()):
                 break
+            if 2 * seed_seconds(name, problem) > budget.remaining_time:
+                continue            # predicted to overrun (a margin for the ranking)
             try:
                 strategy = get_strategy(name, microbatches=self.microbatches,
                                         schedule=self.schedule)
                 sub = _sub_budget(budget, self.seed_share / max(len(self.seeds), 1))
+                start = _time.perf_counter()
                 try:
                     plan = strategy.search(problem, screen, sub, seed=seed)
                 finally:
                     budget.charge(sub.used)
+                    learn_seed_seconds(name, problem, _time.perf_counter() - start)
             except PlacerError:
                 continue
             yield name, plan
@@ -843,6 +867,9 @@ EXACT_SCREEN_EVALS = 1500
 
 #: share of a time budget kept for the final ranking when nothing else keeps one
 RANK_SHARE = 0.1
+#: ... and when the graph was coarsened (expanding finalists, heuristics on
+#: the whole graph; a 10,000-op search on 5 s overran by 70% with 10%)
+COARSE_RANK_SHARE = 0.3
 
 
 class hold_back:
@@ -956,8 +983,10 @@ def rank(model, problem: "Problem", plans: list[Plan], budget: Budget | None = N
     """Index of the best of ``plans`` by ``model`` (the first on ties).
 
     With a ``budget`` that has a time limit the plans are scored one by one
-    in the order given (put the likeliest first), at least the first, while
-    the time left exceeds the longest estimate so far: a final ranking by a
+    in the order given (put the likeliest first) while the time left
+    exceeds the longest estimate so far (and, for the simulator, its
+    predicted time, :class:`placer.search.common.SimulationClock`; the
+    first plan is then kept unscored if none fits): a final ranking by a
     slow model (the simulator on a big graph and cluster can take seconds
     per plan) must not overrun the search's time budget. Without one, all
     are scored."""
@@ -966,15 +995,22 @@ def rank(model, problem: "Problem", plans: list[Plan], budget: Budget | None = N
     if budget is None or budget.time is None:
         reports = model.estimate_many(problem, plans)
         return int(np.argmin([r.objective for r in reports]))
+    from placer.search.common import SimulationClock
     values: list[float] = []
     longest = 0.0
     for plan in plans:
         if values and budget.remaining_time <= longest:
             break
         start = _time.perf_counter()
-        values.append(model.estimate(problem, plan).objective)
+        if getattr(model, "name", None) == "simulator":
+            report = SimulationClock.estimate(model, problem, plan, budget)
+            if report is None:      # predicted not to fit the time left
+                break
+        else:
+            report = model.estimate(problem, plan)
+        values.append(report.objective)
         longest = max(longest, _time.perf_counter() - start)
-    return int(np.argmin(values))
+    return int(np.argmin(values)) if values else 0
 
 
 def _rescore(evaluate: Evaluator, genomes: list[OpGenome]) -> None:
@@ -1021,6 +1057,7 @@ class SeedPool:
         t = budget.remaining_time
         self.deadline = None if math.isinf(t) else budget.elapsed + t * share
         self.evals = share / self.left
+        self.ran = False
 
     def skip(self) -> None:
         """One heuristic fewer to run."""
@@ -1049,12 +1086,18 @@ class SeedPool:
             self.skip()
             return None
         sub = self.next()
+        if self.ran and sub.time is not None and \
+                seed_seconds(name, problem) > sub.time:
+            return None             # predicted not to finish in its share
+        self.ran = True
+        start = _time.perf_counter()
         try:
             return strategy.search(problem, cost_model, sub, seed=seed)
         except PlacerError:
             return None
         finally:
             self.budget.charge(sub.used)
+            learn_seed_seconds(name, problem, _time.perf_counter() - start)
 
 
 def _sub_budget(budget: Budget, share: float) -> Budget:

@@ -189,8 +189,9 @@ def _heuristics(problem, cost_model, budget: Budget, seed: int, fixed: dict) -> 
         plan = pool.run(name, problem, cost_model, seed, **fixed)
         if plan is None:
             continue
-        value = plan.predicted.get("objective", plan.predicted.get("step_time", math.inf))
-        out.append((name, plan, float(value)))
+        value = plan.predicted.get("objective", plan.predicted.get("step_time"))
+        # a NaN from the model comes back as None: infinitely slow
+        out.append((name, plan, math.inf if value is None else float(value)))
     return out
 
 

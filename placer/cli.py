@@ -160,7 +160,9 @@ def load_graph(spec: str, args: argparse.Namespace | None = None):
     from .graph import Graph
 
     if _is_graph_file(spec):
-        return Graph.load(spec)
+        with slow_stage(f"placer {getattr(args, 'command', None) or 'trace'}",
+                        f"loading {spec}"):
+            return Graph.load(spec)
     if ":" not in spec and spec in datasets.graphs() and not getattr(args, "tiny", False):
         return datasets.graph(spec)
     granularity = getattr(args, "granularity", None) or DEFAULT_GRANULARITY
@@ -436,6 +438,20 @@ def _methods(text: str) -> list[str]:
     return methods
 
 
+def _coarsen_option(text: str):
+    """``--coarsen``: "auto", None (``none``) or a number of groups."""
+    if text in ("auto", "none"):
+        return None if text == "none" else text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 2:
+        raise PlacerError(f"bad --coarsen {text!r}", field="--coarsen",
+                          fix="use auto, none or a whole number of groups >= 2")
+    return value
+
+
 def _best_of(results: list) -> tuple:
     """The (plan, report) with the shortest predicted step among feasible ones."""
     return min(results, key=lambda r: (not r[1].feasible, r[1].step_time))
@@ -469,6 +485,7 @@ def cmd_plan(args) -> int:
         options["evaluations"] = args.evaluations
     if args.checkpoint:
         options.update(checkpoint=args.checkpoint, resume=args.resume)
+    options["coarsen"] = _coarsen_option(args.coarsen)
     previous = _sigterm_as_interrupt()
     from ._cli import SearchBar
     from .convergence import Convergence
@@ -686,6 +703,10 @@ def cmd_bench(args) -> int:
         if args.suite == "heuristics":
             from .bench.search import bench_search as bench_heuristics
             bench_heuristics(out=out, seed=args.seed)
+        elif args.suite == "bigraph":
+            from .bench.bigraph import bench_bigraph
+            bench_bigraph(out=out, seconds=args.time_budget or 120.0, seed=args.seed,
+                          sizes=(20_000, 100_000) if args.quick else (100_000,))
         elif args.suite == "dtfm-paper":
             from .bench.dtfm_paper import bench_dtfm_paper
             bench_dtfm_paper(out=out, seed=args.seed, seconds=args.time_budget or 60.0)
@@ -829,6 +850,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue the search saved in --checkpoint (same arguments)")
     p.add_argument("--microbatches", type=int, help="fix the number of microbatches")
     p.add_argument("--schedule", choices=["gpipe", "1f1b"], help="fix the pipeline schedule")
+    from .search.multilevel import COARSEN_ABOVE, COARSEN_TO
+    p.add_argument("--coarsen", default="auto", metavar="auto|none|N",
+                   help=f"auto (default): a graph over {COARSEN_ABOVE:,} ops is coarsened to "
+                        f"{COARSEN_TO:,} groups, searched, expanded and refined on its ops "
+                        "within the same budget; none: search the whole graph; N: coarsen "
+                        "to N groups whatever the size")
     p.add_argument("--no-plots", action="store_true", help="do not write PNG pictures")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     model_options(p)
@@ -915,8 +942,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "policy, the runtime, or predicted against measured over many plans")
     p.add_argument("-o", "--output", help="JSON file to write (default bench-WHAT.json)")
     p.add_argument("--quick", action="store_true", help="small sizes (seconds)")
-    p.add_argument("--suite", help="search: quick, hetero, homo, dtfm, dtfm-paper, scale or "
-                                   "heuristics; runtime: overhead, accuracy, netns or engines")
+    p.add_argument("--suite", help="search: quick, hetero, homo, dtfm, dtfm-paper, scale, "
+                                   "heuristics or bigraph (100,000 ops on 64 devices); "
+                                   "runtime: overhead, accuracy, netns or engines")
     add_seed(p, "benchmark's searches")
     p.add_argument("--time-budget", type=float, metavar="SECONDS",
                    help="search and learned: seconds per strategy and case "

@@ -49,8 +49,7 @@ def problem():
     return placer.datasets.layered(40, width=4, seed=0), placer.Cluster.preset("two-sites")
 
 
-@pytest.mark.parametrize("method", ["evolution", "heft", "pipeline_dp", "optuna", "dtfm",
-                                    "partition", "m_etf", "even_pipeline"])
+@pytest.mark.parametrize("method", placer.strategies())
 def test_budget_kept_and_no_worse_than_seen_under_an_erratic_model(problem, method):
     graph, cluster = problem
     model = Erratic()
@@ -161,3 +160,17 @@ def test_the_final_model_keeps_a_plan_it_prefers_to_the_best_seen(problem):
     assert "kept_seen" not in kept.predicted["search"]
     assert clean.estimate(p, swapped).objective == pytest.approx(min(singles))
     assert swapped.predicted["search"]["kept_seen"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", placer.strategies())
+def test_budget_kept_on_a_5000_op_graph_on_64_devices(method):
+    """The same on a graph big enough to be coarsened inside evolution and
+    to make each seeding heuristic take a sizeable part of the budget."""
+    from placer.cost.warmup import warm_up
+    warm_up()
+    graph = placer.datasets.graph("random_dag-n5000-w8-s0")
+    budget = 4.0
+    plan = placer.optimize(graph, placer.Cluster.preset("dtfm-worldwide"), method, seed=0,
+                           time_budget=budget)
+    assert plan.predicted["search"]["search_seconds"] <= 1.1 * budget

@@ -70,11 +70,14 @@ class CostModel(ABC):
                    groups: Sequence[Sequence[int]] = (), microbatches: int = 1,
                    schedule: str = "1f1b") -> np.ndarray:
         """Objective values of plans given as a ``(B, n_ops)`` array of group
-        ids (see the class doc). Default: compile each row and estimate it."""
+        ids (see the class doc); ``microbatches`` may give one count per
+        row, as the analytical model accepts. Default: compile each row and
+        estimate it."""
         rows = np.atleast_2d(np.asarray(assignments, dtype=np.int64))
+        counts = np.broadcast_to(np.asarray(microbatches, dtype=np.int64), (len(rows),))
         out = np.empty(len(rows))
         for i, row in enumerate(rows):
-            compiled = problem.compile_array(row, groups, microbatches=microbatches,
+            compiled = problem.compile_array(row, groups, microbatches=int(counts[i]),
                                              schedule=schedule)
             out[i] = self.estimate(problem, problem.to_plan(compiled)).objective
         return out

@@ -109,6 +109,36 @@ def _allreduce(p: Problem, members, nbytes: float):
     return hit
 
 
+def _replica_edges(su, sv, first_u, first_v, eb):
+    """Edges between replicas: replica ``a`` of an edge's source (of ``su``
+    replicas, each holding rows ``[a/su, (a+1)/su)`` of the batch) sends
+    replica ``b`` of its destination the rows both hold. Returns the
+    instance ids ``(iu, iv)`` and bytes of every pair that overlaps, edge
+    by edge and ``(a, b)`` in order. Built from one table per distinct
+    ``(su, sv)``, so memory grows with the pairs kept (at most
+    ``su + sv - 1`` per edge), not with ``su * sv``."""
+    width = int(max(su.max(), sv.max())) + 1
+    kinds, kind = np.unique(su * width + sv, return_inverse=True)
+    ta, tb, tov, start, count = [], [], [], [], []
+    at = 0
+    for key in kinds.tolist():
+        pp, q = key // width, key % width
+        r = np.arange(pp * q, dtype=np.int64)
+        a, b = r // q, r % q
+        pa, qa = np.full(len(r), pp, dtype=np.int64), np.full(len(r), q, dtype=np.int64)
+        ov = np.minimum((a + 1) / pa, (b + 1) / qa) - np.maximum(a / pa, b / qa)
+        keep = ov > 1e-12
+        ta.append(a[keep]), tb.append(b[keep]), tov.append(ov[keep])
+        start.append(at), count.append(int(keep.sum()))
+        at += count[-1]
+    ta, tb, tov = np.concatenate(ta), np.concatenate(tb), np.concatenate(tov)
+    cnt = np.asarray(count, dtype=np.int64)[kind]
+    e_idx = np.repeat(np.arange(len(su)), cnt)
+    pos = np.repeat(np.asarray(start, dtype=np.int64)[kind] - (np.cumsum(cnt) - cnt), cnt) \
+        + np.arange(len(e_idx))
+    return first_u[e_idx] + ta[pos], first_v[e_idx] + tb[pos], eb[e_idx] * tov[pos]
+
+
 class _Build:
     """A compiled plan turned into tasks, transfers and all-reduces for one
     microbatch (the simulation repeats them per microbatch)."""
@@ -148,17 +178,7 @@ class _Build:
         src, dst, eb = p.edge_src, p.edge_dst, p.edge_bytes
         su, sv = sizes[src], sizes[dst]
         if len(src) and (su.max() > 1 or sv.max() > 1):
-            cnt = su * sv
-            e_idx = np.repeat(np.arange(len(src)), cnt)
-            r = np.arange(len(e_idx)) - np.repeat(np.cumsum(cnt) - cnt, cnt)
-            q = sv[e_idx]
-            pp = su[e_idx]
-            a, b = r // q, r % q
-            ov = np.minimum((a + 1) / pp, (b + 1) / q) - np.maximum(a / pp, b / q)
-            keep = ov > 1e-12
-            iu = (op_first[src[e_idx]] + a)[keep]
-            iv = (op_first[dst[e_idx]] + b)[keep]
-            pb = (eb[e_idx] * ov)[keep]
+            iu, iv, pb = _replica_edges(su, sv, op_first[src], op_first[dst], eb)
         else:
             iu, iv, pb = op_first[src], op_first[dst], eb
         loss_dep = np.zeros(len(iu), dtype=bool)

@@ -170,7 +170,9 @@ class MeteredCostModel(CostModel):
     It also guards the search against an erratic model: a NaN objective
     reads as an infeasible plan of infinite cost, and the best plan scored
     through :meth:`estimate`/:meth:`estimate_many` (the seed heuristics,
-    warm starts, finalists) is remembered per problem (:meth:`best_for`), so
+    warm starts, finalists) or as the best row of a :meth:`step_times`
+    batch (reported again by the model) is remembered per problem
+    (:meth:`best_for`), so
     :func:`placer.search.optimize` never returns a plan this model scored
     worse than one it had seen."""
 
@@ -215,7 +217,29 @@ class MeteredCostModel(CostModel):
         rows = np.atleast_2d(np.asarray(assignments))
         self.budget.charge(len(rows))
         out = np.asarray(self.inner.step_times(problem, rows, **kwargs), dtype=float)
-        return np.where(np.isnan(out), np.inf, out)
+        out = np.where(np.isnan(out), np.inf, out)
+        self._seen_row(problem, rows, out, kwargs)
+        return out
+
+    def _seen_row(self, problem, rows, out, kwargs) -> None:
+        """Remember the best row of a batch as a plan (with the model's own
+        report of it) when it beats the best plan seen: a search that ranks
+        by arrays must not return worse than what they showed it."""
+        if not len(out) or not np.isfinite(out).any():
+            return
+        j = int(np.argmin(out))
+        best = self.best_for(problem)
+        if best is not None and best[1].feasible and not out[j] < best[1].objective:
+            return
+        counts = np.broadcast_to(np.asarray(kwargs.get("microbatches", 1)), (len(rows),))
+        try:
+            compiled = problem.compile_array(rows[j], kwargs.get("groups", ()),
+                                             microbatches=int(counts[j]),
+                                             schedule=kwargs.get("schedule", "1f1b"))
+            plan = problem.to_plan(compiled)
+            self._seen(problem, plan, self.inner.estimate(problem, plan))
+        except Exception:       # noqa: BLE001 - a row this model cannot report: not kept
+            return
 
     def __getattr__(self, name):
         # reached only for attributes the wrapper lacks (e.g. estimate_compiled)

@@ -401,3 +401,84 @@ def repair_memory(ctx: Context, assign: np.ndarray) -> np.ndarray:
             used[d] -= need
             used[target] += need
     return assign
+
+
+class SimulationClock:
+    """Predicts how long the event simulator takes on a plan, so a search
+    calls it only where it fits the time left: its work grows with the op
+    replicas (an op on k devices counts k) times the microbatches. The rate
+    is this process's slowest measured one (a conservative start before the
+    first measurement)."""
+
+    #: seconds per op replica and microbatch before any measurement
+    rate = 4e-6
+    _measured = False
+    #: the most op replicas x microbatches a search simulates: the
+    #: simulator holds 70-90 bytes per task (measured with tracemalloc on
+    #: 20,000 ops x 64 devices, 1- to 8-way groups), so about 1 GB
+    max_tasks = 1.2e7
+
+    @classmethod
+    def tasks(cls, problem: Problem, plan: "Plan") -> float:
+        replicas = sum(len(devices) for devices in plan.placement.values())
+        return float(replicas) * max(int(plan.microbatches), 1)
+
+    @classmethod
+    def predict(cls, problem: Problem, plan: "Plan") -> float:
+        """Predicted seconds of one simulation of ``plan``."""
+        return cls.tasks(problem, plan) * cls.rate
+
+    @classmethod
+    def estimate(cls, model, problem: Problem, plan: "Plan", budget: "Budget"):
+        """``model.estimate(problem, plan)`` when its predicted time fits
+        ``budget``'s time left (always without a time limit) and it has at
+        most :attr:`max_tasks` tasks, else None."""
+        import time as _time
+        if cls.tasks(problem, plan) > cls.max_tasks or (
+                budget.time is not None and cls.predict(problem, plan) > budget.remaining_time):
+            return None
+        start = _time.perf_counter()
+        report = model.estimate(problem, plan)
+        took = _time.perf_counter() - start
+        tasks = cls.tasks(problem, plan)
+        if tasks >= 1e5:        # small runs time the call's overhead, not the work
+            measured = took / tasks
+            # the first measurement replaces the prior; later ones can
+            # halve the rate at most per run (a quiet moment on a busy host)
+            cls.rate = measured if not cls._measured else max(measured, cls.rate / 2)
+            cls._measured = True
+        return report
+
+
+#: seconds per (op x device) a seeding heuristic takes, placing and
+#: scoring its candidates, before this process has timed it (measured on
+#: 10,000 ops x 64 devices, a busy 2-core host); :func:`seed_seconds`
+SEED_SECONDS_PER_OP_DEVICE = {"heft": 5e-6, "m_etf": 2e-6, "m_sct": 2.5e-6,
+                              "partition": 1e-6, "pipeline_dp": 1e-6,
+                              "even_pipeline": 5e-7, "m_topo": 3e-7, "single": 3e-7}
+_SEED_RATES: dict[str, float] = {}
+
+
+def seed_seconds(name: str, problem) -> float:
+    """Predicted seconds of seeding heuristic ``name`` on ``problem``: its
+    last measured rate in this process, else its prior
+    (:data:`SEED_SECONDS_PER_OP_DEVICE`, 2e-6 for others) times how much
+    slower than their priors the heuristics measured so far ran (a busy
+    host slows them all), times ops x devices."""
+    rate = _SEED_RATES.get(name)
+    if rate is None:
+        rate = SEED_SECONDS_PER_OP_DEVICE.get(name, 2e-6) * _SLOWDOWN[0]
+    return rate * problem.n_ops * problem.n_devices
+
+
+#: measured / prior rate of the last heuristic timed (at least 1)
+_SLOWDOWN = [1.0]
+
+
+def learn_seed_seconds(name: str, problem, seconds: float) -> None:
+    """Record that heuristic ``name`` took ``seconds`` on ``problem``."""
+    size = problem.n_ops * problem.n_devices
+    if size >= 1e4:             # tiny problems time the call's overhead
+        _SEED_RATES[name] = seconds / size
+        _SLOWDOWN[0] = max(1.0, _SEED_RATES[name] /
+                           SEED_SECONDS_PER_OP_DEVICE.get(name, 2e-6))

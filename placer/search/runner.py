@@ -31,7 +31,8 @@ def optimize_with_report(graph: "Graph", cluster: "Cluster",
                          final_cost_model: Any = "simulator",
                          progress: "bool | Callable | None" = None, microbatches=None,
                          schedule: str | None = None, problem_options: dict | None = None,
-                         initial=None, **strategy_options: Any) -> "tuple[Plan, Report]":
+                         initial=None, coarsen: "str | int | None" = "auto",
+                         **strategy_options: Any) -> "tuple[Plan, Report]":
     """Search a plan for ``graph`` on ``cluster`` with strategy ``method``;
     returns the plan and the final cost model's report of it (so callers that
     want its trace or Gantt chart need not simulate again).
@@ -48,7 +49,13 @@ def optimize_with_report(graph: "Graph", cluster: "Cluster",
       what the strategy would otherwise choose;
     - ``problem_options`` go to :class:`placer.cost.Problem` (objective,
       recompute, ...); ``initial`` plans warm-start the strategy; other
-      keywords are options of the strategy.
+      keywords are options of the strategy;
+    - ``coarsen``: ``"auto"`` (default) searches graphs over
+      :data:`~placer.search.multilevel.COARSEN_ABOVE` ops coarsened to
+      :data:`~placer.search.multilevel.COARSEN_TO` groups, then refines the
+      expanded plan on the original ops within the same budget (see
+      :mod:`placer.search.multilevel`); an int coarsens to that many groups
+      whatever the size; None hands the whole graph to the strategy.
 
     The plan is bound to ``graph`` and ``cluster`` (fingerprints) and its
     ``method`` is the strategy's name. It is never one the search model
@@ -56,7 +63,10 @@ def optimize_with_report(graph: "Graph", cluster: "Cluster",
     as infinitely slow), unless ``final_cost_model`` (of another name) scores
     that other plan worse. The search returns within ``time_budget`` + 10%;
     building the problem, compiling the kernels (first call only) and the
-    final scoring come on top. Raises
+    final scoring come on top (the final model is the search's own where
+    simulating the plan is predicted to take over a minute, or over the
+    time budget if longer, or over about 1 GB: see
+    :data:`FINAL_SIMULATION_SECONDS`). Raises
     :class:`placer.errors.StrategyError` for an unknown method or bad
     options.
 
@@ -84,8 +94,13 @@ def optimize_with_report(graph: "Graph", cluster: "Cluster",
     budget = Budget(time_budget, evaluations)
     metered = budget.meter(search_model)
     callback = progress_callback(progress)
+    from .multilevel import coarsen_target, search_coarsened
+    groups = coarsen_target(coarsen, problem.n_ops)
     try:
-        plan = strategy.search(problem, metered, budget, seed, callback)
+        if groups is None:
+            plan = strategy.search(problem, metered, budget, seed, callback)
+        else:
+            plan = search_coarsened(strategy, problem, metered, budget, seed, callback, groups)
     except SearchInterrupted as exc:
         if exc.plan is not None:
             _check_plan(problem, exc.plan)
@@ -96,7 +111,9 @@ def optimize_with_report(graph: "Graph", cluster: "Cluster",
             exc.plan.bind(graph, cluster)
         raise
     _check_plan(problem, plan)
-    plan = _no_worse_than_seen(problem, plan, metered, final_model)
+    # the swap asks the final model too, where simulating is affordable
+    judge, _ = _affordable_final(problem, plan, final_model, search_model, time_budget)
+    plan = _no_worse_than_seen(problem, plan, metered, judge)
     if isinstance(microbatches, int) and plan.microbatches != microbatches:
         plan.microbatches = microbatches
     if schedule is not None and plan.schedule != schedule:
@@ -104,8 +121,16 @@ def optimize_with_report(graph: "Graph", cluster: "Cluster",
     search = dict(plan.predicted)
     search.setdefault("evaluations", budget.used)
     search.setdefault("search_seconds", budget.elapsed)
-    report = final_model.estimate(problem, plan)
-    if getattr(final_model, "name", None) == "simulator":
+    final_model, note = _affordable_final(problem, plan, final_model, search_model, time_budget)
+    if note:
+        search["final_model"] = note
+    from .common import SimulationClock
+    simulating = getattr(final_model, "name", None) == "simulator"
+    # timed, so the bucket choice below knows what three more simulations cost
+    report = SimulationClock.estimate(final_model, problem, plan, Budget()) if simulating \
+        else final_model.estimate(problem, plan)
+    if simulating and 3 * SimulationClock.predict(problem, plan) <= \
+            max(FINAL_SIMULATION_SECONDS, time_budget or 0.0):
         # the all-reduce bucket size, where groups span slow links
         from .buckets import choose_buckets
         plan, report = choose_buckets(problem, plan, final_model, report)
@@ -116,6 +141,30 @@ def optimize_with_report(graph: "Graph", cluster: "Cluster",
         plan.predicted["infeasible"] = explain_infeasible(problem, plan, report, final_model)
     plan.method = strategy.name
     return plan.bind(graph, cluster), report
+
+
+#: the final simulation of a plan may take this many seconds, or the time
+#: budget if longer; a plan predicted slower to simulate (100,000 ops in
+#: wide data-parallel groups: minutes, gigabytes) is scored by the search's
+#: own model instead, and ``predicted["search"]["final_model"]`` says why
+FINAL_SIMULATION_SECONDS = 60.0
+
+
+def _affordable_final(problem, plan, final_model, search_model, time_budget):
+    """``(model, note)``: the final model, or the search's where simulating
+    the plan is predicted to take over :data:`FINAL_SIMULATION_SECONDS` or
+    to hold over :attr:`SimulationClock.max_tasks` tasks in memory."""
+    from .common import SimulationClock
+    if getattr(final_model, "name", None) != "simulator" or final_model is search_model:
+        return final_model, None
+    limit = max(FINAL_SIMULATION_SECONDS, time_budget or 0.0)
+    seconds = SimulationClock.predict(problem, plan)
+    tasks = SimulationClock.tasks(problem, plan)
+    if seconds <= limit and tasks <= SimulationClock.max_tasks:
+        return final_model, None
+    return search_model, (f"{search_model.name}: simulating this plan was predicted to take "
+                          f"{seconds:.0f} s and {tasks:.3g} tasks (limits {limit:.0f} s, "
+                          f"{SimulationClock.max_tasks:.3g} tasks, about 1 GB)")
 
 
 def _no_worse_than_seen(problem: Problem, plan: "Plan", metered, final_model=None) -> "Plan":
