@@ -152,6 +152,13 @@ class Problem:
       ``loss_flops``) is what the loss costs whatever a microbatch's rows
       (its launches, the runtime's loss task): both models charge it whole
       to every microbatch instead of scaling it by the rows.
+    - an op's fixed cost: a graph node's ``fixed_flops`` (``[forward,
+      backward]``, part of its FLOPs; ``placer profile`` and ``launch(...,
+      calibrate=True)`` write it from the op's times at several row counts)
+      is what the op costs whatever its rows (dispatch, small fixed work
+      beyond ``op_overhead``): both models charge it whole to every
+      microbatch and replica and scale only the rest by their rows. Without
+      it (uncalibrated graphs) all of an op's FLOPs scale.
     - ``collective_efficiency``: the ring model's all-reduce time over the
       real one (1: the ring's bytes move at link speed and each of its
       steps pays the link's latency; gloo on CPUs reduces and copies too,
@@ -282,6 +289,13 @@ class Problem:
         self.loss_fixed = _loss_flops(g, ops, self.loss_flops[:, 0], self.loss_flops[:, 1],
                                       key="loss_fixed") if self.has_loss \
             else np.zeros((len(ops), 2))
+        #: (n_ops, 2) forward and backward FLOPs of each op that every
+        #: microbatch and replica pays whole (see the class doc); zeros
+        #: unless the graph was calibrated
+        self.fixed_flops = _loss_flops(g, ops, self.flops, self.bwd_flops, key="fixed_flops")
+        if not self.training:
+            self.fixed_flops[:, 1] = 0.0
+        self.has_fixed = bool(self.fixed_flops.any())
         edges = g.edges
         self.edge_src = np.array([self.index[e.src] for e in edges], dtype=np.int64)
         self.edge_dst = np.array([self.index[e.dst] for e in edges], dtype=np.int64)

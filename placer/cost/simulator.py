@@ -196,6 +196,13 @@ class _Build:
         else:
             inst_cls = times.cls[inst_dev]
             ft = p.op_overhead + times.forward[inst_op, inst_cls] * frac / m
+        fixed_f = fixed_b = 0.0
+        if p.has_fixed:
+            # an op's fixed part is paid whole by each microbatch and replica
+            whole = (1.0 - frac / m) / p.rate[inst_dev]
+            fixed_f = p.fixed_flops[inst_op, 0] * whole
+            fixed_b = p.fixed_flops[inst_op, 1] * whole
+            ft = ft + fixed_f
         if p.task_overhead:
             # a run of consecutive ops on one group is one task of a runtime
             head = np.ones(n, dtype=bool)
@@ -228,6 +235,7 @@ class _Build:
                 bt = p.op_overhead + p.bwd_flops[inst_op] * frac / m / p.rate[inst_dev]
             else:
                 bt = p.op_overhead + times.backward[inst_op, inst_cls] * frac / m
+            bt = bt + fixed_b
             if p.task_overhead:
                 bt = bt + task
             if loss_b is not None:
