@@ -76,6 +76,10 @@ def test_calibrated_launch_predicts_from_its_own_measurements():
     result = launch(plan, build, steps=1, warmup=0, timeout=120, calibrate=True, threads=1)
     cal = result["calibration"]
     assert result["report"]["predicted"] > 0
+    # the ranks ran the simulator's order on their first calibration round
+    # (not the dispatch rule's), and the ops' fixed parts were measured
+    assert result["schedule_source"] == "simulator"
+    assert any(node.get("fixed_flops", [0, 0])[0] > 0 for node in cal["graph"]["nodes"])
     link = cal["links"]["a-b"]
     assert link["bandwidth"] > 0 and link["latency"] >= 0 and len(link["points"]) >= 2
     assert cal["op_overhead"] >= 0 and cal["allreduce"]
