@@ -361,8 +361,9 @@ def from_simulation(routes, graph, sim_orders: dict, schedule: str, training: bo
     by_fx = {op.extra.get("fx", op.id): op.id for op in graph}
     inst_of: dict = {}
     for p in routes.split.pieces:
-        names = [by_fx[n.name] for n in p.module.graph.nodes if n.op in calls
-                 and n.name in by_fx]
+        # the traced names (split_module renames the nodes inside a piece)
+        names = [by_fx[n] for n in p.nodes if n in by_fx] if p.nodes else \
+            [by_fx[n.name] for n in p.module.graph.nodes if n.op in calls and n.name in by_fx]
         for inst in routes.instances[p.index]:
             for op in names:
                 inst_of[(routes.device_of[inst], op)] = inst

@@ -109,14 +109,23 @@ def _quantile(values: list[float], q: float) -> float:
 
 def agreement(predicted: list[float], measured: list[float]) -> dict:
     """Kendall's tau, median and 90th-percentile absolute relative error
-    and regret of ``predicted`` against ``measured`` step times."""
+    and regret of ``predicted`` against ``measured`` step times.
+
+    ``regret``: the measured step of the plan the model ranks best over
+    the best measured step; where several plans tie for the best
+    prediction (the same placement on another device of one kind, found by
+    several strategies) the model cannot tell them apart, and their median
+    measured step counts (``regret_first``: the first of them, by index)."""
     errors = [abs(p - m) / m for p, m in zip(predicted, measured)]
     best = min(range(len(predicted)), key=lambda i: (predicted[i], i))
+    tied = [m for p, m in zip(predicted, measured)
+            if p <= predicted[best] * (1 + 1e-9)]
     return {"kendall_tau": kendall_tau(predicted, measured),
             "median_abs_error": statistics.median(errors),
             "p90_abs_error": _quantile(errors, 0.9),
-            "regret": measured[best] / min(measured),
-            "ranked_best": best}
+            "regret": statistics.median(tied) / min(measured),
+            "regret_first": measured[best] / min(measured),
+            "ranked_best": best, "tied_best": len(tied)}
 
 
 # --------------------------------------------------------------------------
