@@ -528,7 +528,7 @@ def calibrated_graph(graph: Graph, cluster: Cluster, device: str | None = None,
     ``device`` (default: the first profiled one), the time measured for each
     op there less the per-op ``overhead`` (default: the device's fitted
     ``op_overhead``; pass the same value as ``Problem(op_overhead=...)``).
-    Every op gets ``fixed_flops`` (``[forward, backward]``): the part of
+    Every measured op gets ``fixed_flops`` (``[forward, backward]``): the part of
     its FLOPs that its measured fixed time less ``overhead`` takes, paid
     whole by every microbatch and replica (see :class:`placer.cost.Problem`).
     Ops whose outputs the loss reads also get ``loss_flops``: the part of
