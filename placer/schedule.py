@@ -86,7 +86,8 @@ class Schedule:
     backward; all of them for GPipe); ``sends``/``recvs``: task -> the
     cross-device messages it sends / receives, in order; ``pairs``:
     ``(a, b)`` with ``a < b`` -> the messages between the two in the order
-    both post them."""
+    both post them; ``source``: ``"simulator"`` when the orders are the
+    simulator's (:func:`from_simulation`), ``"rule"`` when :func:`build`'s."""
 
     name: str
     orders: dict
@@ -95,6 +96,7 @@ class Schedule:
     sends: dict = field(default_factory=dict)
     recvs: dict = field(default_factory=dict)
     pairs: dict = field(default_factory=dict)
+    source: str = "rule"
 
     def messages(self, a: str, b: str) -> list:
         """The step's messages between devices ``a`` and ``b``, in order."""
@@ -286,7 +288,8 @@ def _continuation(pending: list, last, need: dict, local_only: dict, done: set):
     return None
 
 
-def _finish(routes, name: str, order: list, caps: dict, training: bool) -> Schedule:
+def _finish(routes, name: str, order: list, caps: dict, training: bool,
+            source: str = "rule") -> Schedule:
     """The schedule of a played ``order``: per-device orders and messages."""
     orders: dict = {d: [] for d in routes.devices()}
     for d, t in order:
@@ -326,13 +329,13 @@ def _finish(routes, name: str, order: list, caps: dict, training: bool) -> Sched
     for d, t in order:
         for x in sends.get(t, []):
             pairs.setdefault((min(x.src, x.dst), max(x.src, x.dst)), []).append(x)
-    return Schedule(name, orders, list(order), dict(caps), sends, recvs, pairs)
+    return Schedule(name, orders, list(order), dict(caps), sends, recvs, pairs, source)
 
 
 def plain(sched: Schedule) -> dict:
     """What :func:`from_orders` needs of ``sched``, in plain values (to send
     it from one process to the others)."""
-    return {"name": sched.name, "caps": dict(sched.caps),
+    return {"name": sched.name, "caps": dict(sched.caps), "source": sched.source,
             "order": [(d, (k, m, i.piece, i.replica)) for d, (k, m, i) in sched.order]}
 
 
@@ -340,7 +343,8 @@ def from_orders(routes, data: dict, training: bool) -> Schedule:
     """The schedule :func:`plain` described, rebuilt on ``routes``."""
     from .runtime.engine import Inst
     order = [(d, (k, m, Inst(p, r))) for d, (k, m, p, r) in data["order"]]
-    return _finish(routes, data["name"], order, dict(data["caps"]), training)
+    return _finish(routes, data["name"], order, dict(data["caps"]), training,
+                   data.get("source", "rule"))
 
 
 def from_simulation(routes, graph, sim_orders: dict, schedule: str, training: bool):
@@ -357,8 +361,9 @@ def from_simulation(routes, graph, sim_orders: dict, schedule: str, training: bo
     by_fx = {op.extra.get("fx", op.id): op.id for op in graph}
     inst_of: dict = {}
     for p in routes.split.pieces:
-        names = [by_fx[n.name] for n in p.module.graph.nodes if n.op in calls
-                 and n.name in by_fx]
+        # the traced names (split_module renames the nodes inside a piece)
+        names = [by_fx[n] for n in p.nodes if n in by_fx] if p.nodes else \
+            [by_fx[n.name] for n in p.module.graph.nodes if n.op in calls and n.name in by_fx]
         for inst in routes.instances[p.index]:
             for op in names:
                 inst_of[(routes.device_of[inst], op)] = inst
@@ -402,7 +407,7 @@ def from_simulation(routes, graph, sim_orders: dict, schedule: str, training: bo
     pieces = len(routes.split.pieces)
     first = {d: min((i.piece for i in mine[d] if i != sink), default=pieces) for d in devs}
     caps = {d: (int(inflight_cap(first[d], pieces, M)) if name == "1f1b" else M) for d in devs}
-    return _finish(routes, name, order, caps, training)
+    return _finish(routes, name, order, caps, training, "simulator")
 
 
 def for_plan(routes, plan, training: bool, graph=None, cluster=None,

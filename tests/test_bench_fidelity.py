@@ -47,6 +47,10 @@ def test_agreement_errors_and_regret():
     assert a["median_abs_error"] == pytest.approx(0.1)     # errors 1.2, 0.1, 0.1, 0
     assert a["p90_abs_error"] == pytest.approx(0.1 + 0.7 * 1.1)
     assert a["kendall_tau"] == pytest.approx(2 / 3)
+    # plans tied for the best prediction count by their median measured step
+    tie = agreement([18.0, 18.0, 18.0, 80.0], [10.0, 20.0, 40.0, 80.0])
+    assert tie["regret"] == pytest.approx(2.0) and tie["regret_first"] == pytest.approx(1.0)
+    assert tie["tied_best"] == 3
 
 
 def test_random_plans_are_valid_mixed_and_follow_the_microbatch_rule():

@@ -30,6 +30,18 @@ def test_profile_writes_measurements_and_efficiency(tmp_path):
     plan = placer.Plan({op: ["cpu"] for op in cg.ids})
     report = placer.simulate(cg, calibrated, plan, op_overhead=dev.extra["op_overhead"])
     assert report.step_time > 0
+    # each op's fixed part (its intercept over the rows) is within its time,
+    # and the calibrated graph states it in FLOPs within the op's
+    for op in timed:
+        m = op.extra["measured"]["cpu"]
+        assert 0 <= m["fwd_fixed"] <= m["fwd"] and 0 <= m["bwd_fixed"] <= max(m["bwd"], 0)
+        ff, fb = cg.op(op.id).extra["fixed_flops"]
+        assert 0 <= ff <= cg.op(op.id).flops and 0 <= fb <= cg.op(op.id).bwd_flops
+    assert any(cg.op(op.id).extra["fixed_flops"][0] > 0 for op in timed)
+    # a plan of 4 microbatches pays them 4 times: slower than at one
+    four = placer.Plan({op: ["cpu"] for op in cg.ids}, microbatches=4)
+    assert placer.simulate(cg, calibrated, four, op_overhead=dev.extra["op_overhead"]) \
+        .step_time > report.step_time
     assert cluster.device("cpu").efficiency is None  # input untouched
     assert torch.is_tensor(inputs[0])
 
@@ -64,6 +76,10 @@ def test_calibrated_launch_predicts_from_its_own_measurements():
     result = launch(plan, build, steps=1, warmup=0, timeout=120, calibrate=True, threads=1)
     cal = result["calibration"]
     assert result["report"]["predicted"] > 0
+    # the ranks ran the simulator's order on their first calibration round
+    # (not the dispatch rule's), and the ops' fixed parts were measured
+    assert result["schedule_source"] == "simulator"
+    assert any(node.get("fixed_flops", [0, 0])[0] > 0 for node in cal["graph"]["nodes"])
     link = cal["links"]["a-b"]
     assert link["bandwidth"] > 0 and link["latency"] >= 0 and len(link["points"]) >= 2
     assert cal["op_overhead"] >= 0 and cal["allreduce"]

@@ -325,6 +325,27 @@ def test_simulator_orders_map_onto_op_level_plans():
     assert mapped >= 2
 
 
+@pytest.mark.parametrize("key", ["gnmt", "inception"])
+def test_ranks_run_the_simulators_order_for_op_level_plans(key):
+    # scattered and branch-split plans: split_module renames the nodes
+    # inside a piece, so the pieces are matched to the simulated tasks by
+    # the traced names they keep (Piece.nodes); at the runtime's
+    # granularity every task maps onto a piece
+    from placer.bench.fidelity import MODELS, random_plans
+    from placer.runtime.run import RUNTIME_OPTIONS
+    from placer.schedule import for_plan
+    build_fn = MODELS[key].build
+    model, inputs = build_fn()
+    graph = placer.trace(model, inputs)
+    cluster = _cluster(["r0", "r1"])
+    for plan in random_plans(graph, ["r0", "r1"], 8, 0):
+        _g, plan, sp, _inputs, rows = prepare(model, plan, inputs, graph=graph)
+        routes = Routes(sp, rows, sink_device(sp))
+        sched = for_plan(routes, plan, True, graph, cluster, RUNTIME_OPTIONS)
+        assert sched.source == "simulator"
+        _check_schedule(routes, sched)
+
+
 def test_a_schedule_travels_as_plain_values():
     import pickle
     from placer.schedule import from_orders, plain

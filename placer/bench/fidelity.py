@@ -109,14 +109,23 @@ def _quantile(values: list[float], q: float) -> float:
 
 def agreement(predicted: list[float], measured: list[float]) -> dict:
     """Kendall's tau, median and 90th-percentile absolute relative error
-    and regret of ``predicted`` against ``measured`` step times."""
+    and regret of ``predicted`` against ``measured`` step times.
+
+    ``regret``: the measured step of the plan the model ranks best over
+    the best measured step; where several plans tie for the best
+    prediction (the same placement on another device of one kind, found by
+    several strategies) the model cannot tell them apart, and their median
+    measured step counts (``regret_first``: the first of them, by index)."""
     errors = [abs(p - m) / m for p, m in zip(predicted, measured)]
     best = min(range(len(predicted)), key=lambda i: (predicted[i], i))
+    tied = [m for p, m in zip(predicted, measured)
+            if p <= predicted[best] * (1 + 1e-9)]
     return {"kendall_tau": kendall_tau(predicted, measured),
             "median_abs_error": statistics.median(errors),
             "p90_abs_error": _quantile(errors, 0.9),
-            "regret": measured[best] / min(measured),
-            "ranked_best": best}
+            "regret": statistics.median(tied) / min(measured),
+            "regret_first": measured[best] / min(measured),
+            "ranked_best": best, "tied_best": len(tied)}
 
 
 # --------------------------------------------------------------------------
@@ -462,7 +471,10 @@ def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans
                 "cpu_share", "cpu_share_all", "speed_drift")},
             "links": {k: {"bandwidth": v["bandwidth"], "latency": v["latency"]}
                       for k, v in calibration.get("links", {}).items()},
-            "seconds": time.perf_counter() - start, "load": _load()}
+            "seconds": time.perf_counter() - start, "load": _load(),
+            # what re-predicting the measured plans needs (see repredict);
+            # bench_fidelity keeps it apart from the results
+            "raw": {"calibration": calibration, "plans": [p.to_dict() for p in plans_ok]}}
 
 
 def _op_level(graph, plan) -> bool:
@@ -505,11 +517,13 @@ QUICK = [("gnmt", "loopback", 2)]
 
 def bench_fidelity(out: str | None = None, *, quick: bool = False, cases=None,
                    plans: int | None = None, steps: int | None = None, seed: int = 0,
-                   plots: str | None = None, log=print) -> dict:
+                   plots: str | None = None, raw: str | None = None, log=print) -> dict:
     """Run the cases (default :data:`FULL`, or :data:`QUICK`), write the JSON
     to ``out`` and a scatter per case into ``plots`` (default: ``out``'s
     folder); returns the results. Namespaced cases are skipped without
-    root (said in the results)."""
+    root (said in the results). ``raw``: a folder to keep each case's
+    calibration, plans and measured steps in (``MODEL-NETWORK-RANKS.json``),
+    which :func:`repredict` predicts again with the cost models of now."""
     from placer._io import atomic_write_text, dump_json
     cases = cases or (QUICK if quick else FULL)
     plans = plans or (10 if quick else 30)
@@ -523,9 +537,17 @@ def bench_fidelity(out: str | None = None, *, quick: bool = False, cases=None,
                             "why": "network namespaces need root"})
             continue
         log(f"fidelity: {model_key} over {network}, {nproc} ranks")
-        results.append(run_case(model_key, network, nproc, plans=plans, steps=steps,
-                                warmup=2, evaluations=evaluations,
-                                evo_seeds=1 if quick else 3, seed=seed, log=log))
+        case = run_case(model_key, network, nproc, plans=plans, steps=steps,
+                        warmup=2, evaluations=evaluations,
+                        evo_seeds=1 if quick else 3, seed=seed, log=log)
+        raw_case = case.pop("raw")
+        if raw:
+            os.makedirs(raw, exist_ok=True)
+            atomic_write_text(os.path.join(raw, f"{model_key}-{network}-{nproc}.json"),
+                              dump_json({**raw_case, "measured": [
+                                  r["measured"] for r in case["plans"]],
+                                  "origins": [r["origin"] for r in case["plans"]]}))
+        results.append(case)
     summary = {f"{r['model']}/{r['network']}/{r['nproc']}": {
         k: {m: v[m] for m in ("kendall_tau", "median_abs_error", "p90_abs_error", "regret")}
         for k, v in r["metrics"].items()} | {"plans": len(r["plans"])} for r in results}
@@ -539,6 +561,18 @@ def bench_fidelity(out: str | None = None, *, quick: bool = False, cases=None,
         for r in results:
             plot_case(r, os.path.join(folder, f"{stem}-{r['model']}-{r['network']}.png"))
     return doc
+
+
+def repredict(path: str) -> dict:
+    """The metrics (as in a case's ``metrics``) of a case kept by
+    ``bench_fidelity(raw=...)``, predicted again from its calibration."""
+    with open(path) as f:
+        raw = json.load(f)
+    plans = [placer.Plan.from_dict(p) for p in raw["plans"]]
+    preds = predictions(raw["calibration"], plans)
+    return {k: {m: v[m] for m in ("kendall_tau", "median_abs_error", "p90_abs_error",
+                                  "regret")}
+            for k, v in ((k, agreement(v, raw["measured"])) for k, v in preds.items())}
 
 
 def _version() -> str:
@@ -579,8 +613,10 @@ def plot_case(case: dict, path: str) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m placer.bench.fidelity")
-    ap.add_argument("what", nargs="?", default="bench", choices=["bench", "worker"])
-    ap.add_argument("spec", nargs="?", help="worker: the batch's spec file")
+    ap.add_argument("what", nargs="?", default="bench",
+                    choices=["bench", "worker", "repredict"])
+    ap.add_argument("spec", nargs="*", help="worker: the batch's spec file; repredict: "
+                    "the kept cases (--raw)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("-o", "--output", default="fidelity.json")
     ap.add_argument("--plans", type=int)
@@ -588,9 +624,14 @@ def main(argv=None) -> int:
     ap.add_argument("--case", action="append", metavar="MODEL/NETWORK/RANKS",
                     help="e.g. gnmt/loopback/2 (repeatable; default: the full list)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--raw", default=None, help="folder to keep each case's calibration, "
+                    "plans and measured steps in (for repredict)")
     ns = ap.parse_args(argv)
     if ns.what == "worker":
-        return worker(ns.spec)
+        return worker(ns.spec[0])
+    if ns.what == "repredict":
+        print(json.dumps({p: repredict(p) for p in ns.spec}, indent=1))
+        return 0
     cases = None
     if ns.case:
         cases = []
@@ -598,7 +639,7 @@ def main(argv=None) -> int:
             m, n, k = c.split("/")
             cases.append((m, n, int(k)))
     doc = bench_fidelity(ns.output, quick=ns.quick, cases=cases, plans=ns.plans,
-                         steps=ns.steps, seed=ns.seed)
+                         steps=ns.steps, seed=ns.seed, raw=ns.raw)
     print(json.dumps(doc["summary"], indent=1))
     return 0
 

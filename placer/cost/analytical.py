@@ -138,17 +138,25 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
         s_slow = gt["slow_cls"][s_group]
         t_f, t_b = _slot_times(pre["times_cum"], run_start, run_end, run_slot, U)
 
-    def compute_time(work, slot_times=None):
+    if p.has_fixed:
+        # an op's fixed part is paid whole by each microbatch and replica
+        e_whole = (1.0 - (s_per_mb * s_inv)[e_slot]) / p.rate[e_cell % D]
+
+    def compute_time(work, slot_times=None, fixed=None):
         if slot_times is not None:
             scaled = slot_times[e_slot, e_cls] * (s_per_mb * s_inv)[e_slot]
         else:
             scaled = (work * s_per_mb)[e_slot] * e_inv_rate
+        if fixed is not None:
+            scaled = scaled + fixed[e_slot] * e_whole
         return np.bincount(e_cell, scaled, minlength=B * D).reshape(B, D) + launches
 
-    cf = compute_time(lf, t_f if times is not None else None)
+    cf = compute_time(lf, t_f if times is not None else None,
+                      ssum(6) if p.has_fixed else None)
     if training:
         lb = ssum(2)
-        cb = compute_time(lb, t_b if times is not None else None)
+        cb = compute_time(lb, t_b if times is not None else None,
+                          ssum(7) if p.has_fixed else None)
         if p.recompute:
             cb = cb + cf
     else:
@@ -269,6 +277,11 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
              + (run_end - run_start) * per_op)
     if p.task_overhead:
         run_w = run_w + p.task_overhead * phases     # a runtime task per run and phase
+    if p.has_fixed:
+        # the fixed parts of a run's ops, paid whole (both phases)
+        fixed_cum = pre["cum"][:, 6] + (pre["cum"][:, 7] if training else 0.0)
+        run_whole = slow[run_group] * (1.0 - 1.0 / size[run_group] / m[run_row])
+        run_w = run_w + (fixed_cum[run_end] - fixed_cum[run_start]) * run_whole
     fill = run_w[row_first]                 # plans of one run
     start = np.zeros(R)                     # when each run may start
     if len(hr):
@@ -279,6 +292,12 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
             lat_e = lat_e + p.task_overhead * phases   # the source run's task starts first
         cost_e = crossing_costs(serial, run_cls, scale, run_start, x_from, x_to, r_src, r_dst,
                                 lat_e, per_op)
+        if p.has_fixed:
+            # the fixed parts of the ops before a tensor leaves and before
+            # it is needed, as in run_w
+            cost_e = cost_e + (fixed_cum[x_from + 1] - fixed_cum[run_start[r_src]]) \
+                * run_whole[r_src] - (fixed_cum[x_to] - fixed_cum[run_start[r_dst]]) \
+                * run_whole[r_dst]
         end, start = _run_paths(run_group, row_first, runs, run_w, r_src, r_dst, cost_e, G,
                                 inflow)
         fill = np.zeros(B)
@@ -602,7 +621,8 @@ def _precomputed(p: Problem) -> dict:
         return hit
     n = p.n_ops
     cols = np.stack([np.ones(n), p.flops, p.bwd_flops, p.param_bytes, p.output_bytes,
-                     (p.param_bytes > 0).astype(float)], axis=1)
+                     (p.param_bytes > 0).astype(float), p.fixed_flops[:, 0],
+                     p.fixed_flops[:, 1]], axis=1)
     cum = np.zeros((n + 1, cols.shape[1]))
     np.cumsum(cols, axis=0, out=cum[1:])
     # sparse table: table[k, i] = max(workspace[i : i + 2**k])

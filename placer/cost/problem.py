@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from ..plan import Plan
 
 OBJECTIVES = ("step_time", "throughput", "memory")
+#: what the simulator's tasks are (see Problem's ``granularity``)
+GRANULARITIES = ("op", "piece")
 
 #: Objective value of an infeasible plan is at least this (times 1 + the
 #: largest relative memory excess, see :func:`infeasible_objective`), so any
@@ -152,6 +154,13 @@ class Problem:
       ``loss_flops``) is what the loss costs whatever a microbatch's rows
       (its launches, the runtime's loss task): both models charge it whole
       to every microbatch instead of scaling it by the rows.
+    - an op's fixed cost: a graph node's ``fixed_flops`` (``[forward,
+      backward]``, part of its FLOPs; ``placer profile`` and ``launch(...,
+      calibrate=True)`` write it from the op's times at several row counts)
+      is what the op costs whatever its rows (dispatch, small fixed work
+      beyond ``op_overhead``): both models charge it whole to every
+      microbatch and replica and scale only the rest by their rows. Without
+      it (uncalibrated graphs) all of an op's FLOPs scale.
     - ``collective_efficiency``: the ring model's all-reduce time over the
       real one (1: the ring's bytes move at link speed and each of its
       steps pays the link's latency; gloo on CPUs reduces and copies too,
@@ -169,6 +178,14 @@ class Problem:
     - measured op times: where an op carries ``extra["measured"]`` (as
       ``placer profile`` writes it), both models use those seconds instead of
       its FLOPs (see :func:`measured_times`).
+    - ``granularity``: ``"op"`` (default), the simulator runs a device's
+      ops in segments cut where an op receives from another device, so a
+      run of ops may start on part of its inputs, and each tensor leaves
+      when the op producing it ends; ``"piece"``, as placer's runtime runs
+      a plan: the runtime's pieces (runs of one group, merged while
+      acyclic, see :mod:`placer.runtime.split`), each started once all its
+      inputs arrived and sending its outputs when it ends, forward and
+      backward (one task each, as ``task_overhead`` counts them).
     - ``merge``: the simulator may start a run of ops on a device only when
       the inputs of a later op in it arrived, if the run so far takes at most
       this fraction of the device's time (0: never; fewer tasks, faster).
@@ -193,7 +210,8 @@ class Problem:
                  nic: str = "max_link", bucket_bytes: float = 25e6, merge: float = 0.02,
                  task_overhead: float = 0.0, collective_efficiency: float = 1.0,
                  message_overhead: float = 0.0, message_copy_rate: float = float("inf"),
-                 allreduce_overlap: bool = True, resume_overhead: float = 0.0):
+                 allreduce_overlap: bool = True, resume_overhead: float = 0.0,
+                 granularity: str = "op"):
         if objective not in OBJECTIVES:
             raise StrategyError(f"unknown objective {objective!r}",
                                 fix=f"use one of: {', '.join(OBJECTIVES)}")
@@ -210,6 +228,9 @@ class Problem:
         if not 0 < collective_efficiency < float("inf"):
             raise StrategyError(f"collective_efficiency must be > 0 and finite, got "
                                 f"{collective_efficiency!r}")
+        if granularity not in GRANULARITIES:
+            raise StrategyError(f"unknown granularity {granularity!r}",
+                                fix=f"use one of: {', '.join(GRANULARITIES)}")
         if nic not in ("max_link", "none"):
             raise StrategyError(f"unknown nic mode {nic!r}", fix="use 'max_link' or 'none'")
         self.graph = graph
@@ -232,6 +253,7 @@ class Problem:
         self.nic = nic
         self.bucket_bytes = float(bucket_bytes)
         self.merge = float(merge)
+        self.granularity = granularity
         self.training = graph.training
         self._build_graph_arrays()
         self._build_cluster_arrays()
@@ -254,7 +276,8 @@ class Problem:
                 "collective_efficiency": self.collective_efficiency,
                 "message_copy_rate": self.message_copy_rate,
                 "allreduce_overlap": self.allreduce_overlap,
-                "resume_overhead": self.resume_overhead}
+                "resume_overhead": self.resume_overhead,
+                "granularity": self.granularity}
 
     def __repr__(self) -> str:
         return (f"Problem(graph={self.graph.name!r}, cluster={self.cluster.name!r}, "
@@ -282,6 +305,13 @@ class Problem:
         self.loss_fixed = _loss_flops(g, ops, self.loss_flops[:, 0], self.loss_flops[:, 1],
                                       key="loss_fixed") if self.has_loss \
             else np.zeros((len(ops), 2))
+        #: (n_ops, 2) forward and backward FLOPs of each op that every
+        #: microbatch and replica pays whole (see the class doc); zeros
+        #: unless the graph was calibrated
+        self.fixed_flops = _loss_flops(g, ops, self.flops, self.bwd_flops, key="fixed_flops")
+        if not self.training:
+            self.fixed_flops[:, 1] = 0.0
+        self.has_fixed = bool(self.fixed_flops.any())
         edges = g.edges
         self.edge_src = np.array([self.index[e.src] for e in edges], dtype=np.int64)
         self.edge_dst = np.array([self.index[e.dst] for e in edges], dtype=np.int64)

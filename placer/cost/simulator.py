@@ -76,6 +76,105 @@ def _segments(dev: np.ndarray, head: np.ndarray, blocker: np.ndarray, perm: np.n
     return seg, offset, seg_dev, seg_dur
 
 
+def _pieces(p: Problem, g: np.ndarray) -> np.ndarray:
+    """Each op's piece as the runtime splits a plan (group id per op ``g``,
+    topological order): runs of one group, merged while the pieces stay
+    acyclic (:func:`placer.runtime.split._merge_runs`); piece ids in a
+    topological order."""
+    n = len(g)
+    if not n:
+        return np.zeros(0, dtype=np.int64)
+    run = np.r_[0, np.cumsum(g[1:] != g[:-1])].astype(np.int64)
+    run_group = g[np.r_[0, np.flatnonzero(g[1:] != g[:-1]) + 1]]
+    if len(np.unique(run_group)) == len(run_group):
+        return run                   # no group twice: nothing to merge
+    rs, rd = run[p.edge_src], run[p.edge_dst]
+    cross = rs != rd
+    merged = merge_runs(run_group.tolist(), zip(rs[cross].tolist(), rd[cross].tolist()))
+    return np.array(merged, dtype=np.int64)[run]
+
+
+def merge_runs(groups: list, edges) -> list[int]:
+    """Run -> piece, as :func:`placer.runtime.split._merge_runs` merges runs
+    of one group (``groups[r]``; ``edges``: (run, run) pairs of a DAG)
+    while the pieces stay acyclic, without its graph copies (a plan is
+    simulated often): each later run joins the first earlier one of its
+    group that no path of two or more steps joins it to, either way;
+    pieces are numbered in the lexicographic topological order of their
+    first runs."""
+    import heapq
+    R = len(groups)
+    succ: list[set] = [set() for _ in range(R)]
+    pred: list[set] = [set() for _ in range(R)]
+    for a, b in edges:
+        if a != b:
+            succ[a].add(b)
+            pred[b].add(a)
+    rep = list(range(R))
+
+    def reaches(start: int, goal: int) -> bool:
+        """A path start -> k -> ... -> goal with k != goal."""
+        stack = [k for k in succ[start] if k != goal]
+        seen = set(stack)
+        while stack:
+            k = stack.pop()
+            for nxt in succ[k]:
+                if nxt == goal:
+                    return True
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append(nxt)
+        return False
+
+    for j in range(R):
+        for i in range(j):
+            if rep[i] != i or rep[j] != j or groups[i] != groups[j]:
+                continue
+            if reaches(i, j) or reaches(j, i):
+                continue
+            for k in succ[j]:                # contract j into i
+                pred[k].discard(j)
+                if k != i:
+                    succ[i].add(k)
+                    pred[k].add(i)
+            for k in pred[j]:
+                succ[k].discard(j)
+                if k != i:
+                    pred[i].add(k)
+                    succ[k].add(i)
+            succ[i].discard(i)
+            pred[i].discard(i)
+            succ[j], pred[j] = set(), set()
+            for r in range(R):
+                if rep[r] == j:
+                    rep[r] = i
+            break
+    nodes = sorted(set(rep))
+    indeg = {v: len(pred[v]) for v in nodes}
+    ready = [v for v in nodes if indeg[v] == 0]
+    heapq.heapify(ready)
+    order: dict = {}
+    while ready:
+        v = heapq.heappop(ready)
+        order[v] = len(order)
+        for k in succ[v]:
+            indeg[k] -= 1
+            if indeg[k] == 0:
+                heapq.heappush(ready, k)
+    return [order[rep[r]] for r in range(R)]
+
+
+def _piece_heads(dev: np.ndarray, piece: np.ndarray, perm: np.ndarray) -> np.ndarray:
+    """Per instance: whether it is the first of its (device, piece) in
+    ``perm`` order (where a piece-wise segment starts)."""
+    d, q = dev[perm], piece[perm]
+    first = np.ones(len(perm), dtype=bool)
+    first[1:] = (d[1:] != d[:-1]) | (q[1:] != q[:-1])
+    out = np.empty(len(perm), dtype=bool)
+    out[perm] = first
+    return out
+
+
 def _ends(devs: np.ndarray, D: int, offset: int):
     """First and last index (plus ``offset``) of each device in ``devs``
     (-1 for devices absent)."""
@@ -216,10 +315,24 @@ class _Build:
         else:
             inst_cls = times.cls[inst_dev]
             ft = p.op_overhead + times.forward[inst_op, inst_cls] * frac / m
-        if p.task_overhead:
+        fixed_f = fixed_b = 0.0
+        if p.has_fixed:
+            # an op's fixed part is paid whole by each microbatch and replica
+            whole = (1.0 - frac / m) / p.rate[inst_dev]
+            fixed_f = p.fixed_flops[inst_op, 0] * whole
+            fixed_b = p.fixed_flops[inst_op, 1] * whole
+            ft = ft + fixed_f
+        pieces = p.granularity == "piece"
+        if pieces:
+            # the runtime's tasks: each piece whole (see Problem's granularity)
+            piece = _pieces(p, g)
+            head = np.zeros(n, dtype=bool)
+            head[np.unique(piece, return_index=True)[1]] = True     # a task per piece
+        else:
             # a run of consecutive ops on one group is one task of a runtime
             head = np.ones(n, dtype=bool)
             head[1:] = g[1:] != g[:-1]
+        if p.task_overhead:
             task = p.task_overhead * head[inst_op]
             ft = ft + task
         loss_b = None
@@ -240,28 +353,45 @@ class _Build:
         has_in[iv] = True
         has_out = np.zeros(NI, dtype=bool)
         has_out[t_inst] = True
-        permF = np.argsort(inst_dev, kind="stable")
-        fseg, foff, fdev, fdur = _segments(inst_dev, has_in, has_out, permF, ft, D, p.merge)
+        if pieces:
+            # a piece starts once all its inputs are there and sends its
+            # outputs when it ends, as the runtime runs it
+            inst_piece = piece[inst_op]
+            permF = np.lexsort((inst_op, inst_piece, inst_dev))
+            first = _piece_heads(inst_dev, inst_piece, permF)
+            fseg, foff, fdev, fdur = _segments(inst_dev, first, has_out, permF, ft, D, 0.0)
+            foff = fdur[fseg]
+        else:
+            permF = np.argsort(inst_dev, kind="stable")
+            fseg, foff, fdev, fdur = _segments(inst_dev, has_in, has_out, permF, ft, D,
+                                               p.merge)
         NF = len(fdev)
         if training:
             if times is None:
                 bt = p.op_overhead + p.bwd_flops[inst_op] * frac / m / p.rate[inst_dev]
             else:
                 bt = p.op_overhead + times.backward[inst_op, inst_cls] * frac / m
+            bt = bt + fixed_b
             if p.task_overhead:
                 bt = bt + task
             if loss_b is not None:
                 bt = bt - loss_b
             if p.recompute:
                 bt = bt + ft
-            permB = np.lexsort((-inst_op, inst_dev))
-            head_b = has_out
+            if pieces:
+                permB = np.lexsort((-inst_op, -inst_piece, inst_dev))
+                head_b = _piece_heads(inst_dev, inst_piece, permB)
+            else:
+                permB = np.lexsort((-inst_op, inst_dev))
+                head_b = has_out
             if loss_dep.any():
                 # the loss's replica starts a backward segment: it waits there
-                head_b = has_out.copy()
+                head_b = head_b.copy()
                 head_b[iv[loss_dep]] = True
             bseg, boff, bdev, bdur = _segments(inst_dev, head_b, has_in, permB, bt, D,
-                                               p.merge)
+                                               0.0 if pieces else p.merge)
+            if pieces:
+                boff = bdur[bseg]
         else:
             bseg = boff = None
             bdev = np.zeros(0, dtype=np.int64)

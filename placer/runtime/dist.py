@@ -429,7 +429,10 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     ranks) and the links between the ranks (ping-pong at several sizes,
     :func:`placer.runtime.profile.measure_links`); the prediction is then
     made on that calibrated graph and cluster (``calibration`` in the
-    result says what was measured). Calibration rounds are interleaved with
+    result says what was measured). The first calibration round runs
+    before the schedule is made, so the ranks run the order the
+    prediction's simulator assumes on those measurements (``schedule_source``
+    in the result: ``"simulator"``); the others are interleaved with
     the steps, and before every measured step the ranks sample their share
     of the cores and (several CPU ranks, training) run one step of a
     :class:`Reference` pipeline, whose measured over predicted step scales
@@ -473,21 +476,51 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
         torch.cuda.set_device(tdev)      # NCCL's collectives run on this device
     fallback = tdev.type == "cpu" and gpu_named(me, cluster)
     routes = Routes(sp, mb_rows, sink_device(sp))
+    spin = busy_poll if busy_poll is not None else busy_poll_default(
+        _PINNED is not None, tdev.type, backend)
+    transport = DistTransport({d: i for i, d in enumerate(devs)}, me, tdev, backend, spin=spin,
+                              tag0=p2p_tag0)
+    rounds, shares, between = [], [], []
+    # how much the ranks slow each other down is timed on the model's own ops
+    from .profile import model_work
+    probe = model_work(model, example_inputs, tdev) if calibrate else None
+    agreed = torch.tensor([0.0 if probe is None else 1.0])
+    if calibrate:
+        dist.all_reduce(agreed, op=dist.ReduceOp.MIN)   # every rank times the same kind
+        probe = probe if float(agreed) > 0 else None
+
+    def calibration_round():
+        _STATUS.set("calibrating")
+        rng = torch.get_rng_state()   # the steps draw the same numbers as without it
+        with _STATUS.wait(None, "calibration"):
+            # a loss of (outputs, targets) is not timed: the profile runs
+            # rows without their targets
+            rounds.append(_calibration_round(model, example_inputs, graph, tdev,
+                                             loss_fn=loss_fn if targets is None else False,
+                                             spin=spin, work=probe, transport=transport,
+                                             devs=devs))
+        torch.set_rng_state(rng)
+
+    order_on = (graph, cluster, {**RUNTIME_OPTIONS, **(problem_options or {})})
+    if calibrate:
+        # the first round before the schedule: the ranks then run the order
+        # the prediction's simulator assumes on what they measured, not the
+        # dispatch rule's (no cluster is known before)
+        calibration_round()
+        early = _combine_calibration(rounds, graph, devs, tdev)
+        if early is not None:
+            order_on = (early["graph"], early["cluster"],
+                        {**calibrated_options(early), **(problem_options or {})})
     # the order the prediction assumes when a cluster is given (see
     # placer.schedule.for_plan): rank 0's, sent to all (every rank would
     # compute the same, but a simulation on a host of another CPU could
     # break a near tie the other way)
-    sched = for_plan(routes, plan, training, graph, cluster,
-                     {**RUNTIME_OPTIONS, **(problem_options or {})}) if rank == 0 else None
+    sched = for_plan(routes, plan, training, *order_on) if rank == 0 else None
     if world > 1:
         shared = [schedule_plain(sched) if sched is not None else None]
         dist.broadcast_object_list(shared, src=0)
         sched = schedule_from_orders(routes, shared[0], training)
     used = sched.name
-    spin = busy_poll if busy_poll is not None else busy_poll_default(
-        _PINNED is not None, tdev.type, backend)
-    transport = DistTransport({d: i for i, d in enumerate(devs)}, me, tdev, backend, spin=spin,
-                              tag0=p2p_tag0)
     batch = sum(mb_rows)
     weights = [(n / batch if loss_reduction == "mean" else 1.0) for n in mb_rows]
     offsets = [sum(mb_rows[:m]) for m in range(len(mb_rows))]
@@ -508,18 +541,10 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
                                  loss_fn=loss_fn or default_loss,
                                  loss_reduction=loss_reduction, seed=seed)
                  if calibrate and training and world > 1 and tdev.type == "cpu" else None)
-    rounds, shares, between = [], [], []
-    # calibration rounds interleaved with the measured steps, so both sample
-    # the same load of a shared machine
+    # the other calibration rounds interleaved with the measured steps, so
+    # both sample the same load of a shared machine (the first ran above)
     chunk = -(-steps // min(CALIBRATION_ROUNDS, steps))
-    cal_before = {warmup + k for k in range(0, steps, chunk)} if calibrate else set()
-    # how much the ranks slow each other down is timed on the model's own ops
-    from .profile import model_work
-    probe = model_work(model, example_inputs, tdev) if calibrate else None
-    agreed = torch.tensor([0.0 if probe is None else 1.0])
-    if calibrate:
-        dist.all_reduce(agreed, op=dist.ReduceOp.MIN)   # every rank times the same kind
-        probe = probe if float(agreed) > 0 else None
+    cal_before = {warmup + k for k in range(0, steps, chunk)} - {warmup} if calibrate else set()
     times, losses, last, grads, timeline = [], [], None, {}, []
     executed, posted = [], []
     compute = comm = cpu_time = 0.0
@@ -529,16 +554,7 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     with KeepAwake(cores), quick_handover():
         for step in range(steps + warmup):
             if step in cal_before:
-                _STATUS.set("calibrating")
-                rng = torch.get_rng_state()   # the steps draw the same numbers as without it
-                with _STATUS.wait(None, "calibration"):
-                    # a loss of (outputs, targets) is not timed: the profile runs
-                    # rows without their targets
-                    rounds.append(_calibration_round(model, example_inputs, graph, tdev,
-                                                     loss_fn=loss_fn if targets is None else False,
-                                                     spin=spin, work=probe,
-                                                     transport=transport, devs=devs))
-                torch.set_rng_state(rng)
+                calibration_round()
             if calibrate and step >= warmup:
                 # the load of a shared host changes from second to second: the
                 # shares are sampled before every measured step, too
@@ -649,6 +665,9 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     # rank clocks differ, so starts are relative to each rank's step start)
     merged["events"] = [e for p in gathered for e in p["events"]]
     merged["schedule"] = used
+    # whether the ranks ran the simulator's order ("simulator") or the
+    # dispatch rule's ("rule"; see placer.schedule.for_plan)
+    merged["schedule_source"] = sched.source
     merged["executed"] = {p["device"]: p["executed"] for p in gathered}
     merged["posted"] = {p["device"]: p["posted"] for p in gathered}
     merged["p2p_tag0"] = transport.tag0

@@ -5,7 +5,9 @@ like :func:`placer.trace` measures FLOPs), forward and backward, repeated in
 a row (the median repeat: its typical time), at the traced batch, at
 half and at a quarter of it. The times go into the graph as
 ``op.extra["measured"][device] = {"fwd": s, "bwd": s, "fwd_half": s,
-"bwd_half": s}``. Per device, a fixed cost per op launch is fitted over
+"bwd_half": s, "fwd_fixed": s, "bwd_fixed": s}`` (the fixed parts: what
+the op costs whatever its rows, the intercept of its times over the row
+counts). Per device, a fixed cost per op launch is fitted over
 those row counts in the form the cost model uses (``t = overhead + flops /
 rate``) and the share of a core this process gets is measured
 (:func:`cpu_share`: on a shared host a step runs for many time slices, an
@@ -206,10 +208,11 @@ def _time_loss(outputs, loss_fn, device, repeats: int) -> tuple[float, float]:
 
 
 def _loss_fixed(losses: dict, batch: int) -> tuple[float, float]:
-    """The loss's forward and backward seconds that do not shrink with the
-    rows (the intercept of a line through its times at the measured row
-    counts, ``{rows: (fwd, bwd)}``), within [0, its time at ``batch``]: a
-    microbatch pays them whole (launches, the runtime's loss task)."""
+    """The loss's (or an op's) forward and backward seconds that do not
+    shrink with the rows (the intercept of a line through its times at the
+    measured row counts, ``{rows: (fwd, bwd)}``), within [0, its time at
+    ``batch``]: a microbatch pays them whole (launches, the runtime's loss
+    task)."""
     import numpy as np
     if len(losses) < 2 or batch not in losses:
         return 0.0, 0.0
@@ -457,6 +460,11 @@ def profile(model: torch.nn.Module, example_inputs: Any, graph: Graph | None = N
             timed = {r: _time_nodes(model, inputs, gm, tdev, repeats, graph.training,
                                     rows=None if r == batch else r, loss_fn=loss_fn)
                      for r in sizes}
+            # each op's time that does not shrink with its rows (launches,
+            # dispatch, small fixed work), before the loss is added to it
+            op_fixed = {name: _loss_fixed({r: timed[r][name] for r in sizes
+                                           if name in timed[r]}, batch)
+                        for name in timed[batch] if name != LOSS}
             loss_part, losses = {}, {}
             for r, times in timed.items():
                 loss = times.pop(LOSS, None)
@@ -482,7 +490,8 @@ def profile(model: torch.nn.Module, example_inputs: Any, graph: Graph | None = N
                 f, b = full[name]
                 fh, bh = part.get(name, (f, b))
                 op.extra.setdefault("measured", {})[dev.name] = {
-                    "fwd": f, "bwd": b, "fwd_half": fh, "bwd_half": bh, "batch": batch}
+                    "fwd": f, "bwd": b, "fwd_half": fh, "bwd_half": bh, "batch": batch,
+                    "fwd_fixed": op_fixed[name][0], "bwd_fixed": op_fixed[name][1]}
                 if name in loss_part:
                     # the loss's share of those figures: the runtime computes
                     # the loss on one device, not on every replica
@@ -519,6 +528,9 @@ def calibrated_graph(graph: Graph, cluster: Cluster, device: str | None = None,
     ``device`` (default: the first profiled one), the time measured for each
     op there less the per-op ``overhead`` (default: the device's fitted
     ``op_overhead``; pass the same value as ``Problem(op_overhead=...)``).
+    Every measured op gets ``fixed_flops`` (``[forward, backward]``): the part of
+    its FLOPs that its measured fixed time less ``overhead`` takes, paid
+    whole by every microbatch and replica (see :class:`placer.cost.Problem`).
     Ops whose outputs the loss reads also get ``loss_flops``: the part of
     their forward and backward FLOPs that is the loss's, and ``loss_fixed``:
     the part of that which does not shrink with a microbatch's rows (see
@@ -538,6 +550,13 @@ def calibrated_graph(graph: Graph, cluster: Cluster, device: str | None = None,
             continue
         node["flops"] = max(0.0, m["fwd"] / share - ovh) * rate
         node["bwd_flops"] = max(0.0, m["bwd"] / share - ovh) * rate if m["bwd"] > 0 else 0.0
+        if "fwd_fixed" in m:
+            # the part every microbatch and replica pays whole, beyond the
+            # launch overhead (see Problem's fixed_flops)
+            node["fixed_flops"] = [
+                min(node["flops"], max(0.0, m["fwd_fixed"] / share - ovh) * rate),
+                min(node["bwd_flops"], max(0.0, m["bwd_fixed"] / share - ovh) * rate)
+                if m["bwd"] > 0 else 0.0]
         if "loss_fwd" in m:
             node["loss_flops"] = [min(node["flops"], m["loss_fwd"] / share * rate),
                                   min(node["bwd_flops"], m["loss_bwd"] / share * rate)]

@@ -226,8 +226,9 @@ def predict(graph, cluster, plan, problem_options=None):
 
 #: cost-model options that describe how this runtime runs a plan (see
 #: :class:`placer.cost.Problem`): the engine all-reduces after the step's
-#: last backward, so nothing overlaps it
-RUNTIME_OPTIONS = {"allreduce_overlap": False}
+#: last backward, so nothing overlaps it, and runs each piece whole once
+#: all its inputs are there
+RUNTIME_OPTIONS = {"allreduce_overlap": False, "granularity": "piece"}
 
 
 def _sync(devices) -> None:

@@ -89,6 +89,9 @@ class Piece:
     n_outputs: int
     sharded: bool = True
     params: list = field(default_factory=list)   # qualified names in the model
+    #: the traced model's node names it computes (split_module renames them
+    #: inside ``module``)
+    nodes: list = field(default_factory=list)
 
 
 @dataclass
@@ -533,7 +536,8 @@ def _assemble(model, gm, top, inputs, node_groups, name_piece, piece_of, merged,
                     seen.add(id(t))
                     names.append(param_names.get(id(t), ""))
             piece = Piece(len(pieces), piece_group[pid], sub, srcs, shape_only, n_out,
-                          params=names)
+                          params=names,
+                          nodes=[n for n, q in name_piece.items() if q == pid])
             piece.pid = pid
             piece.multi = multi
             pieces.append(piece)
