@@ -41,10 +41,13 @@ LOCAL = "local"
 
 
 def check_backend(spec: str, field: str = "backend") -> str:
-    """``spec`` if it names a backend (see the module doc), else a
-    :class:`~placer.errors.StrategyError` naming ``field``."""
+    """``spec`` if it names a backend (see the module doc) that can run
+    here, else a :class:`~placer.errors.StrategyError` naming ``field``
+    (Ray not installed: the extra to install)."""
     if isinstance(spec, str) and (spec in (LOCAL, "ray", "auto")
                                   or (spec.startswith("ray://") and len(spec) > 6)):
+        if spec != LOCAL:
+            require_ray(field)
         return spec
     raise StrategyError(f"unknown backend {spec!r}", field=field,
                         fix="use local, ray, auto or ray://HOST:PORT")
@@ -89,6 +92,21 @@ def cluster_cpus(spec: str) -> int:
     if is_local(spec):
         return 1
     return max(1, int(connect(spec).cluster_resources().get("CPU", 1)))
+
+
+def worker_identity() -> dict:
+    """Where the calling process runs: ``host``, ``pid`` and, on a Ray
+    worker, the Ray ``node`` id (submit it to an executor to see where its
+    workers are)."""
+    import socket
+    out = {"host": socket.gethostname(), "pid": os.getpid(), "node": None}
+    try:
+        import ray
+        if ray.is_initialized():
+            out["node"] = ray.get_runtime_context().get_node_id()
+    except ImportError:
+        pass
+    return out
 
 
 class Executor:
@@ -213,4 +231,4 @@ def run_all(fn: Callable[[Any], Any], items: Iterable, *, backend: str = LOCAL,
 
 
 __all__ = ["Executor", "LOCAL", "RAY_EXTRA", "RayExecutor", "check_backend", "cluster_cpus",
-           "connect", "is_local", "make_executor", "require_ray", "run_all"]
+           "connect", "is_local", "make_executor", "require_ray", "run_all", "worker_identity"]
