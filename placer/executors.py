@@ -27,6 +27,7 @@ placer.errors.StrategyError: backend: unknown backend 'spark' (fix: use local, r
 from __future__ import annotations
 
 import os
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable, Iterable
@@ -121,7 +122,7 @@ class Executor:
                  initargs: tuple = ()):
         import multiprocessing
         self.workers = max(1, int(workers))
-        ctx = multiprocessing.get_context("spawn" if os.name == "nt" else "fork")
+        ctx = multiprocessing.get_context(_start_method())
         self._pool = ProcessPoolExecutor(self.workers, mp_context=ctx,
                                          initializer=initializer, initargs=initargs)
 
@@ -138,6 +139,17 @@ class Executor:
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
+
+
+def _start_method() -> str:
+    """fork, the quickest, unless this process holds a Ray connection (its
+    threads do not survive a fork: the children hang) or is on Windows."""
+    if os.name == "nt":
+        return "spawn"
+    ray = sys.modules.get("ray")
+    if ray is not None and getattr(ray, "is_initialized", lambda: False)():
+        return "forkserver"
+    return "fork"
 
 
 class _RayFuture:
@@ -175,14 +187,15 @@ _ACTOR: dict = {}
 
 
 class RayExecutor(Executor):
-    """:class:`Executor` on ``workers`` Ray actors of one CPU each, spread
+    """:class:`Executor` on ``workers`` Ray actors of one CPU each (at most
+    the cluster's CPUs: an actor beyond them would wait for ever), spread
     over the cluster's nodes; calls go to them in turn."""
 
     def __init__(self, backend: str, workers: int, initializer: Callable | None = None,
                  initargs: tuple = ()):
         ray = connect(backend)
         self.backend = backend
-        self.workers = max(1, int(workers))
+        self.workers = max(1, min(int(workers), cluster_cpus(backend)))
         self._ray = ray
         cls = _ACTOR.get("worker")
         if cls is None:
