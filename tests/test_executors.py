@@ -8,14 +8,7 @@ process, and a two-node cluster (``ray start --head`` plus ``ray start
 from __future__ import annotations
 
 import faulthandler
-import os
-import shutil
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +17,6 @@ import pytest
 import placer
 from placer.cli import main
 from placer.executors import check_backend, make_executor, run_all, worker_identity
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _square(x):
@@ -87,63 +78,6 @@ def test_local_pool_gives_the_in_process_plan(method):
 
 # --- Ray ----------------------------------------------------------------------------
 
-def _ray_env() -> dict:
-    """The environment of Ray's processes: this checkout importable."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in sys.path if p])
-    return env
-
-
-def _tree(marker: str) -> set[int]:
-    """Processes whose command line holds ``marker``, and their descendants."""
-    procs = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            cmd = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ")
-            ppid = int(Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        procs[int(name)] = (ppid, marker.encode() in cmd)
-    pids = {p for p, (_, hit) in procs.items() if hit}
-    while True:
-        more = {p for p, (pp, _) in procs.items() if pp in pids} - pids
-        if not more:
-            break
-        pids |= more
-    return pids - {os.getpid()}
-
-
-def _stop(marker: str) -> None:
-    """Stop every process of the cluster whose temp dir is ``marker``
-    (``ray stop`` would stop every Ray on the machine)."""
-    pids = _tree(marker)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and any(
-                Path(f"/proc/{p}").exists() and "Z" not in _state(p) for p in pids):
-            time.sleep(0.1)
-
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "Z"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def local_ray():
     """Ray started in this process (``ray.init``), one CPU."""
@@ -163,29 +97,12 @@ def ray_cluster(monkeypatch):
     """A head and a second node (``ray start``, one CPU each) on this machine;
     yields the head's address, stops both whatever happens."""
     ray = pytest.importorskip("ray")
+    from placer.bench.raycluster import local_cluster
     if ray.is_initialized():
         ray.shutdown()
-    tmp = tempfile.mkdtemp(prefix="rayt", dir="/tmp")    # sockets need short paths
-    port = _free_port()
-    cli = [sys.executable, "-c", "from ray.scripts.scripts import main; main()", "start",
-           "--num-cpus", "1", "--disable-usage-stats"]
-    env = _ray_env()
-    try:
-        subprocess.run(cli + ["--head", "--port", str(port), "--temp-dir", tmp,
-                              "--include-dashboard", "false"],
-                       env=env, check=True, capture_output=True, timeout=120)
-        subprocess.run(cli + ["--address", f"127.0.0.1:{port}"], env=env, check=True,
-                       capture_output=True, timeout=120)
-        monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
-        yield f"127.0.0.1:{port}"
-    finally:
-        try:
-            if ray.is_initialized():
-                ray.shutdown()
-        finally:
-            _stop(tmp)
-            shutil.rmtree(tmp, ignore_errors=True)
-            assert not {p for p in _tree(tmp) if _state(p) != "Z"}, "Ray processes left"
+    with local_cluster(nodes=2, cpus=1) as address:
+        monkeypatch.setenv("RAY_ADDRESS", address)
+        yield address
 
 
 def test_ray_in_process_gives_the_local_plan(local_ray):
