@@ -1,7 +1,7 @@
 """The same evolution search on the local pool and on Ray: wall time and
 speed-up per worker added, and that the plan is the same everywhere.
 
-    python -m placer.bench.backends -o docs/bench/backends.json
+    python -m placer.bench.backends -o bench-backends.json
 
 runs evolution (an evaluation budget, so the plan is fixed by the seed) on
 one graph and cluster: in this process (the local backend with one worker),
@@ -38,10 +38,18 @@ def _search(graph, cluster, evaluations: int, seed: int, **options) -> dict:
             "evaluations": plan.predicted["search"].get("evaluations")}
 
 
+#: the runs: label, backend (``ray`` runs on the two-node cluster), workers
+RUNS = {"local1": ("local, 1 worker (in process)", "local", 1),
+        "pool2": ("local pool, 2 workers", "local", 2),
+        "ray1": ("ray, 1 worker (2-node cluster)", "auto", 1),
+        "ray2": ("ray, 2 workers (2-node cluster)", "auto", 2)}
+
+
 def bench_backends(graph: str = "random_dag-n20000-w8-s0", cluster: str = "dtfm-worldwide",
-                   evaluations: int = 240, seed: int = 0, local_pool: bool = False,
-                   log=print) -> dict:
-    """Run the searches (see the module doc); returns the results."""
+                   evaluations: int = 240, seed: int = 0,
+                   runs: tuple = ("local1", "ray1", "ray2"), log=print) -> list[dict]:
+    """Run the searches ``runs`` (keys of :data:`RUNS`; see the module doc);
+    returns their rows."""
     import placer
     from placer.cost.warmup import warm_up
     from placer.executors import connect
@@ -49,41 +57,51 @@ def bench_backends(graph: str = "random_dag-n20000-w8-s0", cluster: str = "dtfm-
     warm_up()
     g = placer.datasets.graph(graph)
     c = placer.Cluster.preset(cluster)
-    runs = []
+    rows = []
 
-    def run(label: str, backend: str, workers: int) -> None:
-        row = {"label": label, "backend": backend, "workers": workers,
+    def run(key: str) -> None:
+        label, backend, workers = RUNS[key]
+        row = {"run": key, "label": label, "backend": backend, "workers": workers,
+               "load_before": os.getloadavg(),
                **_search(g, c, evaluations, seed, backend=backend, workers=workers)}
-        runs.append(row)
+        rows.append(row)
         log(f"{label}: {row['seconds']} s, step {row['step_time']:.6g} s", flush=True)
 
-    run("local, 1 worker (in process)", "local", 1)
-    if local_pool:
-        run("local pool, 2 workers", "local", 2)
-    with local_cluster(nodes=2, cpus=1) as address:
-        os.environ["RAY_ADDRESS"] = address
-        try:
-            connect("auto")
-            run("ray, 1 worker (2-node cluster)", "auto", 1)
-            run("ray, 2 workers (2-node cluster)", "auto", 2)
-        finally:
-            os.environ.pop("RAY_ADDRESS", None)
-    base = runs[0]["seconds"]
-    for row in runs:
-        row["speedup"] = round(base / row["seconds"], 3)
-    ray1, ray2 = runs[-2]["seconds"], runs[-1]["seconds"]
-    same = len({(r["placement_sha256"], r["step_time"], r["microbatches"], r["schedule"])
-                for r in runs}) == 1
-    return {"graph": graph, "cluster": cluster, "evaluations": evaluations, "seed": seed,
-            "method": "evolution", "screen": "simulator", "runs": runs,
-            "speedup_per_ray_worker_added": round(ray1 / ray2, 3),
-            "same_plan_everywhere": same, "cpus": os.cpu_count(),
-            "load_before": os.getloadavg(), "machine": platform.platform(),
-            "python": sys.version.split()[0]}
+    for key in runs:
+        if RUNS[key][1] == "local":
+            run(key)
+    remote = [key for key in runs if RUNS[key][1] != "local"]
+    if remote:
+        with local_cluster(nodes=2, cpus=1) as address:
+            os.environ["RAY_ADDRESS"] = address
+            try:
+                connect("auto")
+                for key in remote:
+                    run(key)
+            finally:
+                os.environ.pop("RAY_ADDRESS", None)
+    return rows
+
+
+def summarize(doc: dict) -> dict:
+    """Speed-ups against the in-process run and per Ray worker added, and
+    whether every run found the same plan."""
+    by = {r["run"]: r for r in doc["runs"]}
+    if "local1" in by:
+        for row in doc["runs"]:
+            row["speedup"] = round(by["local1"]["seconds"] / row["seconds"], 3)
+    if "ray1" in by and "ray2" in by:
+        doc["speedup_per_ray_worker_added"] = round(by["ray1"]["seconds"]
+                                                    / by["ray2"]["seconds"], 3)
+    doc["same_plan_everywhere"] = len({(r["placement_sha256"], r["step_time"],
+                                        r["microbatches"], r["schedule"])
+                                       for r in doc["runs"]}) == 1
+    return doc
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line of this benchmark."""
+    """Command line of this benchmark: runs merge into ``--output`` (a run
+    of the same key is replaced), so the runs may go in several calls."""
     p = argparse.ArgumentParser(prog="python -m placer.bench.backends",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("-o", "--output", default="bench-backends.json")
@@ -91,16 +109,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cluster", default="dtfm-worldwide")
     p.add_argument("--evaluations", type=int, default=240)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--local-pool", action="store_true",
-                   help="also run the local process pool with two workers")
+    p.add_argument("--runs", nargs="+", choices=list(RUNS), default=["local1", "ray1", "ray2"])
     args = p.parse_args(argv)
-    load = os.getloadavg()
-    doc = bench_backends(args.graph, args.cluster, args.evaluations, args.seed,
-                         args.local_pool)
-    doc["load_before"], doc["load_after"] = load, os.getloadavg()
+    setup = {"graph": args.graph, "cluster": args.cluster, "evaluations": args.evaluations,
+             "seed": args.seed, "method": "evolution", "screen": "simulator"}
+    doc = {**setup, "runs": []}
+    if os.path.exists(args.output):
+        with open(args.output) as f:
+            old = json.load(f)
+        if {k: old.get(k) for k in setup} == setup:
+            doc["runs"] = [r for r in old["runs"] if r["run"] not in args.runs]
+    doc["runs"] += bench_backends(args.graph, args.cluster, args.evaluations, args.seed,
+                                  tuple(args.runs))
+    doc["runs"].sort(key=lambda r: list(RUNS).index(r["run"]))
+    doc.update(cpus=os.cpu_count(), machine=platform.platform(),
+               python=sys.version.split()[0])
+    summarize(doc)
     atomic_write_text(args.output, json.dumps(doc, indent=1) + "\n")
-    print(json.dumps({k: doc[k] for k in ("speedup_per_ray_worker_added",
-                                          "same_plan_everywhere")}))
+    print(json.dumps({k: doc.get(k) for k in ("speedup_per_ray_worker_added",
+                                              "same_plan_everywhere")}))
     return 0 if doc["same_plan_everywhere"] else 1
 
 
