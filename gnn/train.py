@@ -455,7 +455,9 @@ def evaluate_policy(policy: PlacementPolicy, problems, *, samples: int = 8, seed
     policy.eval()
     episode = functools.partial(_episode, policy, samples=samples, seed=seed,
                                 max_units=max_units, cost_model=cost_model)
-    return run_all(episode, list(enumerate(problems)), backend=backend, workers=workers)
+    # a local pool forked from a process that ran torch can hang: Ray only
+    return run_all(episode, list(enumerate(problems)), backend=backend,
+                   workers=0 if backend == "local" else workers)
 
 
 def _episode(policy: PlacementPolicy, item, *, samples: int, seed: int, max_units: int,

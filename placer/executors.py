@@ -80,6 +80,9 @@ def connect(spec: str, field: str = "backend"):
     try:
         ray.init(address=address, logging_level="WARNING", log_to_driver=False,
                  configure_logging=True)
+    except ImportError as exc:      # ray:// without Ray Client's grpcio
+        raise StrategyError(f"{spec} needs Ray Client ({exc})", field=field,
+                            fix="pip install 'ray[client]'") from None
     except (ConnectionError, RuntimeError, ValueError) as exc:
         where = address or os.environ.get("RAY_ADDRESS") or "this machine"
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
