@@ -11,8 +11,7 @@ OUT ?= out
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev]'
-	$(PY) -m pip install --quiet -e '.[postgres]'
+	$(PY) -m pip install --quiet -e '.[dev,ray,postgres]'
 	touch $@
 
 install: $(VENV)/.installed

@@ -46,13 +46,14 @@ from deap import base, tools
 
 from placer.cost import get_cost_model
 from placer.errors import PlacerError, StrategyError
+from placer.executors import check_backend
 from placer.plan import Plan
 from placer.search.base import (Budget, Progress, Strategy, get_strategy,
                                 register_strategy)
 
 from .dtfm_partition import (MAX_CHUNKS, Partition, by_model, islands, mutate, neighbours,
                              partition_of, transplant)
-from .evaluate import Evaluator
+from .evaluate import Evaluator, check_workers, resolve_workers
 from .genome import LayoutGenome, OpGenome, Space
 from .memetic import local_search
 from .search import (_Bar, _Fitness, _tournament, device_chain, final_ranker, hold_back,
@@ -277,6 +278,9 @@ class DTFM(Strategy):
     result is never worse than them, and whose groupings seed the GA:
     ``even_pipeline``, ``pipeline_dp``, ``partition``, ``heft``, ``m_sct``),
     ``polish_rounds`` (8: local search of stage boundaries on the winner),
+    ``workers`` (0) and ``backend`` (``"local"``): processes scoring the
+    GA's batches and where they run, as in evolution (plans never depend
+    on them),
     ``final`` (``"simulator"``: the cost model ranking the winner against
     those plans; None: the given one), ``final_share`` (0.15 of the budget
     kept for a local search of the bi-level plan scored by ``final``, as
@@ -297,8 +301,11 @@ class DTFM(Strategy):
                  polish_rounds: int = 8, final: str | None = "simulator", restarts: int = 4,
                  polish_top: int = 3, seed_share: float = 0.3, final_share: float = 0.15,
                  uniform: bool = False, order_slack: float = 0.0, cut_window: float = 0.15,
-                 polish_share: float = 0.2, final_k: int = 6, **common):
+                 polish_share: float = 0.2, final_k: int = 6, workers: int | str = 0,
+                 backend: str = "local", **common):
         super().__init__(**common)
+        self.workers = check_workers(workers)
+        self.backend = check_backend(backend)
         self.final_share = float(final_share)
         self.seed_share = float(seed_share)
         self.restarts = int(restarts)
@@ -353,7 +360,9 @@ class DTFM(Strategy):
         share = self.final_share if ranker is not cost_model and coarse.members is None \
             and self.final != self.screen else 0.0
         with reserve(budget, n_final), hold_back(budget, share), \
-                Evaluator(space, budget.meter(screen), budget) as evaluate:
+                Evaluator(space, budget.meter(screen), budget, backend=self.backend,
+                          workers=resolve_workers(self.workers, self.backend, screen,
+                                                  budget)) as evaluate:
             rivals = inner_rivals = self._rivals(inner, screen, budget, seed, space)
             # the final model's figures of the rivals now: the search below
             # may use all the time, and the ranking must still see them

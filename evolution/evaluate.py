@@ -1,9 +1,10 @@
 """Scoring genomes in batches: the cost model's ``step_times`` fast path,
-a cache, the search budget and optional worker processes.
+a cache, the search budget and optional worker processes (a local pool
+or a Ray cluster, see :mod:`placer.executors`).
 
-Results never depend on the number of workers: a batch is split into
-contiguous chunks, each scored by the same pure function, and joined in
-order.
+Results never depend on the backend or the number of workers: a batch is
+split into contiguous chunks, each scored by the same pure function, and
+joined in order.
 
 Under a time budget a batch is scored in slices of about
 :data:`SLICE_SHARE` of the budget's time each and stops at the deadline
@@ -17,12 +18,14 @@ from __future__ import annotations
 
 import os
 import time as _time
-from concurrent.futures import ProcessPoolExecutor, TimeoutError
+from concurrent.futures import TimeoutError
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from placer.cost import get_cost_model
+from placer.executors import LOCAL, Executor, check_backend, cluster_cpus, is_local, \
+    make_executor
 
 from .genome import OpGenome, Space
 
@@ -63,7 +66,8 @@ class Evaluator:
 
     ``workers`` > 1 scores large batches on that many processes (``model``
     must then be a registered cost model; the pool starts on first use and
-    is closed by :meth:`close`). Scores are cached by genome identity.
+    is closed by :meth:`close`); with a Ray ``backend`` (see
+    :mod:`placer.executors`) on that many Ray workers, one included. Scores are cached by genome identity.
     ``seconds_per_estimate``, when known, is how long one of ``model``'s
     estimates took (it decides ``workers="auto"``); the estimates scored
     since :meth:`use` refine it (:meth:`mean_seconds`).
@@ -76,12 +80,13 @@ class Evaluator:
     """
 
     def __init__(self, space: Space, model: "CostModel", budget=None, *, workers: int = 0,
-                 chunk: int = 64):
+                 chunk: int = 64, backend: str = LOCAL):
         self.space = space
         self.problem: "Problem" = space.problem
         self.model = model
         self.budget = budget
         self.workers = int(workers or 0)
+        self.backend = check_backend(backend)
         self.seconds_per_estimate: float | None = None
         self.chunk = max(1, int(chunk))
         self.cache: dict[bytes, float] = {}
@@ -91,7 +96,7 @@ class Evaluator:
         self._spent = 0.0       # wall seconds of the current model's fresh estimates
         self._count = 0         # and how many
         self._give_way = False  # the call under way found the model too slow
-        self._pool: ProcessPoolExecutor | None = None
+        self._pool: Executor | None = None
         self._pool_model = ""
 
     def use(self, model: "CostModel", *, seconds: float | None = None,
@@ -125,7 +130,7 @@ class Evaluator:
     def close(self) -> None:
         """Stop the worker processes, if any."""
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool.shutdown()
             self._pool = None
 
     def __enter__(self) -> "Evaluator":
@@ -234,7 +239,7 @@ class Evaluator:
         slow): on the worker processes when there are enough rows to share
         out (all jobs' chunks in flight at once), else in this process."""
         total = sum(len(A) for A, _, _ in jobs)
-        if self.workers > 1 and total >= 2 * self.workers and getattr(self.model, "name", ""):
+        if self._remote() and total >= 2 * self.workers and getattr(self.model, "name", ""):
             return self._score_pool(jobs, total)
         out = [np.full(len(A), np.nan) for A, _, _ in jobs]
         start, done = _time.perf_counter(), 0
@@ -291,17 +296,42 @@ class Evaluator:
             self.budget.charge(done)
         return out
 
-    def _get_pool(self) -> ProcessPoolExecutor:
+    def _remote(self) -> bool:
+        """Whether batches go to workers: more than one local process (one
+        would only add the pickling), or any number of Ray workers."""
+        return self.workers > 1 or (self.workers == 1 and not is_local(self.backend))
+
+    def _get_pool(self) -> Executor:
         if self._pool is not None and self._pool_model != self.model.name:
             self.close()            # the model changed (screening switched to exact)
         if self._pool is None:
             self._pool_model = self.model.name
-            import multiprocessing
-            ctx = multiprocessing.get_context("spawn" if os.name == "nt" else "fork")
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=ctx,
-                                             initializer=_init_worker,
-                                             initargs=(self.problem, self.model.name))
+            self._pool = make_executor(self.backend, self.workers, _init_worker,
+                                       (self.problem, self.model.name))
         return self._pool
+
+
+def resolve_workers(workers: int | str, backend: str, model, budget,
+                    seconds: float | None = None) -> int:
+    """Workers for a strategy's ``workers`` option: a number as given;
+    ``"auto"``: the Ray cluster's CPUs on a Ray ``backend`` (asked for, so
+    used), else :func:`auto_workers`."""
+    if workers != "auto":
+        return int(workers)
+    if not is_local(backend):
+        return cluster_cpus(backend)
+    return auto_workers(model, budget, seconds)
+
+
+def check_workers(workers) -> int | str:
+    """``workers`` if it is a whole number >= 0 or ``"auto"``, else a
+    :class:`~placer.errors.StrategyError`."""
+    if workers != "auto" and (isinstance(workers, bool) or not isinstance(workers, int)
+                              or workers < 0):
+        from placer.errors import StrategyError
+        raise StrategyError(f"workers must be a whole number >= 0 or 'auto', got "
+                            f"{workers!r}", field="workers")
+    return workers
 
 
 def auto_workers(model, budget, seconds: float | None = None) -> int:
@@ -349,4 +379,4 @@ SWITCH_MIN_SHARE = 0.05
 #: short of time, is not a sign of a slow model)
 BATCH_MAX_SHARE = 0.25
 
-__all__ = ["Evaluator", "auto_workers", "compact"]
+__all__ = ["Evaluator", "auto_workers", "check_workers", "compact", "resolve_workers"]

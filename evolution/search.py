@@ -46,13 +46,14 @@ from deap import base, tools
 
 from placer.cost import get_cost_model
 from placer.errors import PlacerError, StrategyError
+from placer.executors import check_backend
 from placer.plan import Plan
 from placer._io import atomic_write_text, load_document
 from placer.search.base import (Budget, Progress, SearchInterrupted, Strategy, get_strategy,
                                 register_strategy)
 from placer.search.common import learn_seed_seconds, seed_seconds
 
-from .evaluate import Evaluator, auto_workers
+from .evaluate import Evaluator, check_workers, resolve_workers
 from .genome import LayoutGenome, OpGenome, Space
 from .memetic import local_search
 from .operators import crossover, mutate
@@ -105,7 +106,12 @@ class Evolution(Strategy):
     - ``workers`` (``"auto"``): processes for scoring batches; ``"auto"``
       uses the usable CPUs (up to 4) when the screening model is the
       simulator under a time budget (see :func:`~evolution.evaluate.auto_workers`),
-      else none; plans never depend on it, only how many fit in the time;
+      else none (on a Ray ``backend``: the cluster's CPUs); plans never
+      depend on it, only how many fit in the time;
+    - ``backend`` (``"local"``): where those workers run: ``"local"``
+      processes, or a Ray cluster (``"ray"``, ``"auto"``,
+      ``"ray://HOST:PORT"``; see :mod:`placer.executors`); plans never
+      depend on it either;
     - ``coarsen_above`` (1500) / ``coarsen_to`` (400) ops;
     - ``initial_plans``: an alias of ``initial``;
     - ``candidates``: plans that join the first population like ``initial``
@@ -135,7 +141,7 @@ class Evolution(Strategy):
                  generations: int | None = None, screen: str | None = "auto",
                  final_k: int = 12, final: str | None = "simulator",
                  final_share: float = 0.15, workers: int | str = "auto",
-                 coarsen_above: int = 1500,
+                 backend: str = "local", coarsen_above: int = 1500,
                  coarsen_to: int = 400, layouts: bool = True,
                  initial_plans: Plan | Sequence[Plan] | None = None,
                  candidates: Plan | Sequence[Plan] | None = None,
@@ -184,11 +190,8 @@ class Evolution(Strategy):
             raise StrategyError(f"final_share must be in [0, 1), got {final_share!r}",
                                 field="final_share")
         self.final_share = float(final_share)
-        if workers != "auto" and (isinstance(workers, bool) or not isinstance(workers, int)
-                                  or workers < 0):
-            raise StrategyError(f"workers must be a whole number >= 0 or 'auto', got "
-                                f"{workers!r}", field="workers")
-        self.workers = workers
+        self.workers = check_workers(workers)
+        self.backend = check_backend(backend)
         self.coarsen_above = int(coarsen_above)
         self.coarsen_to = int(coarsen_to)
         self.layouts = bool(layouts)
@@ -224,8 +227,8 @@ class Evolution(Strategy):
             with reserve(budget, len(self.initial) + 2), \
                     hold_back(budget, self._final_share(cost_model, coarse)
                               or self._rank_share(cost_model, coarse)), \
-                    Evaluator(space, metered, budget, workers=self._workers(screen, budget)) \
-                    as evaluate:
+                    Evaluator(space, metered, budget, workers=self._workers(screen, budget),
+                              backend=self.backend) as evaluate:
                 self._run = {"identity": identity, "space": space, "coarse": coarse,
                              "evaluate": evaluate, "rng": rng, "budget": budget,
                              "snap": None, "written": _time.perf_counter()}
@@ -320,9 +323,8 @@ class Evolution(Strategy):
         return self.final_share
 
     def _workers(self, screen, budget: Budget, evaluate: Evaluator | None = None) -> int:
-        if self.workers != "auto":
-            return int(self.workers)
-        return auto_workers(screen, budget, getattr(evaluate, "seconds_per_estimate", None))
+        return resolve_workers(self.workers, self.backend, screen, budget,
+                               getattr(evaluate, "seconds_per_estimate", None))
 
     @property
     def _screen_name(self) -> str | None:
@@ -661,7 +663,8 @@ class Evolution(Strategy):
         budget, options (a sha256)."""
         options = {k: v for k, v in sorted(vars(self).items())
                    if k not in ("checkpoint", "checkpoint_every", "resume", "_run",
-                                "progress_bar", "initial", "candidates", "workers")}
+                                "progress_bar", "initial", "candidates", "workers",
+                                "backend")}
         data = {"graph": problem.graph.fingerprint(), "cluster": problem.cluster.fingerprint(),
                 "seed": int(seed), "evaluations": budget.evaluations, "time": budget.time,
                 "options": repr(options),

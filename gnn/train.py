@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import functools
 import io
 import json
 import math
@@ -39,9 +40,11 @@ import numpy as np
 import torch
 
 from placer import datasets
+from placer._cli import check_backend_arg
 from placer._io import atomic_write_text, dump_json, load_document
 from placer.cost import Problem, get_cost_model
 from placer.errors import FormatError, PlacerError, StrategyError
+from placer.executors import run_all
 
 from .checkpoint import checkpoint_paths, load_policy, load_tensors, save_policy, save_tensors
 from .features import encode_problem
@@ -449,25 +452,38 @@ class _StopSignals:
 
 
 def evaluate_policy(policy: PlacementPolicy, problems, *, samples: int = 8, seed: int = 0,
-                    max_units: int = 128, cost_model="analytical") -> list[dict]:
-    """Best-of-(greedy + ``samples``) reward on each ``(problem, reference)``."""
+                    max_units: int = 128, cost_model="analytical", backend: str = "local",
+                    workers: int = 0) -> list[dict]:
+    """Best-of-(greedy + ``samples``) reward on each ``(problem, reference)``;
+    the problems' episodes run on ``workers`` processes or Ray workers
+    (``backend``, see :mod:`placer.executors`) with the same results (each
+    problem's generator is seeded by its position)."""
+    policy.eval()
+    episode = functools.partial(_episode, policy, samples=samples, seed=seed,
+                                max_units=max_units, cost_model=cost_model)
+    # a local pool forked from a process that ran torch can hang: Ray only
+    return run_all(episode, list(enumerate(problems)), backend=backend,
+                   workers=0 if backend == "local" else workers)
+
+
+def _episode(policy: PlacementPolicy, item, *, samples: int, seed: int, max_units: int,
+             cost_model) -> dict:
+    """One problem of :func:`evaluate_policy`."""
+    i, (problem, ref) = item
     cost = get_cost_model(cost_model)
-    out = []
     policy.eval()
     with torch.no_grad():
-        for i, (problem, ref) in enumerate(problems):
-            pg = encode_problem(problem, max_units)
-            enc = policy.static_scores(pg)
-            gen = torch.Generator().manual_seed(seed + i)
-            acts = [policy.sample(pg, 1, greedy=True, encoded=enc).actions]
-            if samples:
-                acts.append(policy.sample(pg, samples, generator=gen, encoded=enc).actions)
-            A = pg.expand(torch.cat(acts).numpy())
-            t, _, _ = best_times(cost, problem, A, microbatch_choices(problem))
-            out.append({"graph": problem.graph.name, "cluster": problem.cluster.name,
-                        "time": float(t.min()), "greedy": float(t[0]), "reference": ref,
-                        "reward": float(reward(np.array([t.min()]), ref)[0])})
-    return out
+        pg = encode_problem(problem, max_units)
+        enc = policy.static_scores(pg)
+        gen = torch.Generator().manual_seed(seed + i)
+        acts = [policy.sample(pg, 1, greedy=True, encoded=enc).actions]
+        if samples:
+            acts.append(policy.sample(pg, samples, generator=gen, encoded=enc).actions)
+        A = pg.expand(torch.cat(acts).numpy())
+        t, _, _ = best_times(cost, problem, A, microbatch_choices(problem))
+    return {"graph": problem.graph.name, "cluster": problem.cluster.name,
+            "time": float(t.min()), "greedy": float(t[0]), "reference": ref,
+            "reward": float(reward(np.array([t.min()]), ref)[0])}
 
 
 def _val_problems(cost):
@@ -480,13 +496,16 @@ def _val_problems(cost):
 
 
 def train(config: TrainConfig, out=None, *, resume: bool = False, progress: bool = True,
-          validate: bool = True, log=None, time_budget: float | None = None) -> Trainer:
+          validate: bool = True, log=None, time_budget: float | None = None,
+          backend: str = "local", workers: int = 0) -> Trainer:
     """Train (or resume) a policy; checkpoints, CSV log and learning curve go
     to ``out`` (a stem: ``out.pt``, ``out.json``, ``out.csv``, ``out.png``).
     With ``time_budget`` (seconds of this call) training stops after the
     iteration that spends it and saves a checkpoint that ``resume`` continues.
     Ctrl-C or SIGTERM (caught on the main thread) saves the last completed
-    iteration the same way and raises :class:`TrainingInterrupted`."""
+    iteration the same way and raises :class:`TrainingInterrupted`.
+    ``backend`` and ``workers``: where validation's per-problem episodes
+    run (see :func:`evaluate_policy`); the run is the same wherever."""
     if resume:
         if out is None:
             raise StrategyError("resume needs the checkpoint to continue", field="out")
@@ -511,7 +530,8 @@ def train(config: TrainConfig, out=None, *, resume: bool = False, progress: bool
     t0 = time.perf_counter()
     with _StopSignals() as signals:
         try:
-            _loop(trainer, out, val, bar, log, time_budget, t0, signals)
+            _loop(trainer, out, val, bar, log, time_budget, t0, signals,
+                  {"backend": backend, "workers": workers})
         except _Stop as stop:
             if out is not None and trainer.saved_iteration != trainer.iteration:
                 with signals.held(stop_after=False):
@@ -524,7 +544,7 @@ def train(config: TrainConfig, out=None, *, resume: bool = False, progress: bool
     return trainer
 
 
-def _loop(trainer, out, val, bar, log, time_budget, t0, signals) -> None:
+def _loop(trainer, out, val, bar, log, time_budget, t0, signals, parallel: dict) -> None:
     """The iterations of :func:`train`; a signal stops it between updates."""
     cfg = trainer.config
     while trainer.iteration < cfg.iterations:
@@ -534,7 +554,7 @@ def _loop(trainer, out, val, bar, log, time_budget, t0, signals) -> None:
             row["seconds"] = round(trainer.elapsed_before + time.perf_counter() - t0, 2)
             it = trainer.iteration
             if val and (it % cfg.val_every == 0 or it == cfg.iterations):
-                res = evaluate_policy(trainer.policy, val, seed=cfg.seed)
+                res = evaluate_policy(trainer.policy, val, seed=cfg.seed, **parallel)
                 row["val"] = float(np.mean([r["reward"] for r in res]))
             trainer.history.append(row)
             if bar is not None:
@@ -654,7 +674,7 @@ def tune(trials: int, base: TrainConfig, iterations: int, out=None,
 def build_parser(prog: str = "train_policy.py") -> argparse.ArgumentParser:
     """The argument parser of :func:`main`."""
     d = TrainConfig()
-    from placer._cli import add_json, add_time_budget, command_parser
+    from placer._cli import add_backend, add_json, add_time_budget, command_parser
     p = command_parser(prog, "Train a placement policy (REINFORCE with a per-problem baseline) "
                        "on the training split; checkpoints are state dicts plus JSON.",
                        f"{prog} --iterations 200 -o policy --time-budget 600",
@@ -696,6 +716,7 @@ def build_parser(prog: str = "train_policy.py") -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true")
     add_time_budget(p, "training (stops after the running iteration, saving a checkpoint "
                     "that --resume continues)")
+    add_backend(p, "validation's per-problem episodes")
     add_json(p)
     return p
 
@@ -703,6 +724,11 @@ def build_parser(prog: str = "train_policy.py") -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, prog: str = "train_policy.py") -> int:
     """Command line: train, resume or tune; returns an exit status."""
     args = build_parser(prog).parse_args(argv)
+    try:
+        check_backend_arg(args)
+    except PlacerError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
     torch.set_num_threads(max(1, args.threads))
     cfg = TrainConfig(seed=args.seed, iterations=args.iterations, problems=args.problems,
                       samples=args.samples, lr=args.lr, entropy=args.entropy,
@@ -728,7 +754,8 @@ def _run(args, cfg: TrainConfig, prog: str) -> int:
             return 0
         t0 = time.perf_counter()
         trainer = train(cfg, args.out, resume=args.resume, progress=not args.no_progress,
-                        time_budget=args.time_budget)
+                        time_budget=args.time_budget, backend=args.backend,
+                        workers=args.workers or 0)
         last = trainer.history[-1] if trainer.history else {}
         if args.json:
             print(json.dumps({"iterations": trainer.iteration, "checkpoint": f"{args.out}.pt",

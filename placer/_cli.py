@@ -32,6 +32,30 @@ def add_time_budget(p: argparse.ArgumentParser, what: str, default: float | None
                    + ("; unlimited when not given" if default is None else ""))
 
 
+def add_backend(p: argparse.ArgumentParser, what: str) -> None:
+    """``--backend`` and ``--workers``: where ``what`` runs in parallel (see
+    :mod:`placer.executors`)."""
+    p.add_argument("--backend", default="local", metavar="WHERE",
+                   help=f"where {what} run: local (processes on this machine, the default), "
+                        "ray (joins RAY_ADDRESS or starts Ray here), auto (a running Ray "
+                        "cluster) or ray://HOST:PORT; needs pip install 'placer[ray]' for "
+                        "Ray; results never depend on it")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help=f"processes for {what} (default: the strategy's own; on Ray, the "
+                        "cluster's CPUs)")
+
+
+def check_backend_arg(args) -> None:
+    """One clear line for a bad ``--backend``/``--workers`` (or Ray missing),
+    before any work starts."""
+    from .errors import PlacerError
+    from .executors import check_backend
+    check_backend(args.backend, field="--backend")
+    if args.workers is not None and args.workers < 0:
+        raise PlacerError(f"must be >= 0, got {args.workers}", field="--workers",
+                          fix="give a number of processes, or leave it out")
+
+
 def add_json(p: argparse.ArgumentParser) -> None:
     """``--json``: print machine-readable output instead of text."""
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")

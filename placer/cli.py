@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import __version__
-from ._cli import (add_model_options, add_seed, add_time_budget, formatter, note_atomic_outputs,
+from ._cli import (add_backend, add_model_options, add_seed, add_time_budget, formatter, note_atomic_outputs,
                    slow_stage)
 from ._io import check_outputs, set_strict
 from .errors import PlacerError, TraceError, UnknownKeyWarning
@@ -457,10 +457,38 @@ def _best_of(results: list) -> tuple:
     return min(results, key=lambda r: (not r[1].feasible, r[1].step_time))
 
 
+def _parallel_options(methods: list[str], args) -> dict[str, dict]:
+    """Each method's ``backend``/``workers`` options from ``--backend`` and
+    ``--workers`` (hybrid passes them to its evolution); one line when no
+    method of ``methods`` runs work in parallel but they were asked for."""
+    import inspect
+    from .search.base import _load
+    given = {} if args.backend == "local" else {"backend": args.backend}
+    if args.workers is not None:
+        given["workers"] = args.workers
+    out: dict[str, dict] = {}
+    for method in methods:
+        accepts = inspect.signature(_load(method).__init__).parameters
+        if "backend" in accepts:
+            out[method] = dict(given)
+        elif "evolution" in accepts and given:
+            out[method] = {"evolution": dict(given)}
+        else:
+            out[method] = {}
+    if given and not any(out.values()):
+        raise PlacerError(f"{', '.join(methods)} run{'s' if len(methods) == 1 else ''} in one process", field="--backend"
+                          if "backend" in given else "--workers",
+                          fix="use --method evolution, dtfm or hybrid, or drop the option")
+    return out
+
+
 def cmd_plan(args) -> int:
+    from ._cli import check_backend_arg
     from .search import optimize_with_report
     from .search.base import SearchInterrupted
     methods = _methods(args.method)
+    check_backend_arg(args)
+    parallel = _parallel_options(methods, args)
     stem = _outputs_next_to(args.output)
     check_outputs([("--output", args.output), ("--output", stem + ".trace.json")]
                   + [("--output", f"{stem}.{kind}.png") for kind in
@@ -505,7 +533,7 @@ def cmd_plan(args) -> int:
                     graph, cluster, method=method, seed=args.seed,
                     time_budget=args.time_budget,
                     progress=convergence.labelled(method) if len(methods) > 1 else convergence,
-                    **options))
+                    **options, **parallel[method]))
     except KeyboardInterrupt as exc:
         stopped = exc if isinstance(exc, SearchInterrupted) else SearchInterrupted(
             message="interrupted")
@@ -694,8 +722,16 @@ def cmd_warmup(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    from ._cli import check_backend_arg
     out = args.output or f"bench-{args.what}.json"
     check_outputs([("--output", out)])
+    check_backend_arg(args)
+    if (args.backend != "local" or args.workers) and not (
+            args.what == "search" and args.suite not in ("heuristics", "dtfm-paper")):
+        raise PlacerError(f"bench {args.what} {args.suite or ''} runs its cases in one "
+                          "process".replace("  ", " "), field="--backend",
+                          fix="use it with bench search (its suites but heuristics and "
+                              "dtfm-paper), or drop it")
     if args.what == "cost":
         from .bench.cost import bench_cost
         bench_cost(out=out, quick=args.quick)
@@ -713,7 +749,8 @@ def cmd_bench(args) -> int:
         else:
             from .bench.search_evolution import bench_search
             bench_search(out=out, quick=args.quick, suite=args.suite, seed=args.seed,
-                         seconds=args.time_budget)
+                         seconds=args.time_budget, backend=args.backend,
+                         workers=args.workers or 0)
     elif args.what == "learned":
         from .bench.learned import bench_learned
         extra = {} if args.time_budget is None else {"time_budget": args.time_budget}
@@ -856,6 +893,7 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{COARSEN_TO:,} groups, searched, expanded and refined on its ops "
                         "within the same budget; none: search the whole graph; N: coarsen "
                         "to N groups whatever the size")
+    add_backend(p, "evolution's and dtfm's batch scoring")
     p.add_argument("--no-plots", action="store_true", help="do not write PNG pictures")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     model_options(p)
@@ -962,6 +1000,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cases", nargs="+", metavar="GRAPH@CLUSTER",
                    help="learned: only the split's cases matching these shell patterns, "
                         "e.g. 'experts-*@classes-d8-s0' (a long run in pieces)")
+    add_backend(p, "search: the cases (each on a worker of its own)")
     p.set_defaults(func=cmd_bench)
 
     for name, (help_text, example) in DELEGATED.items():

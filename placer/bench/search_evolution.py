@@ -19,6 +19,7 @@ large global batch of the DT-FM paper. Suites: ``quick``, ``hetero``
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
@@ -30,6 +31,7 @@ import numpy as np
 
 from .._io import atomic_write_bytes, atomic_write_text
 from ..errors import StrategyError
+from ..executors import run_all
 
 HEURISTICS = ("single", "round_robin", "even_pipeline", "m_topo", "heft", "m_etf", "m_sct",
               "partition", "pipeline_dp")
@@ -310,8 +312,15 @@ def plot(results: list[dict], path: str) -> None:
 
 def bench_search(out: str = "bench-search.json", quick: bool = False,
                  suite: str | None = None, strategies: Sequence[str] | None = None,
-                 seconds: float | None = None, seed: int = 0, log=print) -> dict:
-    """Run a suite and write ``out`` (JSON) and ``out`` with ``.png``."""
+                 seconds: float | None = None, seed: int = 0, log=print,
+                 backend: str = "local", workers: int = 0) -> dict:
+    """Run a suite and write ``out`` (JSON) and ``out`` with ``.png``.
+
+    Cases run one after another in this process, or on ``workers`` Ray
+    workers at once with a Ray ``backend`` (0: one per cluster CPU; see
+    :mod:`placer.executors`); with ``workers`` > 1 on the local backend, on
+    that many processes. Each case's searches are timed on the worker that
+    runs them, so give each worker a CPU of its own."""
     from ..cost.warmup import warm_up
     warm_up()      # compiled kernels load before any timed search
     suite = suite or ("quick" if quick else "hetero")
@@ -321,7 +330,9 @@ def bench_search(out: str = "bench-search.json", quick: bool = False,
     spec = SUITES[suite]
     names = list(strategies or spec.get("strategies") or (HEURISTICS + OURS))
     secs = seconds if seconds is not None else spec["time"]
-    results = [run_case(case, names, secs, seed, log) for case in spec["cases"]]
+    results = run_all(functools.partial(run_case, strategies=names, seconds=secs, seed=seed,
+                                        log=log), spec["cases"], backend=backend,
+                      workers=workers)
     doc = {"suite": suite, "seconds_per_strategy": secs, "seed": seed,
            "machine": platform.platform(), "results": results,
            "summary": summarize(results)}

@@ -1488,7 +1488,9 @@ def _parser(prog: str, with_nproc: bool, pictures: bool = False) -> argparse.Arg
     ap.add_argument("--lr", type=float, default=None, help="SGD learning rate (default: no step)")
     ap.add_argument("--inference", action="store_true")
     ap.add_argument("--backend", default=None, choices=["gloo", "nccl"],
-                    help="default: NCCL when every rank's device is a CUDA GPU, else gloo")
+                    help="the torch.distributed backend (not the search --backend of "
+                         "placer plan/train/bench); default: NCCL when every rank's device "
+                         "is a CUDA GPU, else gloo")
     ap.add_argument("--engine", default="builtin", choices=["builtin", "pipelining"],
                     help="pipelining: run a stage-contiguous plan on "
                          "torch.distributed.pipelining")
