@@ -56,8 +56,9 @@ from .dtfm_partition import (MAX_CHUNKS, Partition, by_model, islands, mutate, n
 from .evaluate import Evaluator, check_workers, resolve_workers
 from .genome import LayoutGenome, OpGenome, Space
 from .memetic import local_search
-from .search import (_Bar, _Fitness, _tournament, device_chain, final_ranker, hold_back,
-                     polish_with, rank, reserve, screen_exactly)
+from placer.search.common import final_ranker, rank
+from .search import (_Bar, _Fitness, _tournament, device_chain, hold_back, polish_with, reserve,
+                     screen_exactly)
 
 if TYPE_CHECKING:
     from placer.cost import CostModel, Problem

@@ -51,7 +51,7 @@ from placer.plan import Plan
 from placer._io import atomic_write_text, load_document
 from placer.search.base import (Budget, Progress, SearchInterrupted, Strategy, get_strategy,
                                 register_strategy)
-from placer.search.common import learn_seed_seconds, seed_seconds
+from placer.search.common import final_ranker, learn_seed_seconds, rank, seed_seconds
 
 from .evaluate import Evaluator, check_workers, resolve_workers
 from .genome import LayoutGenome, OpGenome, Space
@@ -972,48 +972,6 @@ def polish_with(space: Space, model, budget: Budget, g: OpGenome, rng: np.random
             return None
         best, value = local_search(space, evaluate, g, start, rng, rounds=64, limit=64)
     return best if value < start else None
-
-
-def final_ranker(name: str | None, cost_model, budget: Budget):
-    """The (metered) cost model that ranks a search's finalists: ``name``'s,
-    or ``cost_model`` when None or the same model."""
-    if name is None or name == getattr(cost_model, "name", None):
-        return cost_model
-    return budget.meter(get_cost_model(name))
-
-
-def rank(model, problem: "Problem", plans: list[Plan], budget: Budget | None = None) -> int:
-    """Index of the best of ``plans`` by ``model`` (the first on ties).
-
-    With a ``budget`` that has a time limit the plans are scored one by one
-    in the order given (put the likeliest first) while the time left
-    exceeds the longest estimate so far (and, for the simulator, its
-    predicted time, :class:`placer.search.common.SimulationClock`; the
-    first plan is then kept unscored if none fits): a final ranking by a
-    slow model (the simulator on a big graph and cluster can take seconds
-    per plan) must not overrun the search's time budget. Without one, all
-    are scored."""
-    if len(plans) == 1:
-        return 0
-    if budget is None or budget.time is None:
-        reports = model.estimate_many(problem, plans)
-        return int(np.argmin([r.objective for r in reports]))
-    from placer.search.common import SimulationClock
-    values: list[float] = []
-    longest = 0.0
-    for plan in plans:
-        if values and budget.remaining_time <= longest:
-            break
-        start = _time.perf_counter()
-        if getattr(model, "name", None) == "simulator":
-            report = SimulationClock.estimate(model, problem, plan, budget)
-            if report is None:      # predicted not to fit the time left
-                break
-        else:
-            report = model.estimate(problem, plan)
-        values.append(report.objective)
-        longest = max(longest, _time.perf_counter() - start)
-    return int(np.argmin(values)) if values else 0
 
 
 def _rescore(evaluate: Evaluator, genomes: list[OpGenome]) -> None:

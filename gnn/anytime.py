@@ -66,9 +66,8 @@ def refine(problem: Problem, cost_model, budget: Budget, starts: list, *, policy
     the heuristics whose plans join the starts (:func:`_heuristics`)."""
     from evolution.evaluate import Evaluator
     from evolution.genome import Space
-    from evolution.search import (EXACT_SCREEN_EVALS, final_ranker, hold_back, polish_with,
-                                  reserve, screen_exactly)
-    from placer.search.common import Coarse
+    from evolution.search import EXACT_SCREEN_EVALS, hold_back, polish_with, reserve, screen_exactly
+    from placer.search.common import Coarse, final_ranker
     coarse = Coarse(problem, COARSEN_TO if problem.n_ops > COARSEN_ABOVE else None)
     inner = coarse.problem
     space = Space(inner, microbatches, schedules)

@@ -224,3 +224,28 @@ def test_coarsened_search_is_deterministic_under_an_evaluation_budget():
              for _ in range(2)]
     assert dict(plans[0].placement) == dict(plans[1].placement)
     assert plans[0].predicted["search"]["evaluations"] <= 600
+
+
+def test_coarsened_evolution_ranks_its_starts_by_its_final_model(monkeypatch):
+    """Evolution ranks its finalists by the simulator; on a coarsened graph
+    the refined plan and the whole-graph heuristics' plans are ranked so
+    too, and the result is the simulator's best of them."""
+    import placer.search.common as common
+    seen = []
+
+    def recording_rank(model, problem, plans, budget=None):
+        seen.append((model.name, list(plans)))
+        return real(model, problem, plans, budget)
+    real = common.rank
+    monkeypatch.setattr(common, "rank", recording_rank)
+    g = placer.datasets.graph("random_dag-n1200-w8-s0")
+    cluster = placer.Cluster.preset("hetero-lab")
+    plan = placer.optimize(g, cluster, "evolution", seed=1, time_budget=None,
+                           evaluations=600, coarsen=100)
+    name, starts = seen[-1]         # the multilevel ranking comes last
+    assert name == "simulator" and len(starts) >= 3    # refined, heft, pipeline_dp, ...
+    sim, problem = get_cost_model("simulator"), Problem(g, cluster)
+    values = [sim.estimate(problem, p).objective for p in starts]
+    assert sim.estimate(problem, plan).objective == pytest.approx(min(values))
+    info = plan.extra["search"]["coarsened"]
+    assert info["ranked_by"] == ("simulator" if values.index(min(values)) else None)

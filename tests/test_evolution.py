@@ -228,7 +228,7 @@ def test_optuna_strategy_returns_a_valid_plan(problem):
 
 
 def test_final_ranking_stops_when_the_time_is_spent():
-    from evolution.search import rank
+    from placer.search.common import rank
     from placer.search.base import Budget
 
     class Counting:

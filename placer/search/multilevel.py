@@ -106,8 +106,29 @@ def search_coarsened(strategy, problem: "Problem", metered, budget: Budget, seed
     found.append((name, expanded, metered.estimate(problem, expanded)))
     origin, plan, report = min(found, key=lambda f: (not f[2].feasible, f[2].objective))
     say(f"refining the best start ({origin}) on the original ops", report.objective)
-    plan, value, kept, first = refine(problem, plan, metered, budget,
-                                      progress=lambda v, msg: say(msg, v))
+    final = getattr(strategy, "final", None)
+    final = None if final == metered.name else final
+    held = _ranking_reserve(problem, [p for _o, p, _r in found], budget) if final else 0.0
+    sub = _share(budget, 1.0 - held) if held else budget
+    try:
+        plan, value, kept, first = refine(problem, plan, sub.meter(metered.inner) if held
+                                          else metered, sub,
+                                          progress=lambda v, msg: say(msg, v))
+    finally:
+        if held:
+            budget.charge(sub.used)
+    ranked_by = None
+    if final:
+        # the strategy ranks its finalists by ``final`` (evolution: the
+        # simulator); the starts compete with the refined plan the same way
+        from .common import final_ranker, rank
+        starts = [plan] + [p for o, p, _r in found if o != origin or p is not plan]
+        say(f"ranking {len(starts)} plans by the {final}")
+        i = rank(final_ranker(final, metered.inner, budget), problem, starts, budget)
+        if i:
+            ranked_by = final
+            plan = starts[i]
+            value = metered.estimate(problem, plan).objective
     plan.predicted = {"objective": value, "step_time": value, "model": metered.name,
                       "coarse": dict(result.predicted)}
     plan.extra["search"] = {**plan.extra.get("search", {}),
@@ -116,7 +137,8 @@ def search_coarsened(strategy, problem: "Problem", metered, budget: Budget, seed
                                           "starts": {o: r.objective for o, _, r in found},
                                           "refined_from": origin,
                                           "expanded_objective": found[-1][2].objective,
-                                          "refine_moves": kept}}
+                                          "refine_moves": kept,
+                                          "ranked_by": ranked_by}}
     say(f"refined: {kept} moves kept", value)
     return plan
 
@@ -152,6 +174,24 @@ def _fine_seeds(strategy, problem, metered, budget: Budget, seed: int, say) -> l
             learn_seed_seconds(heuristic, problem, _time.perf_counter() - start)
         out.append((heuristic, plan, metered.estimate(problem, plan)))
     return out
+
+
+#: at most this share of the time left is kept from the refinement for
+#: ranking the starts by the strategy's final model
+RANK_SHARE = 0.3
+
+
+def _ranking_reserve(problem, plans: list, budget: Budget) -> float:
+    """Share of the time left to keep for ranking the refined plan and
+    ``plans`` by the simulator: their predicted simulation times
+    (:class:`~placer.search.common.SimulationClock`), at most
+    :data:`RANK_SHARE`; 0 without a time limit."""
+    from .common import SimulationClock
+    left = budget.remaining_time
+    if math.isinf(left) or left <= 0:
+        return 0.0
+    need = sum(SimulationClock.predict(problem, p) for p in plans[:1] + plans)
+    return min(RANK_SHARE, need / left)
 
 
 def _share(budget: Budget, share: float) -> Budget:
