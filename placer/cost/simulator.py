@@ -79,7 +79,7 @@ def _segments(dev: np.ndarray, head: np.ndarray, blocker: np.ndarray, perm: np.n
 def _pieces(p: Problem, g: np.ndarray) -> np.ndarray:
     """Each op's piece as the runtime splits a plan (group id per op ``g``,
     topological order): runs of one group, merged while the pieces stay
-    acyclic (:func:`placer.runtime.split._merge_runs`); piece ids in a
+    acyclic (:func:`placer.pieces.merge_runs`, as the runtime's split); piece ids in a
     topological order."""
     n = len(g)
     if not n:
@@ -90,78 +90,9 @@ def _pieces(p: Problem, g: np.ndarray) -> np.ndarray:
         return run                   # no group twice: nothing to merge
     rs, rd = run[p.edge_src], run[p.edge_dst]
     cross = rs != rd
+    from ..pieces import merge_runs
     merged = merge_runs(run_group.tolist(), zip(rs[cross].tolist(), rd[cross].tolist()))
     return np.array(merged, dtype=np.int64)[run]
-
-
-def merge_runs(groups: list, edges) -> list[int]:
-    """Run -> piece, as :func:`placer.runtime.split._merge_runs` merges runs
-    of one group (``groups[r]``; ``edges``: (run, run) pairs of a DAG)
-    while the pieces stay acyclic, without its graph copies (a plan is
-    simulated often): each later run joins the first earlier one of its
-    group that no path of two or more steps joins it to, either way;
-    pieces are numbered in the lexicographic topological order of their
-    first runs."""
-    import heapq
-    R = len(groups)
-    succ: list[set] = [set() for _ in range(R)]
-    pred: list[set] = [set() for _ in range(R)]
-    for a, b in edges:
-        if a != b:
-            succ[a].add(b)
-            pred[b].add(a)
-    rep = list(range(R))
-
-    def reaches(start: int, goal: int) -> bool:
-        """A path start -> k -> ... -> goal with k != goal."""
-        stack = [k for k in succ[start] if k != goal]
-        seen = set(stack)
-        while stack:
-            k = stack.pop()
-            for nxt in succ[k]:
-                if nxt == goal:
-                    return True
-                if nxt not in seen:
-                    seen.add(nxt)
-                    stack.append(nxt)
-        return False
-
-    for j in range(R):
-        for i in range(j):
-            if rep[i] != i or rep[j] != j or groups[i] != groups[j]:
-                continue
-            if reaches(i, j) or reaches(j, i):
-                continue
-            for k in succ[j]:                # contract j into i
-                pred[k].discard(j)
-                if k != i:
-                    succ[i].add(k)
-                    pred[k].add(i)
-            for k in pred[j]:
-                succ[k].discard(j)
-                if k != i:
-                    pred[i].add(k)
-                    succ[k].add(i)
-            succ[i].discard(i)
-            pred[i].discard(i)
-            succ[j], pred[j] = set(), set()
-            for r in range(R):
-                if rep[r] == j:
-                    rep[r] = i
-            break
-    nodes = sorted(set(rep))
-    indeg = {v: len(pred[v]) for v in nodes}
-    ready = [v for v in nodes if indeg[v] == 0]
-    heapq.heapify(ready)
-    order: dict = {}
-    while ready:
-        v = heapq.heappop(ready)
-        order[v] = len(order)
-        for k in succ[v]:
-            indeg[k] -= 1
-            if indeg[k] == 0:
-                heapq.heappush(ready, k)
-    return [order[rep[r]] for r in range(R)]
 
 
 def _piece_heads(dev: np.ndarray, piece: np.ndarray, perm: np.ndarray) -> np.ndarray:

@@ -105,6 +105,20 @@ def rank_torch_device(name: str, backend: str | None = None, cluster=None,
     return tdev
 
 
+def this_rank(devs: list[str], cluster=None, device=None) -> tuple[str, str, torch.device]:
+    """``(plan device, backend, torch device)`` of this rank, ``devs`` being
+    the plan's devices in rank order; the process group must be up and
+    have one rank per device. The backend is ``"nccl"`` when the group's
+    names NCCL (``"cpu:gloo,cuda:nccl"`` names both), else ``"gloo"``."""
+    world = dist.get_world_size()
+    if len(devs) != world:
+        raise PlanError(f"the plan uses {len(devs)} devices but WORLD_SIZE is {world}",
+                        fix=f"start {len(devs)} processes (one per device)")
+    me = devs[dist.get_rank()]
+    backend = "nccl" if "nccl" in str(dist.get_backend()) else "gloo"
+    return me, backend, rank_torch_device(me, backend, cluster, device)
+
+
 def launch_backend(plan, cluster=None, device=None) -> str:
     """The backend :func:`launch` uses when none is named: NCCL when every
     rank's device (:func:`rank_torch_device`) is CUDA, else gloo."""
@@ -466,12 +480,7 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     graph, plan, sp, inputs, mb_rows = prepare(model, plan, example_inputs, graph=graph,
                                                training=training)
     devs = rank_devices(plan, cluster)
-    if len(devs) != world:
-        raise PlanError(f"the plan uses {len(devs)} devices but WORLD_SIZE is {world}",
-                        fix=f"start {len(devs)} processes (one per device)")
-    me = devs[rank]
-    backend = "nccl" if "nccl" in str(dist.get_backend()) else "gloo"
-    tdev = rank_torch_device(me, backend, cluster, device)
+    me, backend, tdev = this_rank(devs, cluster, device)
     if tdev.type == "cuda":
         torch.cuda.set_device(tdev)      # NCCL's collectives run on this device
     fallback = tdev.type == "cpu" and gpu_named(me, cluster)

@@ -441,14 +441,8 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     keys = carries(sp)
     bounds = _replica_rows(inputs, sp, layout.replicas, len(mb_rows))
     devs = layout.rank_order()
-    if len(devs) != world:
-        raise PlanError(f"the plan uses {len(devs)} devices but WORLD_SIZE is {world}",
-                        fix=f"start {len(devs)} processes (one per device)")
-    me = devs[rank]
-    from .dist import rank_torch_device
-    # a group made as "cpu:gloo,cuda:nccl" names both backends
-    backend = "nccl" if "nccl" in str(dist.get_backend()) else "gloo"
-    tdev = rank_torch_device(me, backend, cluster, device)
+    from .dist import this_rank
+    me, backend, tdev = this_rank(devs, cluster, device)
     if tdev.type == "cuda" and backend != "nccl" and world > 1:
         raise PlanError(f"rank {rank} runs on {tdev}, but torch pipelining sends CUDA "
                         f"tensors between ranks only over NCCL, not {backend}",

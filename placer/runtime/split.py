@@ -22,7 +22,6 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any
 
-import networkx as nx
 import torch
 import torch.fx
 from torch.fx.passes.split_module import split_module
@@ -332,13 +331,11 @@ def split(model: torch.nn.Module, gm: torch.fx.GraphModule, inputs: list,
                 out |= sources(i)
         return out
 
-    dag = nx.DiGraph()
-    dag.add_nodes_from(range(len(runs)))
-    for node in run_of:
-        for s in sources(node):
-            if s != run_of[node]:
-                dag.add_edge(s, run_of[node])
-    merged = _merge_runs(dag, runs)
+    # runs of one group merged into one piece while the pieces stay acyclic
+    # (the simulator's granularity="piece" merges them with the same function)
+    from ..pieces import merge_runs
+    merged = dict(enumerate(merge_runs(runs, [(s, run_of[node]) for node in run_of
+                                              for s in sources(node) if s != run_of[node]])))
     piece_of = {node: merged[r] for node, r in run_of.items()}
 
     # 3. floating nodes: one copy per piece that uses them
@@ -468,30 +465,6 @@ def _unpack_containers(gm: torch.fx.GraphModule, full: dict) -> None:
     if changed:
         gm.graph.lint()
         gm.recompile()
-
-
-def _merge_runs(dag: nx.DiGraph, runs: list) -> dict[int, int]:
-    """Merge runs of one group into one piece while the piece DAG stays
-    acyclic. Returns run -> piece (piece ids in a topological order)."""
-    rep = {r: r for r in range(len(runs))}
-    g = dag.copy()
-    for j in range(len(runs)):
-        for i in range(j):
-            if rep[i] != i or runs[i] != runs[j] or rep[j] != j:
-                continue
-            # merging j into i closes a cycle iff a path i -> k -> j exists
-            g2 = nx.contracted_nodes(g, i, j, self_loops=False)
-            if nx.is_directed_acyclic_graph(g2):
-                g = g2
-                for r, v in rep.items():
-                    if v == j:
-                        rep[r] = i
-                break
-    # pieces numbered in a topological order of the merged DAG (ties: by
-    # first run): a merged piece may need a piece whose first run is later
-    # (split_module builds them in this order; the schedules rely on it)
-    order = {r: k for k, r in enumerate(nx.lexicographical_topological_sort(g, key=int))}
-    return {r: order[rep[r]] for r in range(len(runs))}
 
 
 def _assemble(model, gm, top, inputs, node_groups, name_piece, piece_of, merged, runs,

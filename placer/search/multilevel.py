@@ -122,7 +122,7 @@ def search_coarsened(strategy, problem: "Problem", metered, budget: Budget, seed
         # the strategy ranks its finalists by ``final`` (evolution: the
         # simulator); the starts compete with the refined plan the same way
         from .common import final_ranker, rank
-        starts = [plan] + [p for o, p, _r in found if o != origin or p is not plan]
+        starts = [plan] + [p for _o, p, _r in found if p is not plan]
         say(f"ranking {len(starts)} plans by the {final}")
         i = rank(final_ranker(final, metered.inner, budget), problem, starts, budget)
         if i:
@@ -190,6 +190,7 @@ def _ranking_reserve(problem, plans: list, budget: Budget) -> float:
     left = budget.remaining_time
     if math.isinf(left) or left <= 0:
         return 0.0
+    # the refined plan is simulated too: priced as the first start
     need = sum(SimulationClock.predict(problem, p) for p in plans[:1] + plans)
     return min(RANK_SHARE, need / left)
 
