@@ -197,7 +197,7 @@ def problem_key(problem: "Problem", screen: "CostModel", space: Space) -> str:
     """sha256 of what a trial's value depends on: the (coarsened) graph, the
     cluster, the problem's options, the screening model and the space."""
     data = {"graph": problem.graph.fingerprint(), "cluster": problem.cluster.fingerprint(),
-            "options": problem.options, "screen": screen.name,
+            "options": dict(problem.options), "screen": screen.name,
             "microbatches": list(space.microbatch_choices),
             "schedules": list(space.schedule_choices)}
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=repr).encode()).hexdigest()

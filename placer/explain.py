@@ -58,10 +58,8 @@ def explain_infeasible(problem: "Problem", plan: "Plan", report: "Report",
         if fits(trial, problem):
             remedies.append(f"{m} microbatches with the 1f1b schedule make this placement fit")
             break
-    options = dict(problem.options)
-    if not options.get("recompute"):
-        options["recompute"] = True
-        if fits(plan, Problem(graph, cluster, **options)):
+    if not problem.recompute:
+        if fits(plan, problem.replace(recompute=True)):
             remedies.append("activation recomputation (problem option recompute=True) "
                             "makes this placement fit")
     state = graph.total_param_bytes() * (1 + problem.gradient_bytes_per_param

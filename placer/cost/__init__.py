@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from .analytical import Analytical
 from .dtfm_paper import DTFMPaper
 from .base import CostModel, cost_models, get_cost_model, register_cost_model
+from .options import CostOptions
 from .problem import INFEASIBLE, Compiled, Problem
 from .report import Event, Report
 from .simulator import Simulator
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from ..graph import Graph
     from ..plan import Plan
 
-__all__ = ["Analytical", "Compiled", "CostModel", "DTFMPaper", "Event", "INFEASIBLE", "Problem",
+__all__ = ["Analytical", "Compiled", "CostModel", "CostOptions", "DTFMPaper", "Event", "INFEASIBLE", "Problem",
            "Report", "Simulator", "cost_models", "get_cost_model", "register_cost_model", "simulate"]
 
 

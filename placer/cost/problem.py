@@ -21,22 +21,21 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from ..errors import PlanError, StrategyError
+from ..errors import PlanError
 from ..plan import SCHEDULES
+from .options import CostOptions
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from ..cluster import Cluster
     from ..graph import Graph
     from ..plan import Plan
-
-OBJECTIVES = ("step_time", "throughput", "memory")
-#: what the simulator's tasks are (see Problem's ``granularity``)
-GRANULARITIES = ("op", "piece")
 
 #: Objective value of an infeasible plan is at least this (times 1 + the
 #: largest relative memory excess, see :func:`infeasible_objective`), so any
@@ -96,99 +95,15 @@ class Compiled:
 
 
 class Problem:
-    """A graph on a cluster, the objective and the cost-model options.
+    """A graph on a cluster and the cost-model options (a
+    :class:`~placer.cost.options.CostOptions`, documented field by field
+    there): ``Problem(graph, cluster, recompute=True)`` or
+    ``Problem(graph, cluster, options=CostOptions(recompute=True))``;
+    keywords given beside ``options`` replace its fields. ``problem.options``
+    holds them and each is an attribute too (``problem.recompute``).
 
-    Options:
-
-    - ``objective``: ``"step_time"`` (seconds, the default), ``"throughput"``
-      (minus samples/s of the traced batch, so lower is better) or
-      ``"memory"`` (largest fraction of a device's memory used).
-    - ``optimizer_bytes_per_param``: optimizer state as a multiple of the
-      parameter bytes (Adam keeps two fp32 states: 2.0).
-    - ``gradient_bytes_per_param``: gradient bytes as a multiple of the
-      parameter bytes (1.0).
-    - ``recompute``: activation recomputation: only each device's inputs are
-      kept for backward, and backward re-runs the forward.
-    - ``default_efficiency``: fraction of peak FLOP/s for devices whose
-      ``efficiency`` is None.
-    - ``op_overhead``: seconds per op launch (forward and backward), so ops
-      with zero counted FLOPs (elementwise) are not free.
-    - ``task_overhead``: seconds per run of consecutive ops on one device
-      group, per microbatch and phase (a runtime runs each such run as one
-      piece: a module call, one autograd call and its own bookkeeping; see
-      :mod:`placer.runtime.profile`). Default 0: plans are costed by their
-      ops alone.
-    - ``message_overhead``: seconds of a device's own time each message
-      between devices costs it, at the sender and again at the receiver,
-      per microbatch and phase (a runtime posts the receive, hands the
-      message to its transport, wakes for it; ``placer launch --calibrate``
-      measures it). Default 0: a message costs only its link's time.
-    - ``message_copy_rate``: bytes per second of a device's own time a
-      message's payload costs at each end, beside ``message_overhead`` (a
-      transport that copies it through the CPU: TCP over loopback or a
-      local bridge runs the receiver's network stack in the sender's time).
-      Default inf: only ``message_overhead``.
-    - ``allreduce_overlap``: True (default), a bucket's all-reduce starts as
-      soon as every replica finished the backward holding its last byte, so
-      it overlaps the rest of the backward (as DDP does); False, a device's
-      all-reduces start only once it has run every task of the step, as
-      placer's runtime does (it reduces after the last backward; on CPU
-      ranks gloo's socket threads, at idle priority, would not move the
-      data while the rank computes anyway). The simulator honours it; the
-      analytical model always overlaps.
-    - ``resume_overhead``: seconds a device loses when it starts a task that
-      does not follow its previous one at once (it waited for an input, or
-      the task is its first of the step): a CPU core's caches hold other
-      work by then (the tiny GPT's forward ran 15-22% slower right after a
-      5 ms wait here). Simulator only; default 0.
-    - the training loss: the runtime computes it, forward and backward, on
-      the first device of the group holding the model's output, in that
-      device's forward task, for the whole microbatch. A graph node's
-      ``loss_flops`` (``[forward, backward]``, written by ``placer profile``)
-      says how much of its FLOPs are the loss's; the simulator and the
-      analytical model charge that part there rather than spreading it over
-      the replicas (other cost models see it as the op's own). The
-      simulator also makes the loss wait for every replica's rows of the
-      output and each replica's backward for the gradient of its rows.
-      ``loss_fixed`` (``[forward, backward]`` FLOPs, part of
-      ``loss_flops``) is what the loss costs whatever a microbatch's rows
-      (its launches, the runtime's loss task): both models charge it whole
-      to every microbatch instead of scaling it by the rows.
-    - an op's fixed cost: a graph node's ``fixed_flops`` (``[forward,
-      backward]``, part of its FLOPs; ``placer profile`` and ``launch(...,
-      calibrate=True)`` write it from the op's times at several row counts)
-      is what the op costs whatever its rows (dispatch, small fixed work
-      beyond ``op_overhead``): both models charge it whole to every
-      microbatch and replica and scale only the rest by their rows. Without
-      it (uncalibrated graphs) all of an op's FLOPs scale.
-    - ``collective_efficiency``: the ring model's all-reduce time over the
-      real one (1: the ring's bytes move at link speed and each of its
-      steps pays the link's latency; gloo on CPUs reduces and copies too,
-      and a runtime flattens the gradients first: ``placer launch
-      --calibrate`` measures it). All-reduce times are divided by it. Above
-      1 where the cluster's latencies include delays that lone messages pay
-      and a collective does not.
-    - ``nic``: ``"max_link"`` (default) gives a device without
-      ``nic_bandwidth`` a network interface as fast as its fastest link, so
-      fan-out from one device to many is serialised; ``"none"`` leaves such
-      devices uncapped.
-    - ``bucket_bytes``: gradients of a data-parallel group are all-reduced in
-      buckets of about this many bytes, as soon as each is ready (PyTorch
-      DDP's default is 25 MB).
-    - measured op times: where an op carries ``extra["measured"]`` (as
-      ``placer profile`` writes it), both models use those seconds instead of
-      its FLOPs (see :func:`measured_times`).
-    - ``granularity``: ``"op"`` (default), the simulator runs a device's
-      ops in segments cut where an op receives from another device, so a
-      run of ops may start on part of its inputs, and each tensor leaves
-      when the op producing it ends; ``"piece"``, as placer's runtime runs
-      a plan: the runtime's pieces (runs of one group, merged while
-      acyclic, see :mod:`placer.runtime.split`), each started once all its
-      inputs arrived and sending its outputs when it ends, forward and
-      backward (one task each, as ``task_overhead`` counts them).
-    - ``merge``: the simulator may start a run of ops on a device only when
-      the inputs of a later op in it arrived, if the run so far takes at most
-      this fraction of the device's time (0: never; fewer tasks, faster).
+    A problem does not change after construction: for other options, graph
+    or cluster make another with :meth:`replace`.
 
     Recomputation trades memory for time; the models see it through the
     problem (GPT-1.3B on one A100 of 80 GB, Adam):
@@ -203,57 +118,18 @@ class Problem:
     (True, True)
     """
 
-    def __init__(self, graph: "Graph", cluster: "Cluster", *, objective: str = "step_time",
-                 optimizer_bytes_per_param: float = 2.0,
-                 gradient_bytes_per_param: float = 1.0, recompute: bool = False,
-                 default_efficiency: float = 0.5, op_overhead: float = 5e-6,
-                 nic: str = "max_link", bucket_bytes: float = 25e6, merge: float = 0.02,
-                 task_overhead: float = 0.0, collective_efficiency: float = 1.0,
-                 message_overhead: float = 0.0, message_copy_rate: float = float("inf"),
-                 allreduce_overlap: bool = True, resume_overhead: float = 0.0,
-                 granularity: str = "op"):
-        if objective not in OBJECTIVES:
-            raise StrategyError(f"unknown objective {objective!r}",
-                                fix=f"use one of: {', '.join(OBJECTIVES)}")
-        if not 0 < default_efficiency <= 1:
-            raise StrategyError(f"default_efficiency must be in (0, 1], got {default_efficiency!r}")
-        for label, value in (("optimizer_bytes_per_param", optimizer_bytes_per_param),
-                             ("gradient_bytes_per_param", gradient_bytes_per_param),
-                             ("op_overhead", op_overhead),
-                             ("task_overhead", task_overhead),
-                             ("message_overhead", message_overhead),
-                             ("resume_overhead", resume_overhead)):
-            if not value >= 0:
-                raise StrategyError(f"{label} must be >= 0, got {value!r}")
-        if not 0 < collective_efficiency < float("inf"):
-            raise StrategyError(f"collective_efficiency must be > 0 and finite, got "
-                                f"{collective_efficiency!r}")
-        if granularity not in GRANULARITIES:
-            raise StrategyError(f"unknown granularity {granularity!r}",
-                                fix=f"use one of: {', '.join(GRANULARITIES)}")
-        if nic not in ("max_link", "none"):
-            raise StrategyError(f"unknown nic mode {nic!r}", fix="use 'max_link' or 'none'")
+    def __init__(self, graph: "Graph", cluster: "Cluster", *,
+                 options: "CostOptions | Mapping | None" = None, **keywords):
+        if options is None:
+            options = CostOptions(**keywords)
+        elif isinstance(options, CostOptions):
+            options = options.replace(**keywords)
+        else:
+            options = CostOptions(**{**options, **keywords})
+        #: the cost-model options (each also an attribute of the problem)
+        self.options: CostOptions = options
         self.graph = graph
         self.cluster = cluster
-        self.objective = objective
-        self.optimizer_bytes_per_param = float(optimizer_bytes_per_param)
-        self.gradient_bytes_per_param = float(gradient_bytes_per_param)
-        self.recompute = bool(recompute)
-        self.default_efficiency = float(default_efficiency)
-        self.op_overhead = float(op_overhead)
-        self.task_overhead = float(task_overhead)
-        self.message_overhead = float(message_overhead)
-        if not message_copy_rate > 0:
-            raise StrategyError(f"message_copy_rate must be > 0 (inf: free), got "
-                                f"{message_copy_rate!r}")
-        self.message_copy_rate = float(message_copy_rate)
-        self.allreduce_overlap = bool(allreduce_overlap)
-        self.resume_overhead = float(resume_overhead)
-        self.collective_efficiency = float(collective_efficiency)
-        self.nic = nic
-        self.bucket_bytes = float(bucket_bytes)
-        self.merge = float(merge)
-        self.granularity = granularity
         self.training = graph.training
         self._build_graph_arrays()
         self._build_cluster_arrays()
@@ -261,23 +137,14 @@ class Problem:
         self._pair_cache: dict = {}
         self._plan_arrays = _PlanArrays()
 
-    @property
-    def options(self) -> dict:
-        """The keyword options, so ``Problem(g, c, **problem.options)`` makes
-        the same problem for another graph or cluster."""
-        return {"objective": self.objective,
-                "optimizer_bytes_per_param": self.optimizer_bytes_per_param,
-                "gradient_bytes_per_param": self.gradient_bytes_per_param,
-                "recompute": self.recompute, "default_efficiency": self.default_efficiency,
-                "op_overhead": self.op_overhead, "nic": self.nic,
-                "bucket_bytes": self.bucket_bytes, "merge": self.merge,
-                "task_overhead": self.task_overhead,
-                "message_overhead": self.message_overhead,
-                "collective_efficiency": self.collective_efficiency,
-                "message_copy_rate": self.message_copy_rate,
-                "allreduce_overlap": self.allreduce_overlap,
-                "resume_overhead": self.resume_overhead,
-                "granularity": self.granularity}
+    def replace(self, graph: "Graph | None" = None, cluster: "Cluster | None" = None,
+                **options) -> "Problem":
+        """A problem like this one with another graph, cluster or options
+        (the others kept), e.g. ``problem.replace(coarse_graph)`` or
+        ``problem.replace(recompute=True)``."""
+        return Problem(self.graph if graph is None else graph,
+                       self.cluster if cluster is None else cluster,
+                       options=self.options.replace(**options))
 
     def __repr__(self) -> str:
         return (f"Problem(graph={self.graph.name!r}, cluster={self.cluster.name!r}, "
@@ -529,6 +396,13 @@ class Problem:
         if self.objective == "throughput":
             return -1.0 / step_time if step_time > 0 else -np.inf
         return peak_fraction
+
+
+# each option reads as an attribute of the problem too (problem.recompute)
+for _name in CostOptions.__dataclass_fields__:
+    setattr(Problem, _name, property(attrgetter(f"options.{_name}"),
+                                     doc=f"``options.{_name}`` (see :class:`CostOptions`)"))
+del _name
 
 
 def _check_pipeline(plan: "Plan") -> None:

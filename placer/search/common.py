@@ -119,7 +119,7 @@ def context(problem: Problem) -> Context:
 
 def problem_like(problem: Problem, graph: "Graph") -> Problem:
     """A problem over ``graph`` with ``problem``'s cluster and options."""
-    return Problem(graph, problem.cluster, **problem.options)
+    return problem.replace(graph)
 
 
 class Coarse:

@@ -67,7 +67,6 @@ def search_coarsened(strategy, problem: "Problem", metered, budget: Budget, seed
     """``strategy``'s plan for ``problem`` found on its graph coarsened to
     ``groups`` ops, expanded and refined (see the module doc); its
     ``predicted`` figures are the search model's of the refined plan."""
-    from ..cost import Problem
     from .refine import refine
     graph = problem.graph
     name = strategy.name
@@ -79,7 +78,7 @@ def search_coarsened(strategy, problem: "Problem", metered, budget: Budget, seed
     say(f"coarsening {len(graph)} ops to {groups}")
     start = _time.perf_counter()
     coarse_graph = graph.coarsen(groups)
-    coarse = Problem(coarse_graph, problem.cluster, **problem.options)
+    coarse = problem.replace(coarse_graph)
     coarsening = _time.perf_counter() - start
     say(f"coarsened to {len(coarse_graph)} ops in {coarsening:.1f} s")
     found = _fine_seeds(strategy, problem, metered, budget, seed, say)
