@@ -25,11 +25,13 @@ unit, colocation ties between units and the forward compute per unit.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch_geometric.data import HeteroData
+
+from placer.cache import Cache
 
 __all__ = ["ProblemGraph", "encode_problem", "chunk_units", "OP_FEATURES", "DEV_FEATURES",
            "FLOW_FEATURES", "LINK_FEATURES", "CAND_FEATURES"]
@@ -70,6 +72,8 @@ class ProblemGraph:
     inv_bandwidth: np.ndarray
     latency: np.ndarray
     workspace: np.ndarray
+    #: what the model derives from it (see :mod:`placer.cache`)
+    cache: Cache = field(default_factory=Cache, repr=False, compare=False)
 
     def expand(self, unit_devices: np.ndarray) -> np.ndarray:
         """Device per op (``(..., n_ops)``) from device per unit (``(..., U)``)."""

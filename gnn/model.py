@@ -329,9 +329,10 @@ class PlacementPolicy(nn.Module):
 
 def _adjacency(pg: ProblemGraph):
     """Per unit: (producer units, normalised bytes) and (consumer units, bytes)."""
-    cache = pg.__dict__.get("_adj")
-    if cache is not None:
-        return cache
+    return pg.cache.get_or_build("model.adjacency", lambda: _build_adjacency(pg))
+
+
+def _build_adjacency(pg: ProblemGraph):
     U = pg.n_units
     ins: list = [[[], []] for _ in range(U)]
     outs: list = [[[], []] for _ in range(U)]
@@ -345,9 +346,7 @@ def _adjacency(pg: ProblemGraph):
         return [(torch.as_tensor(a, dtype=torch.long),
                  torch.as_tensor(b, dtype=torch.float32)[None, :],
                  torch.as_tensor(b, dtype=torch.float32) - 1.0) for a, b in pairs]
-    cache = (pack(ins), pack(outs))
-    pg.__dict__["_adj"] = cache
-    return cache
+    return pack(ins), pack(outs)
 
 
 class FastDecoder:
@@ -473,9 +472,10 @@ def _np_adjacency(pg: ProblemGraph):
     """Producers of each unit in CSR form (pointers, producer units, their
     shares of the unit's input bytes + 1, bytes) and the same for consumers,
     as NumPy arrays (cached on ``pg``)."""
-    cache = pg.__dict__.get("_np_adj")
-    if cache is not None:
-        return cache
+    return pg.cache.get_or_build("model.np_adjacency", lambda: _build_np_adjacency(pg))
+
+
+def _build_np_adjacency(pg: ProblemGraph):
     U = pg.n_units
     src, dst = pg.flow_src.astype(np.int64), pg.flow_dst.astype(np.int64)
     b = pg.flow_bytes.astype(np.float32)
@@ -488,6 +488,4 @@ def _np_adjacency(pg: ProblemGraph):
             w = b[order[bounds[u]:bounds[u + 1]]] + 1.0
             share[bounds[u]:bounds[u + 1]] = w / max(float(w.sum()), 1e-30)
         return bounds.astype(np.int64), other[order], share, b[order]
-    cache = (group(dst, src), group(src, dst))
-    pg.__dict__["_np_adj"] = cache
-    return cache
+    return group(dst, src), group(src, dst)

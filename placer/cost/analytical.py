@@ -616,9 +616,10 @@ def _precomputed(p: Problem) -> dict:
     """Plan-independent arrays of a problem, built once: prefix sums of the
     per-op weights and work, a sparse table of workspace range maxima and
     the link speeds."""
-    hit = getattr(p, "_analytical_pre", None)
-    if hit is not None:
-        return hit
+    return p.cache.get_or_build("analytical.precomputed", lambda: _build_precomputed(p))
+
+
+def _build_precomputed(p: Problem) -> dict:
     n = p.n_ops
     cols = np.stack([np.ones(n), p.flops, p.bwd_flops, p.param_bytes, p.output_bytes,
                      (p.param_bytes > 0).astype(float), p.fixed_flops[:, 0],
@@ -652,13 +653,13 @@ def _precomputed(p: Problem) -> dict:
     else:
         fwd_total, bwd_total = p.flops.sum(), p.bwd_flops.sum()
     work_total = fwd_total + bwd_total
-    hit = p._analytical_pre = {"cum": cum,
-                               "bwd_share": bwd_total / work_total if work_total > 0 else 0.5,
-                               "sparse_max": np.stack(levels), "log2": log2,
-                               "serial_cum": serial_cum,
-                               "speed": speed, "inv_speed": (1.0 / speed).ravel(),
-                               "latency": p.latency.ravel(), "lags": max(int(outdeg.max()) - 1, 0),
-                               "cut_sets": _cut_sets(src, dst, n)}
+    hit = {"cum": cum,
+           "bwd_share": bwd_total / work_total if work_total > 0 else 0.5,
+           "sparse_max": np.stack(levels), "log2": log2,
+           "serial_cum": serial_cum,
+           "speed": speed, "inv_speed": (1.0 / speed).ravel(),
+           "latency": p.latency.ravel(), "lags": max(int(outdeg.max()) - 1, 0),
+           "cut_sets": _cut_sets(src, dst, n)}
     if p.times is not None:
         hit["times_cum"] = tuple(np.concatenate([np.zeros((1, t.shape[1])), np.cumsum(t, axis=0)])
                                  for t in (p.times.forward, p.times.backward))
@@ -707,7 +708,7 @@ def _crossing_edges(pre: dict, small: np.ndarray, hr: np.ndarray, hc: np.ndarray
 
 def _group_table(p: Problem, groups) -> dict:
     """Arrays of a group table (cached for the last few tables)."""
-    cache = p.__dict__.setdefault("_group_tables", {})
+    cache = p.cache.get_or_build("analytical.group_tables", dict)
     tkey = tuple(map(tuple, groups))
     hit = cache.get(tkey)
     if hit is not None:
@@ -746,18 +747,15 @@ def _group_table(p: Problem, groups) -> dict:
 
 def _edges_by_source(p: Problem):
     """Edge sources, destinations and bytes sorted by (source, destination)."""
-    hit = getattr(p, "_by_source", None)
-    if hit is None:
-        o = p.edge_order
-        hit = p._by_source = (p.edge_src[o], p.edge_dst[o], p.edge_bytes[o])
-    return hit
+    return p.cache.get_or_build("analytical.edges_by_source", lambda o=p.edge_order: (
+        p.edge_src[o], p.edge_dst[o], p.edge_bytes[o]))
 
 
 def _pair_sparse(p: Problem, src, dst):
     """Non-zero (link index a*D+b, fraction) of :meth:`Problem.pair_traffic`,
     the slowest of those links' seconds per byte sent between the groups and
     the groups' largest latency (their slowest member pair's)."""
-    cache = p.__dict__.setdefault("_pair_sparse", {})
+    cache = p.cache.get_or_build("analytical.pair_sparse", dict)
     key = (tuple(src), tuple(dst))
     hit = cache.get(key)
     if hit is None:
@@ -781,7 +779,7 @@ def _pair_sparse(p: Problem, src, dst):
 
 
 def _coefficients(p: Problem, devices: tuple) -> tuple:
-    cache = p.__dict__.setdefault("_ar_coef", {})
+    cache = p.cache.get_or_build("analytical.allreduce_coefficients", dict)
     hit = cache.get(devices)
     if hit is None:
         if len(cache) > 4096:

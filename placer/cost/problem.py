@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from ..cache import Cache
 from ..errors import PlanError
 from ..plan import SCHEDULES
 from .options import CostOptions
@@ -102,8 +103,10 @@ class Problem:
     keywords given beside ``options`` replace its fields. ``problem.options``
     holds them and each is an attribute too (``problem.recompute``).
 
-    A problem does not change after construction: for other options, graph
-    or cluster make another with :meth:`replace`.
+    A problem does not change after construction: its arrays, its options
+    and what modules keep in ``problem.cache`` (:mod:`placer.cache`) stay
+    valid while it lives. For other options, graph or cluster make another
+    with :meth:`replace` (it starts with an empty cache).
 
     Recomputation trades memory for time; the models see it through the
     problem (GPT-1.3B on one A100 of 80 GB, Adam):
@@ -128,13 +131,15 @@ class Problem:
             options = CostOptions(**{**options, **keywords})
         #: the cost-model options (each also an attribute of the problem)
         self.options: CostOptions = options
+        #: what modules derive from this problem, by ``"<module>.<what>"``
+        #: key (see :mod:`placer.cache`)
+        self.cache = Cache()
         self.graph = graph
         self.cluster = cluster
         self.training = graph.training
         self._build_graph_arrays()
         self._build_cluster_arrays()
         self.times = measured_times(self)
-        self._pair_cache: dict = {}
         self._plan_arrays = _PlanArrays()
 
     def replace(self, graph: "Graph | None" = None, cluster: "Cluster | None" = None,
@@ -370,11 +375,12 @@ class Problem:
         data-parallel group ``src`` to group ``dst``: replica a of src holds
         the a-th slice of the batch, replica b of dst needs the b-th slice."""
         key = (src, dst)
-        hit = self._pair_cache.get(key)
+        cache = self.cache.get_or_build("problem.pair_traffic", dict)
+        hit = cache.get(key)
         if hit is not None:
             return hit
-        if len(self._pair_cache) > 4096:
-            self._pair_cache.clear()
+        if len(cache) > 4096:
+            cache.clear()
         out = np.zeros((self.n_devices, self.n_devices))
         p, q = len(src), len(dst)
         for a, da in enumerate(src):
@@ -383,7 +389,7 @@ class Problem:
                     overlap = min((a + 1) / p, (b + 1) / q) - max(a / p, b / q)
                     if overlap > 1e-12:
                         out[da, db] += overlap
-        self._pair_cache[key] = out
+        cache[key] = out
         return out
 
     def objective_value(self, step_time: float, peak_fraction: float,

@@ -127,7 +127,7 @@ def _pointers(keys: np.ndarray, n: int) -> np.ndarray:
 def _allreduce(p: Problem, members, nbytes: float):
     """:func:`placer.cost.collectives.allreduce` of ``nbytes`` over device
     indices ``members``, remembered per problem (plans repeat their buckets)."""
-    cache = p.__dict__.setdefault("_allreduce_cache", {})
+    cache = p.cache.get_or_build("simulator.allreduce", dict)
     key = (tuple(members), nbytes)
     hit = cache.get(key)
     if hit is None:

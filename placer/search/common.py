@@ -111,10 +111,7 @@ class Context:
 
 def context(problem: Problem) -> Context:
     """The cached :class:`Context` of ``problem``."""
-    ctx = problem.__dict__.get("_search_ctx")
-    if ctx is None:
-        ctx = problem.__dict__["_search_ctx"] = Context(problem)
-    return ctx
+    return problem.cache.get_or_build("search.context", lambda: Context(problem))
 
 
 def problem_like(problem: Problem, graph: "Graph") -> Problem:
