@@ -1,64 +1,43 @@
 """Coarsening: merge ops into fewer groups without creating a cycle.
 
-Used by :meth:`placer.Graph.coarsen`; see there for the contract.
+Used by :meth:`placer.Graph.coarsen`, which builds the smaller graph from
+the groups found here; see there for the contract. Plain data in and out,
+so the graph module sits above this one.
 """
 
 from __future__ import annotations
 
 import heapq
 
+from .dag import contract
 from .errors import GraphError
-from .graph import Edge, Graph, Op
 
 
-class _UnionFind:
-    def __init__(self, items):
-        self.parent = {x: x for x in items}
-
-    def find(self, x):
-        root = x
-        while self.parent[root] != root:
-            root = self.parent[root]
-        while self.parent[x] != root:
-            self.parent[x], x = root, self.parent[x]
-        return root
-
-    def union(self, a, b):
-        ra, rb = self.find(a), self.find(b)
-        if ra != rb:
-            self.parent[rb] = ra
-        return ra
-
-
-def coarsen(graph: Graph, max_nodes: int) -> Graph:
-    """Return ``graph`` merged into at most ``max_nodes`` acyclic groups."""
+def partition(order: list[str], edges, weight: dict[str, float],
+              max_nodes: int) -> dict[str, list[str]]:
+    """The ops of a DAG (``order``: its topological order; ``edges``: (src,
+    dst) pairs; ``weight``: per op) in at most ``max_nodes`` groups whose
+    quotient is acyclic: group id (the member earliest in ``order``) ->
+    members."""
     if not isinstance(max_nodes, int) or max_nodes < 1:
         raise GraphError(f"max_nodes must be a positive integer, got {max_nodes!r}",
                          field="max_nodes")
-    order = graph.topological_order()
     position = {op_id: i for i, op_id in enumerate(order)}
     # group id is the member earliest in topological order
     members = {op_id: [op_id] for op_id in order}
-    succ = {op_id: set(graph.nx.successors(op_id)) for op_id in order}
-    pred = {op_id: set(graph.nx.predecessors(op_id)) for op_id in order}
-    weight = {op.id: op.flops + op.bwd_flops for op in graph}
+    succ: dict[str, set] = {op_id: set() for op_id in order}
+    pred: dict[str, set] = {op_id: set() for op_id in order}
+    for src, dst in edges:
+        succ[src].add(dst)
+        pred[dst].add(src)
+    weight = dict(weight)
 
     def merge(keep: str, gone: str) -> None:
         """Contract group ``gone`` into ``keep`` (caller checked safety)."""
         members[keep].extend(members.pop(gone))
         weight[keep] += weight.pop(gone)
-        for s in succ.pop(gone):
-            pred[s].discard(gone)
-            if s != keep:
-                pred[s].add(keep)
-                succ[keep].add(s)
-        for p in pred.pop(gone):
-            succ[p].discard(gone)
-            if p != keep:
-                succ[p].add(keep)
-                pred[keep].add(p)
-        succ[keep].discard(keep)
-        pred[keep].discard(keep)
+        contract(succ, pred, keep, gone)
+        del succ[gone], pred[gone]
 
     # Phase 1: contract edges u->v where u has one consumer or v one producer.
     # No other u~>v path can then exist, so the contraction keeps the DAG acyclic.
@@ -101,8 +80,7 @@ def coarsen(graph: Graph, max_nodes: int) -> Graph:
             run = group_order[start:stop]
             merged[run[0]] = [m for g in run for m in members[g]]
         members = merged
-
-    return _quotient(graph, members, position)
+    return members
 
 
 def _linear_partition(weights: list[float], parts: int) -> list[tuple[int, int]]:
@@ -167,52 +145,3 @@ def _group_topological_order(members, succ, pred, position) -> list[str]:
             if indegree[s] == 0:
                 heapq.heappush(ready, (position[s], s))
     return out
-
-
-def _quotient(graph: Graph, members: dict[str, list[str]], position) -> Graph:
-    owner = {m: g for g, ms in members.items() for m in ms}
-    # colocate labels: union labels that end up in one group
-    labels = _UnionFind({op.colocate for op in graph if op.colocate is not None})
-    for ms in members.values():
-        found = [graph.op(m).colocate for m in ms if graph.op(m).colocate is not None]
-        for label in found[1:]:
-            labels.union(found[0], label)
-    ops = []
-    for group in sorted(members, key=position.__getitem__):
-        ms = sorted(members[group], key=position.__getitem__)
-        if len(ms) == 1:
-            original = graph.op(ms[0])
-            ops.append(Op(original.id, original.op, original.flops, original.bwd_flops,
-                          original.param_bytes, original.output_bytes,
-                          None if original.colocate is None else labels.find(original.colocate),
-                          {**original.extra, "members": ms}))
-            continue
-        label = next((labels.find(graph.op(m).colocate) for m in ms
-                      if graph.op(m).colocate is not None), None)
-        kinds = sorted({graph.op(m).op for m in ms})
-        ops.append(Op(
-            id=group, op="group" if len(kinds) > 1 else kinds[0],
-            flops=sum(graph.op(m).flops for m in ms),
-            bwd_flops=sum(graph.op(m).bwd_flops for m in ms),
-            param_bytes=sum(graph.op(m).param_bytes for m in ms),
-            output_bytes=sum(graph.op(m).output_bytes for m in ms),
-            colocate=label, extra={"members": ms}))
-    # A tensor is sent once to each destination group: per (source op, group)
-    # keep the largest edge, then sum over source ops.
-    sent: dict[tuple[str, str], float] = {}
-    for edge in graph.edges:
-        a, b = owner[edge.src], owner[edge.dst]
-        if a == b:
-            continue
-        key = (edge.src, b)
-        sent[key] = max(sent.get(key, 0.0), edge.bytes)
-    between: dict[tuple[str, str], float] = {}
-    for (src, b), size in sent.items():
-        key = (owner[src], b)
-        between[key] = between.get(key, 0.0) + size
-    edges = [Edge(a, b, size) for (a, b), size in
-             sorted(between.items(), key=lambda kv: (position[kv[0][0]], position[kv[0][1]]))]
-    meta = dict(graph.meta)
-    meta["coarsened_from"] = {"name": graph.name, "ops": len(graph),
-                              "fingerprint": graph.fingerprint()}
-    return Graph(graph.name, ops, edges, training=graph.training, meta=meta)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -27,6 +26,7 @@ import networkx as nx
 
 from ._io import (MAX_EDGES, MAX_OPS, Fields, PathLike, atomic_write_text, canonical_json,
                   check_format, documented_keys, dump_json, load_document, wrap_errors)
+from .coarsen import partition
 from .errors import GraphError
 
 FORMAT = "placer.graph/v1"
@@ -444,8 +444,10 @@ class Graph:
         >>> len(small), small.total_flops() == g.total_flops()
         (2, True)
         """
-        from .coarsen import coarsen
-        return coarsen(self, max_nodes)
+        order = self.topological_order()
+        members = partition(order, [(e.src, e.dst) for e in self.edges],
+                            {op.id: op.flops + op.bwd_flops for op in self}, max_nodes)
+        return _quotient(self, members, {op_id: i for i, op_id in enumerate(order)})
 
     def subgraph_members(self) -> dict[str, list[str]]:
         """For a coarsened graph: group id -> original op ids (else op -> [op]).
@@ -501,3 +503,73 @@ def _check_times(node: Fields, entry, where: str) -> None:
             node.check_number(value, f"{where}.{key}", unit="seconds")
     elif entry is not None:
         node.check_number(entry, where, unit="seconds")
+
+
+class _UnionFind:
+    def __init__(self, items):
+        self.parent = {x: x for x in items}
+
+    def find(self, x):
+        root = x
+        while self.parent[root] != root:
+            root = self.parent[root]
+        while self.parent[x] != root:
+            self.parent[x], x = root, self.parent[x]
+        return root
+
+    def union(self, a, b):
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[rb] = ra
+        return ra
+
+
+def _quotient(graph: Graph, members: dict[str, list[str]], position) -> Graph:
+    """``graph`` with each group of ``members`` (group id -> op ids) merged
+    into one op (see :meth:`Graph.coarsen`)."""
+    owner = {m: g for g, ms in members.items() for m in ms}
+    # colocate labels: union labels that end up in one group
+    labels = _UnionFind({op.colocate for op in graph if op.colocate is not None})
+    for ms in members.values():
+        found = [graph.op(m).colocate for m in ms if graph.op(m).colocate is not None]
+        for label in found[1:]:
+            labels.union(found[0], label)
+    ops = []
+    for group in sorted(members, key=position.__getitem__):
+        ms = sorted(members[group], key=position.__getitem__)
+        if len(ms) == 1:
+            original = graph.op(ms[0])
+            ops.append(Op(original.id, original.op, original.flops, original.bwd_flops,
+                          original.param_bytes, original.output_bytes,
+                          None if original.colocate is None else labels.find(original.colocate),
+                          {**original.extra, "members": ms}))
+            continue
+        label = next((labels.find(graph.op(m).colocate) for m in ms
+                      if graph.op(m).colocate is not None), None)
+        kinds = sorted({graph.op(m).op for m in ms})
+        ops.append(Op(
+            id=group, op="group" if len(kinds) > 1 else kinds[0],
+            flops=sum(graph.op(m).flops for m in ms),
+            bwd_flops=sum(graph.op(m).bwd_flops for m in ms),
+            param_bytes=sum(graph.op(m).param_bytes for m in ms),
+            output_bytes=sum(graph.op(m).output_bytes for m in ms),
+            colocate=label, extra={"members": ms}))
+    # A tensor is sent once to each destination group: per (source op, group)
+    # keep the largest edge, then sum over source ops.
+    sent: dict[tuple[str, str], float] = {}
+    for edge in graph.edges:
+        a, b = owner[edge.src], owner[edge.dst]
+        if a == b:
+            continue
+        key = (edge.src, b)
+        sent[key] = max(sent.get(key, 0.0), edge.bytes)
+    between: dict[tuple[str, str], float] = {}
+    for (src, b), size in sent.items():
+        key = (owner[src], b)
+        between[key] = between.get(key, 0.0) + size
+    edges = [Edge(a, b, size) for (a, b), size in
+             sorted(between.items(), key=lambda kv: (position[kv[0][0]], position[kv[0][1]]))]
+    meta = dict(graph.meta)
+    meta["coarsened_from"] = {"name": graph.name, "ops": len(graph),
+                              "fingerprint": graph.fingerprint()}
+    return Graph(graph.name, ops, edges, training=graph.training, meta=meta)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import heapq
 
+from .dag import contract
+
 
 def merge_runs(groups: list, edges) -> list[int]:
     """Run -> piece: runs of one group (``groups[r]``; ``edges``: (run, run)
@@ -47,19 +49,7 @@ def merge_runs(groups: list, edges) -> list[int]:
                 continue
             if reaches(i, j) or reaches(j, i):
                 continue
-            for k in succ[j]:                # contract j into i
-                pred[k].discard(j)
-                if k != i:
-                    succ[i].add(k)
-                    pred[k].add(i)
-            for k in pred[j]:
-                succ[k].discard(j)
-                if k != i:
-                    pred[i].add(k)
-                    succ[k].add(i)
-            succ[i].discard(i)
-            pred[i].discard(i)
-            succ[j], pred[j] = set(), set()
+            contract(succ, pred, i, j)
             for r in range(R):
                 if rep[r] == j:
                     rep[r] = i

@@ -15,7 +15,6 @@ KNOWN = {
         "placer.bench.engines <-> placer.bench.fidelity <-> placer.bench.runtime <-> placer.cli"
         " <-> placer.export <-> placer.runtime.dist <-> placer.runtime.pipelining"
         " <-> placer.runtime.profile <-> placer.runtime.run",
-        "placer.coarsen <-> placer.graph",
         "placer.cost.analytical <-> placer.cost.memory <-> placer.cost.simulator"
         " <-> placer.runtime.engine <-> placer.schedule",
     },
