@@ -105,3 +105,9 @@ def test_replace_keeps_the_rest_and_the_problem_pickles():
 def test_an_unknown_option_is_a_type_error():
     with pytest.raises(TypeError, match="typo"):
         Problem(*small(), typo=1)
+
+
+def test_the_runtimes_overrides_are_cost_options():
+    from placer.runtime.run import RUNTIME_OPTIONS
+    options = CostOptions(**RUNTIME_OPTIONS)
+    assert all(options[k] == v for k, v in RUNTIME_OPTIONS.items())
