@@ -40,13 +40,31 @@ class CostOptions(Mapping):
     floats, flags as bools; a bad value is a :class:`StrategyError` naming
     the field. Equal to another CostOptions or dict with the same items.
 
-    Two things the models take from the graph rather than from here: the
-    training loss (a node's ``loss_flops`` and ``loss_fixed``, charged on
-    the first device of the group holding the output, ``loss_fixed`` whole
-    to every microbatch), an op's fixed cost (``fixed_flops``, charged whole
-    to every microbatch and replica) and measured op times
-    (``extra["measured"]``, used instead of FLOPs; see
-    :func:`placer.cost.problem.measured_times`).
+    What the models take from the graph rather than from here:
+
+    - the training loss: the runtime computes it, forward and backward, on
+      the first device of the group holding the model's output, in that
+      device's forward task, for the whole microbatch. A graph node's
+      ``loss_flops`` (``[forward, backward]``, written by ``placer profile``)
+      says how much of its FLOPs are the loss's; the simulator and the
+      analytical model charge that part there rather than spreading it over
+      the replicas (other cost models see it as the op's own). The
+      simulator also makes the loss wait for every replica's rows of the
+      output and each replica's backward for the gradient of its rows.
+      ``loss_fixed`` (``[forward, backward]`` FLOPs, part of ``loss_flops``)
+      is what the loss costs whatever a microbatch's rows (its launches, the
+      runtime's loss task): both models charge it whole to every microbatch
+      instead of scaling it by the rows.
+    - an op's fixed cost: a graph node's ``fixed_flops`` (``[forward,
+      backward]``, part of its FLOPs; ``placer profile`` and ``launch(...,
+      calibrate=True)`` write it from the op's times at several row counts)
+      is what the op costs whatever its rows (dispatch, small fixed work
+      beyond ``op_overhead``): both models charge it whole to every
+      microbatch and replica and scale only the rest by their rows. Without
+      it (uncalibrated graphs) all of an op's FLOPs scale.
+    - measured op times: where an op carries ``extra["measured"]`` (as
+      ``placer profile`` writes it), both models use those seconds instead
+      of its FLOPs (see :func:`placer.cost.problem.measured_times`).
     """
 
     #: ``"step_time"`` (seconds), ``"throughput"`` (minus samples/s of the
