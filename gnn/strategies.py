@@ -486,13 +486,18 @@ def _baseline_rows(problem, space=None, max_devices: int = 16):
     op over wide groups, many stages) and wide clusters are the policy's
     own ground."""
     from .problems import (_colocated, cheap_cuts, class_pipelines, even_pipelines,
-                           pipeline_assignments)
+                           pipeline_assignments, site_pipelines, site_replicas)
     rows = pipeline_assignments(problem)
     # and every other depth: a site of three fast GPUs is a pipeline of three
     deep = even_pipelines(problem, [k for k in range(3, min(problem.n_devices, PIPE_STAGES) + 1)
                                     if k & (k - 1)])
+    # and inside each site (the global order starts at the largest one)
+    deep = np.concatenate([deep, site_pipelines(problem, PIPE_STAGES)])
     if len(deep):
-        rows = np.concatenate([rows, deep])
+        seen = {r.tobytes() for r in rows}
+        deep = [r for r in dict((r.tobytes(), r) for r in deep).values()
+                if r.tobytes() not in seen]
+        rows = np.concatenate([rows, deep]) if deep else rows
     # each pipeline also with its boundaries at the cheapest cuts nearby
     cuts = cheap_cuts(problem, rows[[len(np.unique(r)) > 1 for r in rows]])
     seen = {r.tobytes() for r in rows}
@@ -513,6 +518,12 @@ def _baseline_rows(problem, space=None, max_devices: int = 16):
                           max_devices=max_devices):
         stages = int(g.origin.rsplit("-", 1)[-1].split("x")[0])
         layouts.setdefault(g.assign.tobytes(), (g.assign, stages))
+    # the whole graph data-parallel over a site's fast devices (the chain
+    # of the layouts above starts at the fastest device, not the fastest link)
+    for devs in site_replicas(problem):
+        if len(devs) <= max_devices:
+            row = space.repair(np.full(problem.n_ops, space.table.id(devs), dtype=np.int64))
+            layouts.setdefault(row.tobytes(), (row, 1))
     if not layouts:
         return rows, rows[:0], np.zeros(0, dtype=np.int64)
     assign, stages = zip(*layouts.values())
