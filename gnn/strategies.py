@@ -288,7 +288,7 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
     top = sorted(found.values(), key=lambda v: v[0])[:max(settle, keep)]
     if top and not budget.exhausted():
         score(np.stack([v[1] for v in top]), [v[4] for v in top], choices, schedules)
-    out = sorted(found.values(), key=lambda v: v[0])[:keep]
+    out = _distinct(sorted(found.values(), key=lambda v: v[0]), keep)
     # The policy's own best plan is the one local search can mend (baselines
     # are balanced already, or cut where it is cheap); one op-level plan
     # over a single device has only microbatch counts to change, which
@@ -317,6 +317,12 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
         # fits: the descent then lowers the memory excess first (widening,
         # which copies parameters, is left out then)
         fits = out[0][0] < INFEASIBLE
+        # each start also at the other schedules: a descent keeps its
+        # schedule, and the two models disagree on which schedule a plan
+        # prefers (experts-e8-l4@classes-d8: 1F1B's descent 20.71 ms by the
+        # simulator, GPipe's 22.00)
+        starts = [(v, wide) for start, wide in starts
+                  for v in _at_schedules(cost_model, problem, space, start, schedules)]
         for start, wide in starts:
             if start[0] >= INFEASIBLE and (fits or wide):
                 continue
@@ -331,6 +337,34 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
                          key=lambda v: v[0])
     table = groups()
     return [Candidate(t, row, m, s, source, table) for t, row, m, s, source in out]
+
+
+def _at_schedules(cost_model, problem, space, start: tuple, schedules) -> list[tuple]:
+    """``start`` (a ``(objective, row, microbatches, schedule, source)`` of
+    :func:`policy_plans`) and the same row and count at each other of
+    ``schedules``, scored by ``cost_model``."""
+    from evolution.evaluate import compact
+    out = [start]
+    for sched in schedules:
+        if sched != start[3]:
+            rows, used = compact(start[1][None], space)
+            t = times_at(cost_model, problem, rows, [start[2]], sched, tuple(used))
+            out.append((float(t[0]), start[1], start[2], sched, start[4]))
+    return out
+
+
+def _distinct(ranked: list, keep: int) -> list:
+    """The first ``keep`` of ``ranked`` (``(objective, row, ...)`` tuples, best
+    first) with objectives apart by over a billionth: equal figures are
+    nearly always one plan on interchangeable devices (the one-device plan on
+    each of four equal GPUs), which would fill every finalist's place."""
+    out: list = []
+    for v in ranked:
+        if len(out) >= keep:
+            break
+        if not any(abs(v[0] - u[0]) <= 1e-9 * abs(u[0]) for u in out):
+            out.append(v)
+    return out
 
 
 #: runs (stretches of the topological order on one device) above which a
@@ -667,7 +701,9 @@ class RL(_Learned):
     policy's, so fine-tuning never loses a plan zero-shot would have
     returned) or ``finetune_steps``; ``final_k`` (4) best distinct plans
     re-ranked by ``final`` (cost model name, ``"simulator"``; None: keep the search
-    model's best), as evolution ranks its finalists. The plan's
+    model's best), as evolution ranks its finalists, and more of the search
+    model's best (up to ``final_pool``, 16) while their simulations stay
+    within :data:`FINAL_TASKS` op replicas x microbatches in all. The plan's
     ``extra["source"]`` says whether the policy's one-shot decoding, a
     refinement round, the polish or a baseline won (``"anytime"`` or
     ``"anytime-policy"``: the anytime search, from a kick or from a fresh
@@ -683,12 +719,14 @@ class RL(_Learned):
     name = "rl"
 
     def __init__(self, *, final_k: int = 4, final: str | None = "simulator", polish: int = 3,
-                 anytime: bool = True, **options):
+                 anytime: bool = True, final_pool: int = 16, **options):
         super().__init__(polish=polish, **options)
-        if int(final_k) != final_k or final_k < 1:
-            raise StrategyError(f"final_k must be a whole number >= 1, got {final_k!r}",
-                                field="final_k")
+        for label, value in (("final_k", final_k), ("final_pool", final_pool)):
+            if int(value) != value or value < 1:
+                raise StrategyError(f"{label} must be a whole number >= 1, got {value!r}",
+                                    field=label)
         self.final_k, self.final = int(final_k), final
+        self.final_pool = max(int(final_pool), self.final_k)
         self.anytime = bool(anytime)
 
     def search(self, problem, cost_model, budget, seed=0, progress=None):
@@ -696,8 +734,10 @@ class RL(_Learned):
         until it ends (see the class doc)."""
         cost_model = budget.meter(cost_model)
         anytime = self.anytime and (budget.time is not None or budget.evaluations is not None)
-        found = self._candidates(problem, cost_model, budget, seed, keep=self.final_k)
-        i, value = _rank(self.final, cost_model, budget, problem, found, values=True)
+        keep = self.final_pool if self.final is not None else self.final_k
+        found = self._candidates(problem, cost_model, budget, seed, keep=keep)
+        i, value = _rank(self.final, cost_model, budget, problem, found, values=True,
+                         at_least=self.final_k)
         best = found[i].to_plan(problem, self.name)
         if not anytime or _space(problem, [1], ["1f1b"]) is None:
             return self.finalize(problem, cost_model, budget, best, progress=progress)
@@ -706,8 +746,13 @@ class RL(_Learned):
         _report(progress, self.name, budget, value, model, "first plan")
         from .anytime import refine
         choices = self.microbatch_choices(problem)
+        # as many starts as before the pool (the best few and the polish's
+        # steps), the first plan's among them
+        starts = found[:self.final_k + self.polish_keep + 1]
+        if i >= len(starts):
+            starts.append(found[i])
         plan, source = refine(
-            problem, cost_model, budget, found, policy=_policy(self.checkpoint), seed=seed,
+            problem, cost_model, budget, starts, policy=_policy(self.checkpoint), seed=seed,
             samples=self.samples, batch=self.batch, max_units=self.max_units,
             microbatches=choices, schedules=self.schedule_choices(), final=self.final,
             first=best, first_value=value if model == self.final else None,
@@ -732,19 +777,34 @@ def _report(progress, name: str, budget: Budget, value: float, model: str | None
                       extra={"model": model}))
 
 
+#: op replicas x microbatches the final model may simulate in all beyond
+#: the first ``final_k`` finalists (the simulator takes about a microsecond
+#: each: ~16 ms; a 114-op plan at 8 microbatches is ~900)
+FINAL_TASKS = 16_000
+
+
 def _rank(final: str | None, cost_model, budget: Budget, problem, found: list[Candidate],
-          values: bool = False):
+          values: bool = False, at_least: int | None = None):
     """Index of the best of ``found`` (ranked best first by the search model)
     by the ``final`` cost model, as evolution ranks its finalists (scored
     one by one through the model's array path, at least the first, until
     the budget's time is spent); 0 when there is nothing to rank or no
-    evaluations left for it. With ``values``: ``(index, its objective by
+    evaluations left for it. With ``at_least``, only the first ``at_least``
+    and then those whose simulations keep the total within
+    :data:`FINAL_TASKS`. With ``values``: ``(index, its objective by
     the final model)``, the objective None when it was not scored so."""
-    index, value = _ranked(final, cost_model, budget, problem, found)
+    index, value = _ranked(final, cost_model, budget, problem, found, at_least)
     return (index, value) if values else index
 
 
-def _ranked(final, cost_model, budget: Budget, problem, found: list[Candidate]):
+def _tasks(c: Candidate, D: int) -> int:
+    """Op replicas x microbatches of candidate ``c`` (what a simulation costs)."""
+    sizes = np.r_[np.ones(D, dtype=np.int64), [len(g) for g in c.groups]]
+    return int(sizes[c.assign].sum()) * max(int(c.microbatches), 1)
+
+
+def _ranked(final, cost_model, budget: Budget, problem, found: list[Candidate],
+            at_least: int | None = None):
     from placer.cost import get_cost_model
     if len(found) < 2 or final is None or final == getattr(cost_model, "name", None):
         return 0, None
@@ -755,9 +815,14 @@ def _ranked(final, cost_model, budget: Budget, problem, found: list[Candidate]):
     model = budget.meter(get_cost_model(final))
     D = problem.n_devices
     values: list[float] = []
-    for c in found:
+    tasks = 0
+    for k, c in enumerate(found):
         if values and budget.time is not None and budget.remaining_time <= 0:
             break
+        if at_least is not None and k >= at_least:
+            tasks += _tasks(c, D)
+            if tasks > FINAL_TASKS:
+                break
         row, groups = c.compact(D)
         values.append(float(model.step_times(problem, row[None], groups=groups,
                                              microbatches=c.microbatches,
