@@ -344,8 +344,19 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
 #: graphs of at most this many ops get :func:`_cut_descents` (its work
 #: grows with ops x positions tried)
 CUT_OPS = 256
-#: positions one boundary of :func:`_cut_descent` tries, evenly spread
-CUT_POSITIONS = 64
+#: rounds of :func:`_cut_descent` (each moves one boundary)
+CUT_ROUNDS = 4
+#: rows one round of :func:`_cut_descent` scores (positions spread evenly
+#: over the boundaries)
+CUT_ROWS = 128
+#: plans of at most this many runs get :func:`_cut_descents` (a cost-model
+#: call per boundary: HEFT's interleaved plan has hundreds)
+CUT_RUNS = 16
+
+
+def _runs(row: np.ndarray) -> int:
+    """Stretches of the order on one device (or group) in ``row``."""
+    return 1 + int(np.count_nonzero(row[1:] != row[:-1]))
 
 
 def _cut_descents(space, cost_model, problem, budget: Budget, found: dict, schedules) -> None:
@@ -355,63 +366,63 @@ def _cut_descents(space, cost_model, problem, budget: Budget, found: dict, sched
     microbatches, schedule, source)``) as ``"polished"``."""
     if problem.n_ops > CUT_OPS:
         return
-    multi = [v for v in found.values() if len(np.unique(v[1])) > 1 and v[0] < INFEASIBLE]
+    multi = [v for v in found.values() if 1 < _runs(v[1]) <= CUT_RUNS and v[0] < INFEASIBLE]
     if not multi:
         return
     best = min(multi, key=lambda v: v[0])
     for start in _at_schedules(cost_model, problem, space, best, schedules):
         if budget.exhausted():
             break
-        v = _cut_descent(space, cost_model, problem, budget, start)
+        v = _cut_descent(space, cost_model, problem, budget, start, CUT_ROUNDS)
         key = v[1].tobytes()
         if v is not start and (key not in found or v[0] < found[key][0]):
             found[key] = v
 
 
 def _cut_descent(space, cost_model, problem, budget: Budget, start: tuple,
-                 passes: int = 2) -> tuple:
-    """Each boundary between runs of ``start``'s row (a ``(objective, row,
-    microbatches, schedule, source)`` of :func:`policy_plans`) moved to its
-    best position between the neighbouring boundaries (at most
-    :data:`CUT_POSITIONS` of them, one cost-model call per boundary), in
-    order, ``passes`` times; the result (source ``"polished"``), or
-    ``start`` when nothing improved. The memetic neighbourhood moves a
-    boundary by a few ops a step; where the two stages' sizes are far from
-    the best cut (a 2-stage pipeline of an expert stack on a pair of GPUs:
-    the even split's 31.8 ms, the best cut's 29.0 ms by the simulator)
-    three rounds of it do not get there."""
+                 rounds: int = 3) -> tuple:
+    """Steepest descent over the positions of the boundaries between runs
+    of ``start``'s row (a ``(objective, row, microbatches, schedule,
+    source)`` of :func:`policy_plans`): each round moves the one boundary
+    whose move to a position between its neighbours improves most (at most
+    :data:`CUT_ROWS` rows a round, spread evenly over the boundaries and
+    their ranges; one cost-model call); the result (source
+    ``"polished"``), or ``start`` when nothing improved. The memetic
+    neighbourhood moves a boundary by a few ops a step; where the two
+    stages' sizes are far from the best cut (a 2-stage pipeline of an
+    expert stack on a pair of GPUs: the even split's 31.8 ms, the best
+    cut's 29.0 ms by the simulator) three rounds of it do not get there."""
     from evolution.evaluate import compact
     t, row, m, sched, _ = start
-    best, row = t, row.copy()
-    improved = False
-    for _ in range(passes):
-        moved = False
-        starts = np.flatnonzero(np.r_[True, row[1:] != row[:-1]])
-        for j in range(1, len(starts)):
-            bounds = np.r_[np.flatnonzero(np.r_[True, row[1:] != row[:-1]]), len(row)]
-            if j >= len(bounds) - 1:
-                break
+    best, improved = t, False
+    for _ in range(rounds):
+        bounds = np.r_[np.flatnonzero(np.r_[True, row[1:] != row[:-1]]), len(row)]
+        B = len(bounds) - 2                        # boundaries between runs
+        per = max(CUT_ROWS // max(B, 1), 4)
+        rows = []
+        for j in range(1, B + 1):
             lo, pos, hi = int(bounds[j - 1]), int(bounds[j]), int(bounds[j + 1])
-            cand = np.unique(np.linspace(lo + 1, hi - 1, CUT_POSITIONS).round().astype(int))
+            cand = np.unique(np.linspace(lo + 1, hi - 1, per).round().astype(int))
             cand = cand[cand != pos]
-            room = budget.allow(len(cand))
-            if math.isfinite(budget.remaining_evaluations):
-                room = min(room, max(int(budget.remaining_evaluations) - 1, 0))
-            cand = cand[:room]
-            if not len(cand):
-                return (best, row, m, sched, "polished") if improved else start
-            left, right = row[lo], row[pos]
-            rows = np.repeat(row[None], len(cand), axis=0)
             span = np.arange(lo, hi)
-            rows[:, lo:hi] = np.where(span[None] < cand[:, None], left, right)
-            rows = np.stack([space.repair(r) for r in rows])
-            A, used = compact(rows, space)
-            v = times_at(cost_model, problem, A, [m] * len(A), sched, tuple(used))
-            i = int(np.argmin(v))
-            if v[i] < best * (1 - 1e-9):
-                best, row, improved, moved = float(v[i]), rows[i], True, True
-        if not moved:
+            block = np.repeat(row[None], len(cand), axis=0)
+            block[:, lo:hi] = np.where(span[None] < cand[:, None], row[lo], row[pos])
+            rows.append(block)
+        rows = np.concatenate(rows) if rows else row[None, :0]
+        room = budget.allow(len(rows))
+        if math.isfinite(budget.remaining_evaluations):
+            room = min(room, max(int(budget.remaining_evaluations) - 1, 0))
+        rows = rows[:room]
+        if not len(rows):
             break
+        if space.has_colocation:
+            rows = np.stack([space.repair(r) for r in rows])
+        A, used = compact(rows, space)
+        v = times_at(cost_model, problem, A, [m] * len(A), sched, tuple(used))
+        i = int(np.argmin(v))
+        if not v[i] < best * (1 - 1e-9):
+            break
+        best, row, improved = float(v[i]), rows[i], True
     return (best, row, m, sched, "polished") if improved else start
 
 
