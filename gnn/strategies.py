@@ -166,7 +166,8 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
                  keep: int = 1, baselines: bool = True, polish: int = 0,
                  settle: int = 4, layout_devices: int = 16,
                  polish_limit: int = 48, polish_keep: int = 3,
-                 widen: bool = True) -> list[Candidate]:
+                 widen: bool = True, cuts: bool = True,
+                 every_schedule: bool = True) -> list[Candidate]:
     """Decode and score placements; returns the ``keep`` best distinct
     :class:`Candidate` s, best first. ``source`` says where the plan came from:
     ``"policy"`` (one-shot decoding), ``"refined"`` (a refinement round),
@@ -185,7 +186,10 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
     ``keep`` best) and, with ``widen``, as many rounds of a descent by
     :func:`replica_moves` alone (ops made data-parallel over their stage's
     and an adjacent stage's devices) from the best plan over several
-    devices of any source (its last step kept). Everything is scored with
+    devices of any source (its last step kept; with ``every_schedule``
+    each descent also from its start at the other schedules); with ``cuts``, before the
+    polish, :func:`_cut_descent` from the best plan over several devices
+    (:data:`CUT_OPS`, :data:`CUT_RUNS`; at each schedule). Everything is scored with
     ``cost_model``'s array path at each microbatch count and schedule. Stops
     early when ``budget`` is spent, keeping one evaluation for the caller's
     report of the result (the greedy plan is always scored).
@@ -288,7 +292,7 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
     top = sorted(found.values(), key=lambda v: v[0])[:max(settle, keep)]
     if top and not budget.exhausted():
         score(np.stack([v[1] for v in top]), [v[4] for v in top], choices, schedules)
-    if space is not None and not budget.exhausted():
+    if cuts and space is not None and not budget.exhausted():
         _cut_descents(space, cost_model, problem, budget, found, schedules)
     out = _distinct(sorted(found.values(), key=lambda v: v[0]), keep)
     # The policy's own best plan is the one local search can mend (baselines
@@ -324,7 +328,8 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
         # prefers (experts-e8-l4@classes-d8: 1F1B's descent 20.71 ms by the
         # simulator, GPipe's 22.00)
         starts = [(v, wide) for start, wide in starts
-                  for v in _at_schedules(cost_model, problem, space, start, schedules)]
+                  for v in _at_schedules(cost_model, problem, space, start,
+                                         schedules if every_schedule else [start[3]])]
         for start, wide in starts:
             if start[0] >= INFEASIBLE and (fits or wide):
                 continue
@@ -697,7 +702,8 @@ class _Learned(Strategy):
                  refine: int = 0, max_units: int = 96, temperature: float = 1.0,
                  finetune: float = 0.0, finetune_steps: int | None = None,
                  baselines: bool = True, polish: int = 0, polish_limit: int = 48,
-                 polish_keep: int = 3, widen: bool = True, **base):
+                 polish_keep: int = 3, widen: bool = True, cuts: bool = True,
+                 every_schedule: bool = True, **base):
         super().__init__(**base)
         for label, value, low in (("samples", samples, 0), ("batch", batch, 1),
                                   ("max_units", max_units, 1), ("polish", polish, 0),
@@ -719,7 +725,8 @@ class _Learned(Strategy):
         self.baselines = bool(baselines)
         self.polish, self.polish_limit = int(polish), int(polish_limit)
         self.polish_keep = int(polish_keep)
-        self.widen = bool(widen)
+        self.widen, self.cuts = bool(widen), bool(cuts)
+        self.every_schedule = bool(every_schedule)
 
     def _candidates(self, problem, cost_model, budget, seed, keep) -> list[Candidate]:
         """The ``keep`` best distinct :class:`Candidate` s and the polish's
@@ -736,7 +743,8 @@ class _Learned(Strategy):
                                 if self.microbatches is not None else None,
                                 schedules=schedules, keep=keep, baselines=self.baselines,
                                 polish=self.polish, polish_limit=self.polish_limit,
-                                polish_keep=self.polish_keep, widen=self.widen)
+                                polish_keep=self.polish_keep, widen=self.widen,
+                                cuts=self.cuts, every_schedule=self.every_schedule)
         if not (self.finetune > 0 or self.finetune_steps):
             return plans(policy)
         # The shipped policy's plans first: fine-tuning can end in a worse
@@ -779,7 +787,10 @@ class RL(_Learned):
     finalists, 3), ``widen`` (True: a second descent, by
     :func:`replica_moves` only, from the best plan over several devices
     of any source within :data:`POLISH_GAP` of the best; its last step is
-    a finalist),
+    a finalist), ``cuts`` (True: the boundaries of the best plan over
+    several devices moved to their best positions, :func:`_cut_descent`),
+    ``every_schedule`` (True: both descents also from their starts at the
+    other schedules),
     ``max_units`` (decision units; larger graphs are cut into runs; the
     shipped policy was trained with 96), ``temperature``, ``baselines``
     (also score the simple reference plans and evolution's layouts, default
@@ -926,7 +937,8 @@ POLICY_SHARE = 0.2
 class Hybrid(_Learned):
     """The policy's plans, then the ``evolution`` strategy (see the module doc).
 
-    Options: those of ``rl`` (the same defaults: the plans are ``rl``'s
+    Options: those of ``rl`` (the same defaults but ``cuts=False`` and
+    ``every_schedule=False``: the plans are ``rl``'s
     candidates, the steps of its ``polish`` descent included), ``seeds``
     (how many of the best distinct policy plans to hand over, besides the
     polished ones), ``share`` (at most this share of the budget for the
@@ -954,8 +966,13 @@ class Hybrid(_Learned):
 
     def __init__(self, *, seeds: int = 8, evolution: dict | None = None,
                  share: float | None = None, polish: int = 3, policy_slots: int = 0,
-                 **options):
-        super().__init__(polish=polish, **options)
+                 cuts: bool = False, every_schedule: bool = False, **options):
+        # no cut descent nor descents at every schedule by default:
+        # evolution's own search moves boundaries and schedules, and the
+        # evaluations they would spend are evolution's (dlrm.op on
+        # hetero-lab at 4,000 evaluations, seed 2: 1.030 ms with them
+        # against evolution's 0.988, 0.988 without)
+        super().__init__(polish=polish, cuts=cuts, every_schedule=every_schedule, **options)
         if int(seeds) != seeds or seeds < 1:
             raise StrategyError(f"seeds must be a whole number >= 1, got {seeds!r}",
                                 field="seeds")

@@ -313,8 +313,9 @@ def test_rl_strategy_returns_valid_plan(tmp_path):
     # the policy alone (no baseline plans) never reports a baseline as source
     alone = get_strategy("rl", checkpoint=str(tmp_path / "p"), samples=4, max_units=48,
                          baselines=False).search(problem, cost, Budget(evaluations=400))
-    # (its first plan: the anytime search goes on from there)
-    assert alone.extra["first_source"] in ("policy", "refined")
+    # (its first plan: the anytime search goes on from there; "polished": a
+    # descent from one of the policy's plans, the only ones there are)
+    assert alone.extra["first_source"] in ("policy", "refined", "polished")
     assert plan.extra["source"] in ("policy", "refined", "baseline", "polished", "anytime",
                                     "anytime-policy")
 
@@ -571,6 +572,7 @@ def test_policy_plans_polish_adds_finalists_from_the_policy_best(monkeypatch):
 
     def plans(polish, **kw):
         kw.setdefault("widen", False)      # the widening descent: its own test
+        kw.setdefault("cuts", False)       # the cut descent: its own test
         return strategies.policy_plans(tiny_policy(4), problem, cost, Budget(), samples=4,
                                        max_units=48, keep=2, baselines=False, polish=polish,
                                        **kw)
@@ -696,7 +698,7 @@ def test_widening_descent_beats_every_plan_the_old_polish_can_reach():
 
     def plans(widen):
         return policy_plans(tiny_policy(4), problem, cost, Budget(), samples=4, max_units=48,
-                            keep=2, polish=3, widen=widen, microbatches=[8])
+                            keep=2, polish=3, widen=widen, microbatches=[8], cuts=False)
     plain, wide = plans(False), plans(True)
     assert wide[0].objective == pytest.approx(new[0][0]) and wide[0].source == "polished"
     assert wide[0].objective < plain[0].objective
