@@ -416,7 +416,9 @@ def _cut_descent(space, cost_model, problem, budget: Budget, start: tuple,
         rows = np.concatenate(rows) if rows else row[None, :0]
         room = budget.allow(len(rows))
         if math.isfinite(budget.remaining_evaluations):
-            room = min(room, max(int(budget.remaining_evaluations) - 1, 0))
+            # at most a quarter of what is left a round: the polish, the
+            # final ranking and the caller's report come after
+            room = min(room, int(budget.remaining_evaluations) // 4)
         rows = rows[:room]
         if not len(rows):
             break
@@ -833,7 +835,10 @@ class RL(_Learned):
         cost_model = budget.meter(cost_model)
         anytime = self.anytime and (budget.time is not None or budget.evaluations is not None)
         keep = self.final_pool if self.final is not None else self.final_k
-        found = self._candidates(problem, cost_model, budget, seed, keep=keep)
+        # under an evaluation budget the descents stop short of the final
+        # ranking's first ``final_k`` simulations
+        with _reserve(budget, self.final_k + 1 if self.final is not None else 0):
+            found = self._candidates(problem, cost_model, budget, seed, keep=keep)
         i, value = _rank(self.final, cost_model, budget, problem, found, values=True,
                          at_least=self.final_k)
         best = found[i].to_plan(problem, self.name)
@@ -862,6 +867,17 @@ class RL(_Learned):
         plan.extra = dict(plan.extra or {}, source=source if source != "first"
                           else found[i].source, first_source=found[i].source)
         return self.finalize(problem, cost_model, budget, plan, progress=progress)
+
+
+def _reserve(budget: Budget, n: int):
+    """evolution's :class:`~evolution.search.reserve` (``n`` evaluations
+    hidden inside), or nothing held back without the evolution package."""
+    try:
+        from evolution.search import reserve
+    except ImportError:
+        import contextlib
+        return contextlib.nullcontext(budget)
+    return reserve(budget, n)
 
 
 def _report(progress, name: str, budget: Budget, value: float, model: str | None,
