@@ -240,8 +240,8 @@ def _layouts(space) -> list:
     genomes (one-shot ``rl`` scored them too, but kept only its best few):
     starts of other shapes for the descents."""
     from evolution.genome import OpGenome
-    from .strategies import _baseline_rows
-    pipes, layouts, stages = _baseline_rows(space.problem, space)
+    from .strategies import baseline_rows
+    pipes, layouts, stages = baseline_rows(space.problem, space)
     ms = space.microbatch_choices
     pipes = np.concatenate([pipes, _pipelines(space.problem)])
     out = [OpGenome(space.repair(np.asarray(a, dtype=np.int64)), ms[-1],
@@ -397,9 +397,9 @@ class _Decoder:
         import torch
         from .features import encode_problem
         from .model import FastDecoder
-        from .strategies import _OneThread
+        from .strategies import OneThread
         self.pg = encode_problem(problem, max_units)
-        with torch.no_grad(), _OneThread():
+        with torch.no_grad(), OneThread():
             self.decoder = FastDecoder(policy, self.pg)
 
     def rows(self, current, space, rng, samples: int, batch: int, temperature: float) -> list:
@@ -407,16 +407,16 @@ class _Decoder:
         of ``current`` (single-device ops only: the policy places each op on
         one device), at ``current``'s microbatches and schedule."""
         from evolution.genome import OpGenome
-        from .strategies import _OneThread, _unit_row
+        from .strategies import OneThread, unit_row
         D = space.n_devices
         out = []
-        with _OneThread():
+        with OneThread():
             if samples > 0:
                 rows = self.decoder.decode(samples, greedy=0, rng=rng, temperature=temperature)
                 out += list(self.pg.expand(rows))
             if batch > 0 and current.assign.max() < D:
                 rows = self.decoder.decode(batch, greedy=0, rng=rng, temperature=temperature,
-                                           context=_unit_row(self.pg, current.assign))
+                                           context=unit_row(self.pg, current.assign))
                 out += list(self.pg.expand(rows))
         return [OpGenome(space.repair(np.asarray(a, dtype=np.int64)), current.microbatches,
                          current.schedule, "anytime-policy") for a in out]

@@ -17,7 +17,9 @@ from placer.cost import INFEASIBLE
 
 __all__ = ["TRAIN_CLUSTERS", "TEST_CLUSTERS", "random_cluster", "random_graph",
            "microbatch_choices",
-           "best_times", "times_at", "reference_time", "reference", "reward", "pipeline_assignments"]
+           "best_times", "times_at", "reference_time", "reference", "reward",
+           "pipeline_assignments", "even_pipelines", "site_devices", "site_pipelines",
+           "site_replicas", "colocated"]
 
 TRAIN_CLUSTERS = ("a100x8", "two-sites", "dtfm-datacenter-ondemand", "dtfm-regional",
                   "dtfm-multi-universities")
@@ -357,7 +359,7 @@ def class_pipelines(problem, counts) -> np.ndarray:
     return np.stack(rows) if rows else np.zeros((0, problem.n_ops), dtype=np.int64)
 
 
-def _colocated(problem, rows: np.ndarray) -> np.ndarray:
+def colocated(problem, rows: np.ndarray) -> np.ndarray:
     """Rows with every colocation group moved to its first member's device."""
     rows = rows.copy()
     first: dict[str, int] = {}
@@ -406,7 +408,7 @@ def reference(cost_model, problem, heuristics=HEURISTICS) -> tuple[float, np.nda
     """``(step time, device per op)``: the time of the best heuristic plan
     (:func:`pipeline_assignments` and the ``heuristics`` of placer.search)
     and the best single-device-per-op plan among them (the imitation target)."""
-    rows = _colocated(problem, pipeline_assignments(problem))
+    rows = colocated(problem, pipeline_assignments(problem))
     t, _, _ = best_times(cost_model, problem, rows, microbatch_choices(problem))
     best = int(np.argmin(t))
     time, row = float(t[best]), rows[best]

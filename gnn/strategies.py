@@ -49,7 +49,8 @@ from .features import encode_problem
 from .model import FastDecoder
 from .problems import best_times, reference, reward, times_at
 
-__all__ = ["RL", "Hybrid", "Candidate", "policy_plans"]
+__all__ = ["RL", "Hybrid", "Candidate", "policy_plans", "baseline_rows", "unit_row",
+           "OneThread"]
 
 _CACHE: dict = {}
 
@@ -101,7 +102,7 @@ def _choices(problem) -> list[int]:
     return microbatch_choices(problem)
 
 
-class _OneThread:
+class OneThread:
     """Decoding is many tiny tensor ops: one intra-op thread is fastest, and
     leaves the other cores to the cost model or other work."""
 
@@ -254,13 +255,13 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
     # parallelism alone, the most for a pipeline: its bubble). The other
     # schedule rarely wins and each call costs; the best few rows are then
     # scored at every combination (``settle``).
-    with torch.no_grad(), _OneThread():
+    with torch.no_grad(), OneThread():
         decoder = FastDecoder(policy, pg)
         A = pg.expand(decoder.decode(1 + samples, greedy=1, rng=rng, temperature=temperature))
         sources = ["policy"] * len(A)
         counts = [choices] * len(A)
         if baselines:
-            pipes, layouts, stages = _baseline_rows(problem, space, layout_devices)
+            pipes, layouts, stages = baseline_rows(problem, space, layout_devices)
             A = np.concatenate([A, pipes, layouts]) if len(layouts) else np.concatenate([A, pipes])
             sources += ["baseline"] * (len(pipes) + len(layouts))
             counts += [choices] * len(pipes)
@@ -286,7 +287,7 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
             best = min(single, key=lambda v: v[0])
             k = 1 + min(batch, samples)
             rows = decoder.decode(k, greedy=1, rng=rng, temperature=temperature,
-                                  context=_unit_row(pg, best[1]))
+                                  context=unit_row(pg, best[1]))
             # near the plan they refine: scored at its microbatch count (settled below)
             score(pg.expand(rows), ["refined"] * k, ms=[best[2]])
     top = sorted(found.values(), key=lambda v: v[0])[:max(settle, keep)]
@@ -595,14 +596,14 @@ def replica_moves(space, g, rng=None, limit: int | None = None) -> list:
     return out
 
 
-def _unit_row(pg, op_row: np.ndarray) -> np.ndarray:
+def unit_row(pg, op_row: np.ndarray) -> np.ndarray:
     """Device per unit from device per op: the device of each unit's first op."""
     first = np.zeros(pg.n_units, dtype=np.int64)
     first[pg.unit_of[::-1]] = op_row[::-1]
     return first
 
 
-def _baseline_rows(problem, space=None, max_devices: int = 16):
+def baseline_rows(problem, space=None, max_devices: int = 16):
     """``(pipelines, layouts, stages)``: the simple reference plans (device
     per op) of :mod:`gnn.problems`, each pipeline also with its boundaries
     moved to cheap cuts (:func:`gnn.problems.cheap_cuts`), colocation
@@ -613,7 +614,7 @@ def _baseline_rows(problem, space=None, max_devices: int = 16):
     layouts cost the cost model up to 100x more per plan (an all-reduce per
     op over wide groups, many stages) and wide clusters are the policy's
     own ground."""
-    from .problems import (_colocated, cheap_cuts, class_pipelines, even_pipelines,
+    from .problems import (cheap_cuts, class_pipelines, colocated, even_pipelines,
                            pipeline_assignments, site_pipelines, site_replicas)
     rows = pipeline_assignments(problem)
     # and every other depth: a site of three fast GPUs is a pipeline of three
@@ -630,7 +631,7 @@ def _baseline_rows(problem, space=None, max_devices: int = 16):
     cuts = cheap_cuts(problem, rows[[len(np.unique(r)) > 1 for r in rows]])
     seen = {r.tobytes() for r in rows}
     cuts = [r for r in cuts if r.tobytes() not in seen]
-    rows = _colocated(problem, np.concatenate([rows, cuts]) if cuts else rows)
+    rows = colocated(problem, np.concatenate([rows, cuts]) if cuts else rows)
     # pipelines of whole colocation classes (an unrolled recurrence's layers)
     classes = class_pipelines(problem, range(2, min(problem.n_devices, CLASS_STAGES) + 1))
     if len(classes):
@@ -758,7 +759,7 @@ class _Learned(Strategy):
         seconds = self.finetune if self.finetune > 0 else None
         if seconds is not None and budget.time is not None:
             seconds = min(seconds, 0.8 * budget.remaining_time)
-        with _OneThread():
+        with OneThread():
             policy = _finetune(policy, problem, cost_model, seconds=seconds,
                                steps=self.finetune_steps, samples=min(max(self.samples, 2), 16),
                                max_units=self.max_units, seed=seed, budget=budget)

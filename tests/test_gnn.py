@@ -349,14 +349,14 @@ def test_fine_tuning_keeps_the_shipped_policys_candidates(tmp_path):
 
 def test_rl_never_worse_than_baselines_and_hybrid_reports_policy_first(tmp_path):
     from placer.search import Budget, get_strategy, strategies
-    from gnn.strategies import _baseline_rows, _space
+    from gnn.strategies import baseline_rows, _space
     save_policy(tmp_path / "p", tiny_policy(2))
     problem = Problem(datasets.graph("unet.module"), datasets.cluster("edge-wireless"))
     cost = get_cost_model("analytical")
     plan = get_strategy("rl", checkpoint=str(tmp_path / "p"), samples=4, final=None,
                         max_units=48).search(problem, cost, Budget(evaluations=2000))
     space = _space(problem, [1, 2, 4, 8], ["1f1b", "gpipe"])
-    pipes, layouts, stages = _baseline_rows(problem, space)
+    pipes, layouts, stages = baseline_rows(problem, space)
     t, _, _ = best_times(cost, problem, pipes, [1, 2, 4, 8], ["1f1b", "gpipe"])
     assert plan.predicted["objective"] <= t.min() * (1 + 1e-9)
     if space is not None:   # the stage/replica layouts (data-parallel ones) compete too
@@ -460,7 +460,7 @@ def test_scattered_rows_are_screened_at_one_microbatch_count(monkeypatch):
     n = problem.n_ops
     scattered = (np.arange(n) % 2)[None]                   # n runs
     halves = (np.arange(n) >= n // 2).astype(np.int64)[None]  # 2 runs
-    monkeypatch.setattr(strategies, "_baseline_rows", lambda *a, **k: (
+    monkeypatch.setattr(strategies, "baseline_rows", lambda *a, **k: (
         np.concatenate([scattered, halves]), np.zeros((0, n), np.int64), np.zeros(0, int)))
     monkeypatch.setattr(strategies, "SCATTERED_RUNS", 8)
     calls = []
@@ -503,7 +503,7 @@ def test_times_at_one_call_matches_one_call_per_count():
     without that path (the simulator) get one call per count."""
     from placer.search import Budget
     from gnn.problems import times_at
-    from gnn.strategies import _baseline_rows, _space
+    from gnn.strategies import baseline_rows, _space
     problem = Problem(datasets.graph("layered-n30-w4-s0"), datasets.cluster("two-sites"))
     pg = encode_problem(problem, max_units=48)
     rows = pg.expand(FastDecoder(tiny_policy(2), pg).decode(6, greedy=1,
@@ -511,7 +511,7 @@ def test_times_at_one_call_matches_one_call_per_count():
     space = _space(problem, [1, 2, 4], ("1f1b",))
     groups = ()
     if space is not None:
-        _, layouts, _ = _baseline_rows(problem, space)
+        _, layouts, _ = baseline_rows(problem, space)
         rows, groups = np.concatenate([rows, layouts]), tuple(space.table.extra())
     counts = np.resize([1, 2, 4, 8], len(rows))
     for name in ("analytical", "simulator"):
@@ -844,9 +844,9 @@ def test_baselines_hold_even_pipelines_of_every_depth():
     too (a site of three fast GPUs is a pipeline of three), not only over
     powers of two."""
     from gnn.problems import even_pipelines
-    from gnn.strategies import PIPE_STAGES, _baseline_rows
+    from gnn.strategies import PIPE_STAGES, baseline_rows
     problem = Problem(datasets.graph("layered-n50-w4-s0"), datasets.cluster("classes-d8-s0"))
-    rows, _, _ = _baseline_rows(problem)
+    rows, _, _ = baseline_rows(problem)
     have = {r.tobytes() for r in rows}
     for k in range(2, PIPE_STAGES + 1):
         row = even_pipelines(problem, [k])[0]

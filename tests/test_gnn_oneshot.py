@@ -33,7 +33,7 @@ def test_site_baselines_reach_the_fast_pair_of_a_small_site():
     pipes = site_pipelines(problem, 8)
     assert any(set(np.unique(r)) == set(pair) for r in pipes)
     space = strategies._space(problem, [1, 2, 4, 8], ["1f1b"])
-    _, layouts, stages = strategies._baseline_rows(problem, space)
+    _, layouts, stages = strategies.baseline_rows(problem, space)
     whole = np.full(problem.n_ops, space.table.id(pair))
     assert any((row == whole).all() and s == 1 for row, s in zip(layouts, stages))
 
