@@ -44,13 +44,14 @@ from placer.errors import StrategyError
 from placer.search.base import (Budget, Progress, Strategy, get_strategy,
                                 register_strategy)
 
+from .candidates import (POLISH_GAP, OneThread, baseline_rows, heft_rows, replica_moves,
+                         unit_row)
 from .checkpoint import default_checkpoint, load_policy
 from .features import encode_problem
 from .model import FastDecoder
 from .problems import best_times, reference, reward, times_at
 
-__all__ = ["RL", "Hybrid", "Candidate", "policy_plans", "baseline_rows", "unit_row",
-           "OneThread"]
+__all__ = ["RL", "Hybrid", "Candidate", "policy_plans"]
 
 _CACHE: dict = {}
 
@@ -100,18 +101,6 @@ def _finetune(policy, problem, cost_model, *, seconds, steps, samples, max_units
 def _choices(problem) -> list[int]:
     from .problems import microbatch_choices
     return microbatch_choices(problem)
-
-
-class OneThread:
-    """Decoding is many tiny tensor ops: one intra-op thread is fastest, and
-    leaves the other cores to the cost model or other work."""
-
-    def __enter__(self):
-        self.before = torch.get_num_threads()
-        torch.set_num_threads(1)
-
-    def __exit__(self, *exc):
-        torch.set_num_threads(self.before)
 
 
 class Candidate(NamedTuple):
@@ -258,28 +247,7 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
     with torch.no_grad(), OneThread():
         decoder = FastDecoder(policy, pg)
         A = pg.expand(decoder.decode(1 + samples, greedy=1, rng=rng, temperature=temperature))
-        sources = ["policy"] * len(A)
-        counts = [choices] * len(A)
-        if baselines:
-            pipes, layouts, stages = baseline_rows(problem, space, layout_devices)
-            A = np.concatenate([A, pipes, layouts]) if len(layouts) else np.concatenate([A, pipes])
-            sources += ["baseline"] * (len(pipes) + len(layouts))
-            counts += [choices] * len(pipes)
-            counts += [[choices[-1]] if s > 1 else [choices[0]] for s in stages.tolist()]
-            heft = _heft_rows(problem)
-            A = np.concatenate([A, heft])
-            sources += ["baseline"] * len(heft)
-            counts += [choices] * len(heft)
-        # a scattered row (its ops switching devices hundreds of times, as an
-        # even pipeline of an interleaved graph does) costs the cost model in
-        # proportion to its runs at every count: it is screened at the most
-        # microbatches (which hide the most transfers), settled at every
-        # count if it leads
-        runs = 1 + np.count_nonzero(A[:, 1:] != A[:, :-1], axis=1)
-        if baselines:       # HEFT's plan interleaves by design: every count
-            runs[len(A) - len(heft):] = 0
-        counts = [c if r <= SCATTERED_RUNS else c[-1:] for c, r in zip(counts, runs.tolist())]
-        score(A, sources, counts)
+        score(*_screening_rows(problem, space, A, choices, baselines, layout_devices))
         for _ in range(max(refine, 0)):
             single = [v for v in found.values() if v[1].max() < D]
             if budget.exhausted() or not single:
@@ -296,6 +264,22 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
     if cuts and space is not None and not budget.exhausted():
         _cut_descents(space, cost_model, problem, budget, found, schedules)
     out = _distinct(sorted(found.values(), key=lambda v: v[0]), keep)
+    if polish > 0 and space is not None and not budget.exhausted():
+        out = _descents(space, cost_model, problem, budget, found, out, rng, schedules,
+                        polish, polish_limit, polish_keep, widen, every_schedule)
+    table = groups()
+    return [Candidate(t, row, m, s, source, table) for t, row, m, s, source in out]
+
+
+def _descents(space, cost_model, problem, budget: Budget, found: dict, out: list, rng,
+              schedules, polish: int, polish_limit: int, polish_keep: int, widen: bool,
+              every_schedule: bool) -> list:
+    """:func:`policy_plans`' descents: ``polish`` rounds of :func:`_polish`
+    from the policy's own best plan and, with ``widen``, of the widening
+    descent from the best plan over several devices (each also at the other
+    ``schedules`` with ``every_schedule``); returns ``out`` (the kept
+    ``(objective, row, microbatches, schedule, source)`` tuples, best
+    first) with their steps joined."""
     # The policy's own best plan is the one local search can mend (baselines
     # are balanced already, or cut where it is cheap); one op-level plan
     # over a single device has only microbatch counts to change, which
@@ -303,48 +287,77 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
     # than displacing one: along it the search model keeps improving where
     # the final model often does not.
     own = [v for v in found.values() if v[4] in ("policy", "refined")]
-    if polish > 0 and space is not None and not budget.exhausted():
-        starts = []            # (start, widen)
-        if own:
-            start = min(own, key=lambda v: v[0])
-            # a few rounds of descent gain a few percent to ~15% (measured on
-            # the benchmark's cases): a start further behind the best is skipped
-            if start[0] <= POLISH_GAP * out[0][0]:
-                starts.append((start, False))
-        if widen:
-            # the best plan over several devices, whatever its source (a
-            # baseline pipeline is balanced or cut where it is cheap, but
-            # one of its ops may gain from being data-parallel), descended
-            # from with the replica moves as well
-            multi = [v for v in found.values() if len(np.unique(v[1])) > 1]
-            best = min(multi, key=lambda v: v[0]) if multi else None
-            if best is not None and best[0] <= POLISH_GAP * out[0][0]:
-                starts.append((best, True))
-        # an infeasible start is descended from only when nothing found
-        # fits: the descent then lowers the memory excess first (widening,
-        # which copies parameters, is left out then)
-        fits = out[0][0] < INFEASIBLE
-        # each start also at the other schedules: a descent keeps its
-        # schedule, and the two models disagree on which schedule a plan
-        # prefers (experts-e8-l4@classes-d8: 1F1B's descent 20.71 ms by the
-        # simulator, GPipe's 22.00)
-        starts = [(v, wide) for start, wide in starts
-                  for v in _at_schedules(cost_model, problem, space, start,
-                                         schedules if every_schedule else [start[3]])]
-        for start, wide in starts:
-            if start[0] >= INFEASIBLE and (fits or wide):
-                continue
-            if len(np.unique(start[1])) < 2 or budget.exhausted():
-                continue
-            # the widening descent's last step only: its earlier ones are
-            # its start with fewer ops widened (each a simulation to rank)
-            steps = _polish(space, cost_model, problem, budget, start, rng, polish,
-                            polish_limit, widen=wide)[:1 if wide else polish_keep]
-            keys = {v[1].tobytes() for v in steps}
-            out = sorted([v for v in out if v[1].tobytes() not in keys] + steps,
-                         key=lambda v: v[0])
-    table = groups()
-    return [Candidate(t, row, m, s, source, table) for t, row, m, s, source in out]
+    starts = []            # (start, widen)
+    if own:
+        start = min(own, key=lambda v: v[0])
+        # a few rounds of descent gain a few percent to ~15% (measured on
+        # the benchmark's cases): a start further behind the best is skipped
+        if start[0] <= POLISH_GAP * out[0][0]:
+            starts.append((start, False))
+    if widen:
+        # the best plan over several devices, whatever its source (a
+        # baseline pipeline is balanced or cut where it is cheap, but
+        # one of its ops may gain from being data-parallel), descended
+        # from with the replica moves as well
+        multi = [v for v in found.values() if len(np.unique(v[1])) > 1]
+        best = min(multi, key=lambda v: v[0]) if multi else None
+        if best is not None and best[0] <= POLISH_GAP * out[0][0]:
+            starts.append((best, True))
+    # an infeasible start is descended from only when nothing found
+    # fits: the descent then lowers the memory excess first (widening,
+    # which copies parameters, is left out then)
+    fits = out[0][0] < INFEASIBLE
+    # each start also at the other schedules: a descent keeps its
+    # schedule, and the two models disagree on which schedule a plan
+    # prefers (experts-e8-l4@classes-d8: 1F1B's descent 20.71 ms by the
+    # simulator, GPipe's 22.00)
+    starts = [(v, wide) for start, wide in starts
+              for v in _at_schedules(cost_model, problem, space, start,
+                                     schedules if every_schedule else [start[3]])]
+    for start, wide in starts:
+        if start[0] >= INFEASIBLE and (fits or wide):
+            continue
+        if len(np.unique(start[1])) < 2 or budget.exhausted():
+            continue
+        # the widening descent's last step only: its earlier ones are
+        # its start with fewer ops widened (each a simulation to rank)
+        steps = _polish(space, cost_model, problem, budget, start, rng, polish,
+                        polish_limit, widen=wide)[:1 if wide else polish_keep]
+        keys = {v[1].tobytes() for v in steps}
+        out = sorted([v for v in out if v[1].tobytes() not in keys] + steps,
+                     key=lambda v: v[0])
+    return out
+
+
+def _screening_rows(problem, space, A: np.ndarray, choices: list[int], baselines: bool,
+                    layout_devices: int) -> tuple:
+    """``(rows, sources, counts)`` that :func:`policy_plans` screens: the
+    policy's decoded rows ``A`` and, with ``baselines``, the baseline rows
+    (:func:`gnn.candidates.baseline_rows`, HEFT's), each with the
+    microbatch counts it is screened at."""
+    sources = ["policy"] * len(A)
+    counts = [choices] * len(A)
+    heft = A[:0]
+    if baselines:
+        pipes, layouts, stages = baseline_rows(problem, space, layout_devices)
+        A = np.concatenate([A, pipes, layouts]) if len(layouts) else np.concatenate([A, pipes])
+        sources += ["baseline"] * (len(pipes) + len(layouts))
+        counts += [choices] * len(pipes)
+        counts += [[choices[-1]] if s > 1 else [choices[0]] for s in stages.tolist()]
+        heft = heft_rows(problem)
+        A = np.concatenate([A, heft])
+        sources += ["baseline"] * len(heft)
+        counts += [choices] * len(heft)
+    # a scattered row (its ops switching devices hundreds of times, as an
+    # even pipeline of an interleaved graph does) costs the cost model in
+    # proportion to its runs at every count: it is screened at the most
+    # microbatches (which hide the most transfers), settled at every
+    # count if it leads
+    runs = 1 + np.count_nonzero(A[:, 1:] != A[:, :-1], axis=1)
+    if len(heft):       # HEFT's plan interleaves by design: every count
+        runs[len(A) - len(heft):] = 0
+    counts = [c if r <= SCATTERED_RUNS else c[-1:] for c, r in zip(counts, runs.tolist())]
+    return A, sources, counts
 
 
 #: graphs of at most this many ops get :func:`_cut_descents` (its work
@@ -467,13 +480,6 @@ def _distinct(ranked: list, keep: int) -> list:
 SCATTERED_RUNS = 64
 #: op-rows one polish round may hand the cost model (neighbours x ops)
 POLISH_WORK = 40_000
-#: the policy's best plan is polished only within this factor of the best plan
-#: (1.25 until the cheap-cut pipelines: one of them now leads the policy's
-#: start by 27% on moe@hetero-lab, where the policy's polish wins by the
-#: simulator)
-POLISH_GAP = 1.35
-
-
 def _polish(space, cost_model, problem, budget: Budget, start: tuple, rng, rounds: int,
             limit: int = 48, widen: bool = False):
     """Steepest descent from ``start`` (a ``(objective, row, microbatches,
@@ -516,171 +522,6 @@ def _polish(space, cost_model, problem, budget: Budget, start: tuple, rng, round
         g, best = cands[i], float(v[i])
         steps.append((best, g.assign, int(g.microbatches), sched, "polished"))
     return steps[::-1]
-
-
-#: ops at each end of a run that :func:`replica_moves` replicates (one op,
-#: then the end's first ``k`` ops together)
-REPLICA_SPANS = (1, 2)
-
-
-def replica_moves(space, g, rng=None, limit: int | None = None) -> list:
-    """Neighbours of ``g`` (an :class:`evolution.genome.OpGenome`) that make
-    an op, or a short run of ops, data-parallel over its own devices and
-    those of an adjacent stage: for each run of equal groups along the
-    order, its first and last ``k`` ops (``k`` in :data:`REPLICA_SPANS`)
-    replicated over the union of their devices and the previous or next
-    run's; and each op with a graph neighbour in another group (a producer
-    or consumer on other devices) over the union of its devices and that
-    neighbour's. Colocation is repaired (a class follows its first member).
-    At most ``limit`` of them: the runs' ends first (a pipeline has a few),
-    then boundary ops to fill (sampled with ``rng`` where there are more).
-
-    evolution's memetic neighbourhood moves ops between existing groups and
-    shifts boundaries; it never widens a group, so a descent from a
-    pipeline cannot reach a plan whose first op is data-parallel over both
-    stages' devices (moe on edge-wireless: evolution's plan replicates the
-    input op on the second Orin NX, rl's now ``ln_f``; both are zero-FLOP
-    ops, and what the extra run of the order buys is a higher 1F1B
-    in-flight cap, :func:`placer.cost.memory.inflight`: 2.97 and 2.86 s
-    against 3.42 s by the simulator)."""
-    from evolution.operators import _boundary_ops
-    a = g.assign
-    n = len(a)
-    table = space.table
-    starts = np.flatnonzero(np.r_[True, a[1:] != a[:-1]])
-    ends = np.r_[starts[1:], n]
-    ends_, edges_ = {}, {}     # (lo, hi, other group) -> None, in order
-    R = len(starts)
-    for r in range(R if R > 1 else 0):
-        lo, hi = int(starts[r]), int(ends[r])
-        for k in REPLICA_SPANS:
-            if k > hi - lo:
-                break
-            for other in (r - 1, r + 1):
-                if 0 <= other < R:
-                    gid = int(a[starts[other]])
-                    ends_[(lo, lo + k, gid)] = None
-                    ends_[(hi - k, hi, gid)] = None
-    for i in _boundary_ops(space, a).tolist():
-        for j in set(a[space.neighbours(i)].tolist()) - {int(a[i])}:
-            if (i, i + 1, int(j)) not in ends_:
-                edges_[(i, i + 1, int(j))] = None
-    rep = space.rep if space.has_colocation else None
-    follows = rep != np.arange(n) if rep is not None else None
-
-    def keep(specs: dict, room) -> list:
-        """The specs whose ops lead their colocation class, at most ``room``
-        (sampled with ``rng``)."""
-        specs = [sp for sp in specs if follows is None or not follows[sp[0]:sp[1]].any()]
-        if room is not None and len(specs) > room:
-            pick = (rng if rng is not None else np.random.default_rng(0)).choice(
-                len(specs), size=room, replace=False)
-            specs = [specs[i] for i in np.sort(pick).tolist()]
-        return specs
-    # the runs' ends first (a pipeline has few), then boundary ops to fill
-    specs = keep(ends_, limit)
-    specs += keep(edges_, None if limit is None else limit - len(specs))
-    out, seen = [], set()
-    for lo, hi, other in specs:
-        devs = set(table.devices(other))
-        for x in {int(a[lo]), int(a[hi - 1])}:
-            devs.update(table.devices(x))
-        gid = table.id(devs)
-        if (lo, hi, gid) in seen or (a[lo:hi] == gid).all():
-            continue
-        seen.add((lo, hi, gid))
-        c = g.copy()
-        c.assign[lo:hi] = gid
-        c.assign = space.repair(c.assign)
-        out.append(c)
-    return out
-
-
-def unit_row(pg, op_row: np.ndarray) -> np.ndarray:
-    """Device per unit from device per op: the device of each unit's first op."""
-    first = np.zeros(pg.n_units, dtype=np.int64)
-    first[pg.unit_of[::-1]] = op_row[::-1]
-    return first
-
-
-def baseline_rows(problem, space=None, max_devices: int = 16):
-    """``(pipelines, layouts, stages)``: the simple reference plans (device
-    per op) of :mod:`gnn.problems`, each pipeline also with its boundaries
-    moved to cheap cuts (:func:`gnn.problems.cheap_cuts`), colocation
-    kept, and with evolution's
-    ``space`` its balanced stage/replica layouts over at most ``max_devices``
-    devices (group per op, numbered in ``space.table``; none without it)
-    with their number of pipeline stages. Wider
-    layouts cost the cost model up to 100x more per plan (an all-reduce per
-    op over wide groups, many stages) and wide clusters are the policy's
-    own ground."""
-    from .problems import (cheap_cuts, class_pipelines, colocated, even_pipelines,
-                           pipeline_assignments, site_pipelines, site_replicas)
-    rows = pipeline_assignments(problem)
-    # and every other depth: a site of three fast GPUs is a pipeline of three
-    deep = even_pipelines(problem, [k for k in range(3, min(problem.n_devices, PIPE_STAGES) + 1)
-                                    if k & (k - 1)])
-    # and inside each site (the global order starts at the largest one)
-    deep = np.concatenate([deep, site_pipelines(problem, PIPE_STAGES)])
-    if len(deep):
-        seen = {r.tobytes() for r in rows}
-        deep = [r for r in dict((r.tobytes(), r) for r in deep).values()
-                if r.tobytes() not in seen]
-        rows = np.concatenate([rows, deep]) if deep else rows
-    # each pipeline also with its boundaries at the cheapest cuts nearby
-    cuts = cheap_cuts(problem, rows[[len(np.unique(r)) > 1 for r in rows]])
-    seen = {r.tobytes() for r in rows}
-    cuts = [r for r in cuts if r.tobytes() not in seen]
-    rows = colocated(problem, np.concatenate([rows, cuts]) if cuts else rows)
-    # pipelines of whole colocation classes (an unrolled recurrence's layers)
-    classes = class_pipelines(problem, range(2, min(problem.n_devices, CLASS_STAGES) + 1))
-    if len(classes):
-        seen = {r.tobytes() for r in rows}
-        classes = [r for r in classes if r.tobytes() not in seen]
-        rows = np.concatenate([rows, classes]) if classes else rows
-    if space is None:
-        return rows, rows[:0], np.zeros(0, dtype=np.int64)
-    from evolution.search import layout_seeds
-    from evolution.dtfm import shapes_for
-    layouts = {}
-    for g in layout_seeds(space, limit=len(shapes_for(space.n_devices, space.n_ops)),
-                          max_devices=max_devices):
-        stages = int(g.origin.rsplit("-", 1)[-1].split("x")[0])
-        layouts.setdefault(g.assign.tobytes(), (g.assign, stages))
-    # the whole graph data-parallel over a site's fast devices (the chain
-    # of the layouts above starts at the fastest device, not the fastest link)
-    for devs in site_replicas(problem):
-        if len(devs) <= max_devices:
-            row = space.repair(np.full(problem.n_ops, space.table.id(devs), dtype=np.int64))
-            layouts.setdefault(row.tobytes(), (row, 1))
-    if not layouts:
-        return rows, rows[:0], np.zeros(0, dtype=np.int64)
-    assign, stages = zip(*layouts.values())
-    return rows, np.stack(assign), np.array(stages)
-
-
-#: the most stages of :func:`gnn.problems.class_pipelines` among the baselines
-CLASS_STAGES = 8
-#: the deepest even pipeline among the baselines
-PIPE_STAGES = 8
-#: HEFT's plan joins the baselines of graphs of at most this many ops (list
-#: scheduling 2,000 ops takes 0.2 s and more)
-HEFT_OPS = 256
-
-
-def _heft_rows(problem) -> np.ndarray:
-    """HEFT's plan (device per op, one row; none above :data:`HEFT_OPS` ops
-    or for a plan with data-parallel groups): an unrolled recurrence on two
-    speed classes is neither a pipeline nor one device (rnn-t32-l4 on
-    classes-d8: 3.85 ms against the other baselines' 5.06), and list
-    scheduling a small graph takes 10-40 ms."""
-    from placer.cost import get_cost_model
-    from .problems import heuristic_plans
-    if problem.n_ops > HEFT_OPS:
-        return np.zeros((0, problem.n_ops), dtype=np.int64)
-    rows = [r for _, r in heuristic_plans(get_cost_model("analytical"), problem, ("heft",))
-            if r is not None]
-    return np.stack(rows) if rows else np.zeros((0, problem.n_ops), dtype=np.int64)
 
 
 def _merge(first: list[Candidate], second: list[Candidate], D: int) -> list[Candidate]:

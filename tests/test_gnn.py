@@ -431,11 +431,11 @@ def test_policy_plans_settle_the_best_at_every_microbatch_count_and_schedule(mon
     rarely wins); the best few are then scored at every microbatch count
     and schedule, so none of those beats a returned candidate's own."""
     from placer.search import Budget
-    import gnn.strategies as strategies
+    import gnn.candidates as candidates
     from gnn.strategies import policy_plans
     # without HEFT's plan, which leads here at gpipe: the pipelines' 1f1b
     # is what screening alone could not find
-    monkeypatch.setattr(strategies, "HEFT_OPS", 0)
+    monkeypatch.setattr(candidates, "HEFT_OPS", 0)
     # slow wireless links: a pipeline with many microbatches wins, and 1f1b
     # beats gpipe there
     problem = Problem(datasets.graph("layered-n30-w4-s0"), datasets.cluster("edge-wireless"))
@@ -637,7 +637,8 @@ def test_replica_moves_widen_run_ends_over_adjacent_stages():
     neighbourhood has no such plan."""
     from evolution.genome import OpGenome
     from evolution.memetic import neighbourhood
-    from gnn.strategies import _space, replica_moves
+    from gnn.candidates import replica_moves
+    from gnn.strategies import _space
     problem = _tied_pipeline_problem()
     space = _space(problem, [8], ("1f1b",))
     both = space.table.id([0, 1])
@@ -726,11 +727,11 @@ def test_rl_descends_from_an_infeasible_best_when_nothing_fits(monkeypatch):
     and lowers the memory excess (the objective's first term)."""
     from placer.cost import INFEASIBLE
     from placer.search import Budget
-    import gnn.strategies as strategies
+    import gnn.candidates as candidates
     from gnn.checkpoint import default_checkpoint
     from gnn.strategies import _policy, policy_plans
     # HEFT's plan (a lower excess than the policy's) left out: the descent is the subject
-    monkeypatch.setattr(strategies, "HEFT_OPS", 0)
+    monkeypatch.setattr(candidates, "HEFT_OPS", 0)
     if not default_checkpoint().with_suffix(".pt").exists():
         pytest.skip("no shipped checkpoint")
     problem = Problem(datasets.graph("dlrm.op"), datasets.cluster("edge-wireless"))
@@ -844,7 +845,7 @@ def test_baselines_hold_even_pipelines_of_every_depth():
     too (a site of three fast GPUs is a pipeline of three), not only over
     powers of two."""
     from gnn.problems import even_pipelines
-    from gnn.strategies import PIPE_STAGES, baseline_rows
+    from gnn.candidates import PIPE_STAGES, baseline_rows
     problem = Problem(datasets.graph("layered-n50-w4-s0"), datasets.cluster("classes-d8-s0"))
     rows, _, _ = baseline_rows(problem)
     have = {r.tobytes() for r in rows}
@@ -859,7 +860,7 @@ def test_one_shot_rl_holds_hefts_plan_on_small_graphs(tmp_path):
     microbatch count, though its ops switch devices often) and is no worse."""
     from placer.search import Budget, get_strategy
     from gnn.problems import heuristic_plans
-    from gnn.strategies import HEFT_OPS
+    from gnn.candidates import HEFT_OPS
     save_policy(tmp_path / "p", tiny_policy(2))
     problem = Problem(datasets.graph("rnn-t32-l4-s0"), datasets.cluster("classes-d8-s0"))
     assert problem.n_ops <= HEFT_OPS
