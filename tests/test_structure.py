@@ -20,7 +20,6 @@ KNOWN = {
     },
     "long_functions": {
         "evolution.search._evolve", "gnn.features.encode_problem",
-        "placer.bench.learned.bench_learned",
         "placer.cli.build_parser", "placer.cost.analytical.evaluate",
         "placer.cost.event_loop.run_events", "placer.cost.simulator.__init__",
         "placer.runtime.dist.run_rank", "placer.runtime.pipelining.run_rank",
