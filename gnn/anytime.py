@@ -5,14 +5,14 @@ result, reported at once); with a time or evaluation budget left,
 :func:`refine` then keeps searching from them until the budget ends:
 
 - a steepest descent from each of the best one-shot plans (evolution's
-  memetic neighbourhood with :func:`gnn.strategies.replica_moves`, to a
+  memetic neighbourhood with :func:`gnn.candidates.replica_moves`, to a
   local optimum, not the one-shot polish's few rounds);
 - then rounds of iterated local search from the best plan: a kick (a few
   of evolution's mutation operators) and a descent, kept when better;
 - every :data:`RESAMPLE_EVERY` rounds, fresh decodings by the policy: samples
   at a temperature cycled over :data:`TEMPERATURES` and refinements of the
   best plan (each unit re-decided given the others); the best new row, when
-  within :data:`gnn.strategies.POLISH_GAP` of the best, is descended from
+  within :data:`gnn.candidates.POLISH_GAP` of the best, is descended from
   (a basin the kicks would not reach).
 
 Everything is scored by the search model, or by the simulator itself when a
@@ -240,8 +240,8 @@ def _layouts(space) -> list:
     genomes (one-shot ``rl`` scored them too, but kept only its best few):
     starts of other shapes for the descents."""
     from evolution.genome import OpGenome
-    from .strategies import _baseline_rows
-    pipes, layouts, stages = _baseline_rows(space.problem, space)
+    from .candidates import baseline_rows
+    pipes, layouts, stages = baseline_rows(space.problem, space)
     ms = space.microbatch_choices
     pipes = np.concatenate([pipes, _pipelines(space.problem)])
     out = [OpGenome(space.repair(np.asarray(a, dtype=np.int64)), ms[-1],
@@ -322,7 +322,7 @@ class _Search:
         """Steepest descent from ``g`` (scored ``value``) to a local optimum
         or the end of the budget; returns ``(genome, value)``."""
         from evolution.memetic import neighbourhood
-        from .strategies import replica_moves
+        from .candidates import replica_moves
         while not self.spent():
             cands = neighbourhood(self.space, g, self.rng, self.limit)
             cands += replica_moves(self.space, g, self.rng, max(self.limit // 4, 4))
@@ -378,7 +378,7 @@ class _Search:
                 values = self.add(fresh)
                 if len(values) and np.isfinite(values).any():
                     i = int(np.argmin(values))
-                    from .strategies import POLISH_GAP
+                    from .candidates import POLISH_GAP
                     if values[i] <= POLISH_GAP * value:
                         self.descend(fresh[i], float(values[i]), "anytime-policy")
                 continue
@@ -397,9 +397,9 @@ class _Decoder:
         import torch
         from .features import encode_problem
         from .model import FastDecoder
-        from .strategies import _OneThread
+        from .candidates import OneThread
         self.pg = encode_problem(problem, max_units)
-        with torch.no_grad(), _OneThread():
+        with torch.no_grad(), OneThread():
             self.decoder = FastDecoder(policy, self.pg)
 
     def rows(self, current, space, rng, samples: int, batch: int, temperature: float) -> list:
@@ -407,16 +407,16 @@ class _Decoder:
         of ``current`` (single-device ops only: the policy places each op on
         one device), at ``current``'s microbatches and schedule."""
         from evolution.genome import OpGenome
-        from .strategies import _OneThread, _unit_row
+        from .candidates import OneThread, unit_row
         D = space.n_devices
         out = []
-        with _OneThread():
+        with OneThread():
             if samples > 0:
                 rows = self.decoder.decode(samples, greedy=0, rng=rng, temperature=temperature)
                 out += list(self.pg.expand(rows))
             if batch > 0 and current.assign.max() < D:
                 rows = self.decoder.decode(batch, greedy=0, rng=rng, temperature=temperature,
-                                           context=_unit_row(self.pg, current.assign))
+                                           context=unit_row(self.pg, current.assign))
                 out += list(self.pg.expand(rows))
         return [OpGenome(space.repair(np.asarray(a, dtype=np.int64)), current.microbatches,
                          current.schedule, "anytime-policy") for a in out]

@@ -17,7 +17,9 @@ from placer.cost import INFEASIBLE
 
 __all__ = ["TRAIN_CLUSTERS", "TEST_CLUSTERS", "random_cluster", "random_graph",
            "microbatch_choices",
-           "best_times", "times_at", "reference_time", "reference", "reward", "pipeline_assignments"]
+           "best_times", "times_at", "reference_time", "reference", "reward",
+           "pipeline_assignments", "even_pipelines", "site_devices", "site_pipelines",
+           "site_replicas", "colocated"]
 
 TRAIN_CLUSTERS = ("a100x8", "two-sites", "dtfm-datacenter-ondemand", "dtfm-regional",
                   "dtfm-multi-universities")
@@ -218,6 +220,14 @@ def even_pipelines(problem, counts) -> np.ndarray:
     site_rate = np.bincount(problem.site, rate)
     order = sorted(range(D), key=lambda d: (-site_rate[problem.site[d]], problem.site[d],
                                             -rate[d], d))
+    return _pipelines_over(problem, order, counts)
+
+
+def _pipelines_over(problem, order, counts) -> np.ndarray:
+    """Device per op (rows): for each ``k`` of ``counts``, the even pipeline
+    over the first ``k`` devices of ``order``, each stage's share of the
+    work proportional to its device's speed."""
+    rate = problem.rate
     work = problem.flops + (problem.bwd_flops if problem.training else 0.0)
     frac = (np.cumsum(work) - work / 2) / max(work.sum(), 1e-30)
     rows = []
@@ -226,6 +236,39 @@ def even_pipelines(problem, counts) -> np.ndarray:
         bounds = np.cumsum(rate[devs]) / rate[devs].sum()
         rows.append(devs[np.minimum(np.searchsorted(bounds, frac, side="right"), k - 1)])
     return np.stack(rows) if rows else np.zeros((0, problem.n_ops), dtype=np.int64)
+
+
+def site_devices(problem) -> list[list[int]]:
+    """Each site's devices, fastest first (then by index), sites in the
+    order of their first device."""
+    rate = problem.rate
+    sites: dict[int, list[int]] = {}
+    for d in range(problem.n_devices):
+        sites.setdefault(int(problem.site[d]), []).append(d)
+    return [sorted(ds, key=lambda d: (-rate[d], d)) for ds in sites.values()]
+
+
+def site_pipelines(problem, max_stages: int) -> np.ndarray:
+    """Device per op (rows): even pipelines inside each site over its first
+    2..``max_stages`` devices (fastest first). The global order puts the
+    site of the largest total speed first; a smaller site can hold the
+    fastest links (two speed classes over three sites: a pair of fast GPUs
+    joined at 86 GB/s beside a site of four at 26 GB/s)."""
+    rows = [_pipelines_over(problem, ds, range(2, min(len(ds), max_stages) + 1))
+            for ds in site_devices(problem) if len(ds) > 1]
+    return np.concatenate(rows) if rows else np.zeros((0, problem.n_ops), dtype=np.int64)
+
+
+def site_replicas(problem) -> list[tuple[int, ...]]:
+    """Device sets for whole-graph data parallelism: in each site, its 2,
+    3, ... fastest devices of its fastest speed class (within 1%). On a
+    graph of thousands of small ops one pipeline stage per device pays a
+    transfer at every cut; replicas over a fast link pay one all-reduce."""
+    out = []
+    for ds in site_devices(problem):
+        fast = [d for d in ds if problem.rate[d] >= 0.99 * problem.rate[ds[0]]]
+        out += [tuple(sorted(fast[:k])) for k in range(2, len(fast) + 1)]
+    return out
 
 
 def crossing_bytes(problem) -> np.ndarray:
@@ -316,7 +359,7 @@ def class_pipelines(problem, counts) -> np.ndarray:
     return np.stack(rows) if rows else np.zeros((0, problem.n_ops), dtype=np.int64)
 
 
-def _colocated(problem, rows: np.ndarray) -> np.ndarray:
+def colocated(problem, rows: np.ndarray) -> np.ndarray:
     """Rows with every colocation group moved to its first member's device."""
     rows = rows.copy()
     first: dict[str, int] = {}
@@ -365,7 +408,7 @@ def reference(cost_model, problem, heuristics=HEURISTICS) -> tuple[float, np.nda
     """``(step time, device per op)``: the time of the best heuristic plan
     (:func:`pipeline_assignments` and the ``heuristics`` of placer.search)
     and the best single-device-per-op plan among them (the imitation target)."""
-    rows = _colocated(problem, pipeline_assignments(problem))
+    rows = colocated(problem, pipeline_assignments(problem))
     t, _, _ = best_times(cost_model, problem, rows, microbatch_choices(problem))
     best = int(np.argmin(t))
     time, row = float(t[best]), rows[best]

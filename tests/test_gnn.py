@@ -313,8 +313,9 @@ def test_rl_strategy_returns_valid_plan(tmp_path):
     # the policy alone (no baseline plans) never reports a baseline as source
     alone = get_strategy("rl", checkpoint=str(tmp_path / "p"), samples=4, max_units=48,
                          baselines=False).search(problem, cost, Budget(evaluations=400))
-    # (its first plan: the anytime search goes on from there)
-    assert alone.extra["first_source"] in ("policy", "refined")
+    # (its first plan: the anytime search goes on from there; "polished": a
+    # descent from one of the policy's plans, the only ones there are)
+    assert alone.extra["first_source"] in ("policy", "refined", "polished")
     assert plan.extra["source"] in ("policy", "refined", "baseline", "polished", "anytime",
                                     "anytime-policy")
 
@@ -348,14 +349,14 @@ def test_fine_tuning_keeps_the_shipped_policys_candidates(tmp_path):
 
 def test_rl_never_worse_than_baselines_and_hybrid_reports_policy_first(tmp_path):
     from placer.search import Budget, get_strategy, strategies
-    from gnn.strategies import _baseline_rows, _space
+    from gnn.strategies import baseline_rows, _space
     save_policy(tmp_path / "p", tiny_policy(2))
     problem = Problem(datasets.graph("unet.module"), datasets.cluster("edge-wireless"))
     cost = get_cost_model("analytical")
     plan = get_strategy("rl", checkpoint=str(tmp_path / "p"), samples=4, final=None,
                         max_units=48).search(problem, cost, Budget(evaluations=2000))
     space = _space(problem, [1, 2, 4, 8], ["1f1b", "gpipe"])
-    pipes, layouts, stages = _baseline_rows(problem, space)
+    pipes, layouts, stages = baseline_rows(problem, space)
     t, _, _ = best_times(cost, problem, pipes, [1, 2, 4, 8], ["1f1b", "gpipe"])
     assert plan.predicted["objective"] <= t.min() * (1 + 1e-9)
     if space is not None:   # the stage/replica layouts (data-parallel ones) compete too
@@ -430,11 +431,11 @@ def test_policy_plans_settle_the_best_at_every_microbatch_count_and_schedule(mon
     rarely wins); the best few are then scored at every microbatch count
     and schedule, so none of those beats a returned candidate's own."""
     from placer.search import Budget
-    import gnn.strategies as strategies
+    import gnn.candidates as candidates
     from gnn.strategies import policy_plans
     # without HEFT's plan, which leads here at gpipe: the pipelines' 1f1b
     # is what screening alone could not find
-    monkeypatch.setattr(strategies, "HEFT_OPS", 0)
+    monkeypatch.setattr(candidates, "HEFT_OPS", 0)
     # slow wireless links: a pipeline with many microbatches wins, and 1f1b
     # beats gpipe there
     problem = Problem(datasets.graph("layered-n30-w4-s0"), datasets.cluster("edge-wireless"))
@@ -459,7 +460,7 @@ def test_scattered_rows_are_screened_at_one_microbatch_count(monkeypatch):
     n = problem.n_ops
     scattered = (np.arange(n) % 2)[None]                   # n runs
     halves = (np.arange(n) >= n // 2).astype(np.int64)[None]  # 2 runs
-    monkeypatch.setattr(strategies, "_baseline_rows", lambda *a, **k: (
+    monkeypatch.setattr(strategies, "baseline_rows", lambda *a, **k: (
         np.concatenate([scattered, halves]), np.zeros((0, n), np.int64), np.zeros(0, int)))
     monkeypatch.setattr(strategies, "SCATTERED_RUNS", 8)
     calls = []
@@ -502,7 +503,7 @@ def test_times_at_one_call_matches_one_call_per_count():
     without that path (the simulator) get one call per count."""
     from placer.search import Budget
     from gnn.problems import times_at
-    from gnn.strategies import _baseline_rows, _space
+    from gnn.strategies import baseline_rows, _space
     problem = Problem(datasets.graph("layered-n30-w4-s0"), datasets.cluster("two-sites"))
     pg = encode_problem(problem, max_units=48)
     rows = pg.expand(FastDecoder(tiny_policy(2), pg).decode(6, greedy=1,
@@ -510,7 +511,7 @@ def test_times_at_one_call_matches_one_call_per_count():
     space = _space(problem, [1, 2, 4], ("1f1b",))
     groups = ()
     if space is not None:
-        _, layouts, _ = _baseline_rows(problem, space)
+        _, layouts, _ = baseline_rows(problem, space)
         rows, groups = np.concatenate([rows, layouts]), tuple(space.table.extra())
     counts = np.resize([1, 2, 4, 8], len(rows))
     for name in ("analytical", "simulator"):
@@ -571,6 +572,7 @@ def test_policy_plans_polish_adds_finalists_from_the_policy_best(monkeypatch):
 
     def plans(polish, **kw):
         kw.setdefault("widen", False)      # the widening descent: its own test
+        kw.setdefault("cuts", False)       # the cut descent: its own test
         return strategies.policy_plans(tiny_policy(4), problem, cost, Budget(), samples=4,
                                        max_units=48, keep=2, baselines=False, polish=polish,
                                        **kw)
@@ -635,7 +637,8 @@ def test_replica_moves_widen_run_ends_over_adjacent_stages():
     neighbourhood has no such plan."""
     from evolution.genome import OpGenome
     from evolution.memetic import neighbourhood
-    from gnn.strategies import _space, replica_moves
+    from gnn.candidates import replica_moves
+    from gnn.strategies import _space
     problem = _tied_pipeline_problem()
     space = _space(problem, [8], ("1f1b",))
     both = space.table.id([0, 1])
@@ -696,7 +699,7 @@ def test_widening_descent_beats_every_plan_the_old_polish_can_reach():
 
     def plans(widen):
         return policy_plans(tiny_policy(4), problem, cost, Budget(), samples=4, max_units=48,
-                            keep=2, polish=3, widen=widen, microbatches=[8])
+                            keep=2, polish=3, widen=widen, microbatches=[8], cuts=False)
     plain, wide = plans(False), plans(True)
     assert wide[0].objective == pytest.approx(new[0][0]) and wide[0].source == "polished"
     assert wide[0].objective < plain[0].objective
@@ -724,11 +727,11 @@ def test_rl_descends_from_an_infeasible_best_when_nothing_fits(monkeypatch):
     and lowers the memory excess (the objective's first term)."""
     from placer.cost import INFEASIBLE
     from placer.search import Budget
-    import gnn.strategies as strategies
+    import gnn.candidates as candidates
     from gnn.checkpoint import default_checkpoint
     from gnn.strategies import _policy, policy_plans
     # HEFT's plan (a lower excess than the policy's) left out: the descent is the subject
-    monkeypatch.setattr(strategies, "HEFT_OPS", 0)
+    monkeypatch.setattr(candidates, "HEFT_OPS", 0)
     if not default_checkpoint().with_suffix(".pt").exists():
         pytest.skip("no shipped checkpoint")
     problem = Problem(datasets.graph("dlrm.op"), datasets.cluster("edge-wireless"))
@@ -842,9 +845,9 @@ def test_baselines_hold_even_pipelines_of_every_depth():
     too (a site of three fast GPUs is a pipeline of three), not only over
     powers of two."""
     from gnn.problems import even_pipelines
-    from gnn.strategies import PIPE_STAGES, _baseline_rows
+    from gnn.candidates import PIPE_STAGES, baseline_rows
     problem = Problem(datasets.graph("layered-n50-w4-s0"), datasets.cluster("classes-d8-s0"))
-    rows, _, _ = _baseline_rows(problem)
+    rows, _, _ = baseline_rows(problem)
     have = {r.tobytes() for r in rows}
     for k in range(2, PIPE_STAGES + 1):
         row = even_pipelines(problem, [k])[0]
@@ -857,7 +860,7 @@ def test_one_shot_rl_holds_hefts_plan_on_small_graphs(tmp_path):
     microbatch count, though its ops switch devices often) and is no worse."""
     from placer.search import Budget, get_strategy
     from gnn.problems import heuristic_plans
-    from gnn.strategies import HEFT_OPS
+    from gnn.candidates import HEFT_OPS
     save_policy(tmp_path / "p", tiny_policy(2))
     problem = Problem(datasets.graph("rnn-t32-l4-s0"), datasets.cluster("classes-d8-s0"))
     assert problem.n_ops <= HEFT_OPS

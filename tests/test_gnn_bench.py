@@ -134,16 +134,17 @@ def test_bench_learned_ood_split_runs_one_case_with_anytime_rl(tmp_path, monkeyp
     assert {c for _, _, c in todo} == set(parts["clusters"])
     torch.manual_seed(0)
     save_policy(tmp_path / "p", PlacementPolicy(PolicyConfig(hidden=16, layers=1)))
-    # the smallest case of the split, at a tiny budget
+    # the smallest case of the split, at a small budget (the one-shot plan
+    # within it: some 600 evaluations)
     graph = min(parts["graphs"], key=lambda n: len(datasets.graph(n)))
-    result = learned.bench_learned([graph], parts["clusters"][:1], evaluations=300,
+    result = learned.bench_learned([graph], parts["clusters"][:1], evaluations=1500,
                                    finetune=0.0, checkpoint=tmp_path / "p", samples=2,
                                    out=tmp_path / "ood.json", quiet=True)
     row = result["rows"][0]
     any_ = row["anytime"]
     assert any_["first_plan"]["model"] == "simulator"
     assert any_["first_plan"]["objective"] == pytest.approx(row["zero_shot"]["objective"])
-    assert any_["evaluations"] <= 300 and any_["step_time"] <= row["zero_shot"]["step_time"]
+    assert any_["evaluations"] <= 1500 and any_["step_time"] <= row["zero_shot"]["step_time"]
     with pytest.raises(Exception, match="unknown split"):
         learned.cases("dev")
     # a checkpoint's zero-shot against the saved run's evolution figures

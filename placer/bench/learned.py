@@ -354,36 +354,7 @@ def bench_learned(graphs: Sequence[str] | None = None, clusters: Sequence[str] |
                 per_seed.append({"seed": s, **cmp, **{
                     name: {k: run[k] for k in SEED_KEYS}
                     for name, run in (("evolution", evo), ("hybrid", hyb))}})
-            row["seeds"] = per_seed
-            row["hybrid_vs_evolution_median"] = float(np.median(
-                [r["hybrid_vs_evolution"] for r in per_seed]))
-            row["hybrid_vs_evolution_objective_median"] = _median(
-                [r["hybrid_vs_evolution_objective"] for r in per_seed])
-            for key in ("half", "no_worse", "target_met"):
-                row[f"hybrid_{key}_seeds"] = int(sum(r[key] for r in per_seed))
-            evo, hyb = row["evolution"], row["hybrid"]
-            z = row["zero_shot"]
-            row["zero_shot_vs_evolution"] = z["step_time"] / evo["step_time"]
-            row["anytime_vs_evolution"] = row["anytime"]["step_time"] / evo["step_time"]
-            first = row["anytime"]["first_plan"] or {}
-            row["first_plan_speedup"] = None if first.get("seconds") is None else \
-                evo["plan_seconds"] / max(first["seconds"], 1e-9)
-            # evolution's result varies from seed to seed (a lucky run of
-            # one seed is ~8% below the others on dlrm@hetero-lab)
-            evo_steps = [r["evolution"]["step_time"] for r in per_seed]
-            row["evolution_step_time_median"] = float(np.median(evo_steps))
-            row["zero_shot_vs_evolution_median"] = \
-                z["step_time"] / row["evolution_step_time_median"]
-            row["hybrid_vs_evolution"] = hyb["step_time"] / evo["step_time"]
-            row["fine_tuned_vs_evolution"] = row["fine_tuned"]["step_time"] / evo["step_time"]
-            row["policy_vs_evolution"] = row["policy"]["step_time"] / evo["step_time"]
-            row["planning_speedup"] = evo["plan_seconds"] / max(z["plan_seconds"], 1e-9)
-            reach = row["evolution_time_to_final"]
-            row["speedup_vs_time_to_final"] = None if reach is None \
-                else reach / max(z["plan_seconds"], 1e-9)
-            row["greedy_vs_evolution"] = row["greedy"]["step_time"] / evo["step_time"]
-            row["greedy_planning_speedup"] = evo["plan_seconds"] / max(
-                row["greedy"]["plan_seconds"], 1e-9)
+            _compare_rows(row, per_seed)
         rows.append(row)
         if not quiet:
             print(_line(row), flush=True)
@@ -406,6 +377,41 @@ def bench_learned(graphs: Sequence[str] | None = None, clusters: Sequence[str] |
     if out is not None:
         atomic_write_text(out, dump_json(_clean(result)))
     return result
+
+
+def _compare_rows(row: dict, per_seed: list) -> None:
+    """Fill ``row`` (one case of :func:`bench_learned`, its runs done) with
+    the per-seed lists and the ratios against evolution's first seed."""
+    row["seeds"] = per_seed
+    row["hybrid_vs_evolution_median"] = float(np.median(
+        [r["hybrid_vs_evolution"] for r in per_seed]))
+    row["hybrid_vs_evolution_objective_median"] = _median(
+        [r["hybrid_vs_evolution_objective"] for r in per_seed])
+    for key in ("half", "no_worse", "target_met"):
+        row[f"hybrid_{key}_seeds"] = int(sum(r[key] for r in per_seed))
+    evo, hyb = row["evolution"], row["hybrid"]
+    z = row["zero_shot"]
+    row["zero_shot_vs_evolution"] = z["step_time"] / evo["step_time"]
+    row["anytime_vs_evolution"] = row["anytime"]["step_time"] / evo["step_time"]
+    first = row["anytime"]["first_plan"] or {}
+    row["first_plan_speedup"] = None if first.get("seconds") is None else \
+        evo["plan_seconds"] / max(first["seconds"], 1e-9)
+    # evolution's result varies from seed to seed (a lucky run of
+    # one seed is ~8% below the others on dlrm@hetero-lab)
+    evo_steps = [r["evolution"]["step_time"] for r in per_seed]
+    row["evolution_step_time_median"] = float(np.median(evo_steps))
+    row["zero_shot_vs_evolution_median"] = \
+        z["step_time"] / row["evolution_step_time_median"]
+    row["hybrid_vs_evolution"] = hyb["step_time"] / evo["step_time"]
+    row["fine_tuned_vs_evolution"] = row["fine_tuned"]["step_time"] / evo["step_time"]
+    row["policy_vs_evolution"] = row["policy"]["step_time"] / evo["step_time"]
+    row["planning_speedup"] = evo["plan_seconds"] / max(z["plan_seconds"], 1e-9)
+    reach = row["evolution_time_to_final"]
+    row["speedup_vs_time_to_final"] = None if reach is None \
+        else reach / max(z["plan_seconds"], 1e-9)
+    row["greedy_vs_evolution"] = row["greedy"]["step_time"] / evo["step_time"]
+    row["greedy_planning_speedup"] = evo["plan_seconds"] / max(
+        row["greedy"]["plan_seconds"], 1e-9)
 
 
 def _summaries(rows) -> dict:

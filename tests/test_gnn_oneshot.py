@@ -1,0 +1,91 @@
+"""``rl``'s one-shot candidates: site baselines, the cut descent, distinct
+finalists and the final ranking's pool."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch_geometric")
+pytest.importorskip("deap")
+
+from placer import datasets  # noqa: E402
+from placer.cost import Problem, get_cost_model  # noqa: E402
+from placer.search import Budget  # noqa: E402
+
+from gnn import strategies  # noqa: E402
+from gnn.problems import site_devices, site_pipelines, site_replicas, times_at  # noqa: E402
+
+
+def test_site_baselines_reach_the_fast_pair_of_a_small_site():
+    """classes-d12-s1: four fast GPUs at 26 GB/s in one site, two joined at
+    86 GB/s in another; the global order starts at the bigger site, the
+    site baselines also hold the pair (replicated and as a pipeline)."""
+    problem = Problem(datasets.graph("layered-n50-w4-s0"), datasets.cluster("classes-d12-s1"))
+    sites = site_devices(problem)
+    assert sorted(d for ds in sites for d in ds) == list(range(problem.n_devices))
+    for ds in sites:                        # fastest first inside a site
+        assert list(problem.rate[ds]) == sorted(problem.rate[ds], reverse=True)
+    pair = (8, 10)
+    assert problem.rate[8] == problem.rate[10] == problem.rate.max()
+    assert pair in site_replicas(problem)
+    assert all(len(set(problem.site[list(g)])) == 1 for g in site_replicas(problem))
+    pipes = site_pipelines(problem, 8)
+    assert any(set(np.unique(r)) == set(pair) for r in pipes)
+    space = strategies._space(problem, [1, 2, 4, 8], ["1f1b"])
+    _, layouts, stages = strategies.baseline_rows(problem, space)
+    whole = np.full(problem.n_ops, space.table.id(pair))
+    assert any((row == whole).all() and s == 1 for row, s in zip(layouts, stages))
+
+
+def test_cut_descent_finds_the_best_two_stage_cut_by_brute_force():
+    """A 2-stage pipeline of 42 ops: every position fits in one round, so
+    the descent's result is the best cut of all (brute force), from an
+    even split that is not."""
+    problem = Problem(datasets.graph("experts-e4-l2-s0"), datasets.cluster("regions-d8-r4-s0"))
+    n = problem.n_ops
+    assert n - 1 <= strategies.CUT_ROWS
+    cost = get_cost_model("analytical")
+    space = strategies._space(problem, [8], ["1f1b"])
+    a, b = 4, 5
+    cuts = np.stack([np.r_[np.full(k, a), np.full(n - k, b)] for k in range(1, n)])
+    brute = times_at(cost, problem, cuts, [8] * len(cuts), "1f1b")
+    even = cuts[n // 2 - 1]
+    start = (float(brute[n // 2 - 1]), even, 8, "1f1b", "baseline")
+    assert brute.min() < start[0]
+    t, row, m, sched, source = strategies._cut_descent(space, cost, problem, Budget(), start)
+    assert source == "polished" and (m, sched) == (8, "1f1b")
+    assert t == pytest.approx(brute.min(), rel=1e-12)
+    assert t == pytest.approx(float(times_at(cost, problem, row[None], [8], "1f1b")[0]))
+    # from the best cut, nothing improves: the start comes back
+    best = (t, row, 8, "1f1b", "baseline")
+    assert strategies._cut_descent(space, cost, problem, Budget(), best) is best
+
+
+def test_distinct_finalists_skip_equal_objectives():
+    rows = [(1.0, "a"), (1.0 + 1e-12, "b"), (1.5, "c"), (2.0, "d")]
+    assert [v[1] for v in strategies._distinct(rows, 3)] == ["a", "c", "d"]
+    assert [v[1] for v in strategies._distinct(rows, 1)] == ["a"]
+
+
+def test_final_ranking_pool_is_bounded_by_simulated_tasks(monkeypatch):
+    """The simulator ranks the first ``at_least`` finalists, then more while
+    their op replicas x microbatches fit :data:`FINAL_TASKS`; the pick is
+    the simulator's best of those it scored."""
+    problem = Problem(datasets.graph("experts-e4-l2-s0"), datasets.cluster("classes-d8-s0"))
+    sim = get_cost_model("simulator")
+    from gnn.problems import even_pipelines
+    rows = even_pipelines(problem, range(1, 7))
+    found = [strategies.Candidate(float(k), r, 4, "1f1b", "baseline")
+             for k, r in enumerate(rows)]
+    truth = times_at(sim, problem, rows, [4] * len(rows), "1f1b")
+    ana = get_cost_model("analytical")       # the search model; the simulator ranks
+    rank = strategies._rank
+    assert rank("simulator", ana, Budget(), problem, found, at_least=len(found)) \
+        == int(np.argmin(truth))
+    # every task fits: the whole pool; none beyond the first two: only those
+    assert rank("simulator", ana, Budget(), problem, found, at_least=2) == int(np.argmin(truth))
+    monkeypatch.setattr(strategies, "FINAL_TASKS", 0)
+    assert rank("simulator", ana, Budget(), problem, found, at_least=2) \
+        == int(np.argmin(truth[:2]))
+    assert strategies._tasks(found[0], problem.n_devices) == problem.n_ops * 4
