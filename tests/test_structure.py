@@ -12,24 +12,18 @@ KNOWN = {
     "import_cycles": {
         "evolution.dtfm <-> evolution.search",
         "gnn.anytime <-> gnn.strategies",
-        "placer.bench.engines <-> placer.bench.fidelity <-> placer.bench.runtime <-> placer.cli"
-        " <-> placer.export <-> placer.runtime.dist <-> placer.runtime.pipelining"
-        " <-> placer.runtime.profile <-> placer.runtime.run",
         "placer.coarsen <-> placer.graph",
-        "placer.cost.analytical <-> placer.cost.memory <-> placer.cost.simulator"
-        " <-> placer.runtime.engine <-> placer.schedule",
     },
     "long_functions": {
         "evolution.search._evolve", "gnn.features.encode_problem",
         "gnn.strategies.policy_plans", "placer.bench.learned.bench_learned",
         "placer.cli.build_parser", "placer.cost.analytical.evaluate",
         "placer.cost.event_loop.run_events", "placer.cost.simulator.__init__",
-        "placer.runtime.dist.run_rank", "placer.runtime.pipelining.run_rank",
-        "placer.runtime.run.run", "placer.trace._build_graph",
+        "placer.trace._build_graph",
     },
 }
 #: private names imported across modules at most this often
-KNOWN_PRIVATE_IMPORTS = 34
+KNOWN_PRIVATE_IMPORTS = 12
 
 
 def _findings():
