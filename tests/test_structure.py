@@ -17,9 +17,8 @@ KNOWN = {
     "long_functions": {
         "evolution.search._evolve", "gnn.features.encode_problem",
         "gnn.strategies.policy_plans", "placer.bench.learned.bench_learned",
-        "placer.cli.build_parser", "placer.cost.analytical.evaluate",
+        "placer.cost.analytical.evaluate",
         "placer.cost.event_loop.run_events", "placer.cost.simulator.__init__",
-        "placer.trace._build_graph",
     },
 }
 #: private names imported across modules at most this often
