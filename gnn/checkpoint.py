@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from placer._io import MAX_FILE_BYTES, _short, atomic_write_bytes, atomic_write_text, dump_json, load_document
+from placer._io import MAX_FILE_BYTES, short_repr, atomic_write_bytes, atomic_write_text, dump_json, load_document
 from placer.errors import FormatError
 
 from .model import PlacementPolicy, PolicyConfig
@@ -97,7 +97,7 @@ def load_policy(stem=None) -> PlacementPolicy:
     if not isinstance(data, dict):
         raise FormatError(f"expected a mapping, got {type(data).__name__}", file=str(config))
     if data.get("format") != FORMAT:
-        raise FormatError(f"expected format {FORMAT!r}, got {_short(data.get('format'))}",
+        raise FormatError(f"expected format {FORMAT!r}, got {short_repr(data.get('format'))}",
                           file=str(config), field="format")
     policy = PlacementPolicy(PolicyConfig.from_dict(data.get("policy") or {}, str(config)))
     state = load_tensors(weights)

@@ -414,24 +414,24 @@ class Fields:
         try:
             number = to_number(value)
         except OverflowError:
-            self.fail(key, f"is too large ({_short(value)}); the limit is {MAX_NUMBER:g}",
+            self.fail(key, f"is too large ({short_repr(value)}); the limit is {MAX_NUMBER:g}",
                       fix=hint)
         if number is None:
-            self.fail(key, f"expected a number, got {_short(value)}", fix=hint)
+            self.fail(key, f"expected a number, got {short_repr(value)}", fix=hint)
         if math.isnan(number):
             self.fail(key, "is NaN", fix=hint)
         if math.isinf(number) and not allow_inf:
             self.fail(key, "is infinite", fix=hint)
         if math.isfinite(number) and abs(number) > MAX_NUMBER:
-            self.fail(key, f"is too large ({_short(value)}); the limit is {MAX_NUMBER:g}",
+            self.fail(key, f"is too large ({short_repr(value)}); the limit is {MAX_NUMBER:g}",
                       fix=hint)
         if positive and not number > 0:
-            self.fail(key, f"must be > 0, got {_short(value)}", fix=hint)
+            self.fail(key, f"must be > 0, got {short_repr(value)}", fix=hint)
         if minimum is not None and number < minimum:
-            self.fail(key, f"must be >= {minimum:g}, got {_short(value)}", fix=hint)
+            self.fail(key, f"must be >= {minimum:g}, got {short_repr(value)}", fix=hint)
         if integer:
             if not math.isfinite(number) or number != int(number):
-                self.fail(key, f"must be a whole number, got {_short(value)}")
+                self.fail(key, f"must be a whole number, got {short_repr(value)}")
             return int(number)
         return number
 
@@ -511,7 +511,7 @@ def _non_finite_path(value: Any) -> str | None:
     return None
 
 
-def _short(value: Any, size: int = 40) -> str:
+def short_repr(value: Any, size: int = 40) -> str:
     """``repr(value)`` cut to ``size`` characters (values may be huge)."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
         return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"

@@ -20,13 +20,13 @@ from . import __version__
 from ._cli import (add_backend, add_model_options, add_seed, add_time_budget, formatter, note_atomic_outputs,
                    slow_stage)
 from ._io import check_outputs, set_strict
-from .errors import PlacerError, TraceError, UnknownKeyWarning
+from .errors import PlacerError, UnknownKeyWarning
+# the loaders are placer.cli's public API too (scripts import load_model from here)
+from .loaders import (DEFAULT_GRANULARITY, check_model, load_cluster, load_graph,  # noqa: F401
+                      load_model, outputs_next_to)
 
 EXIT_BAD_INPUT = 2
 
-#: what ``trace``, ``plan MODEL`` and every other command that traces a model
-#: make of it unless ``--granularity`` says otherwise
-DEFAULT_GRANULARITY = "module"
 
 
 _formatter = formatter
@@ -35,161 +35,6 @@ _formatter = formatter
 def _add(sub, name: str, help_text: str, example: str) -> argparse.ArgumentParser:
     return sub.add_parser(name, help=help_text, description=help_text,
                           epilog=f"example:\n  {example}", formatter_class=_formatter)
-
-
-# --- resolving what the user named ---------------------------------------------
-
-def _is_graph_file(text: str) -> bool:
-    return text.endswith((".json", ".json.gz")) or (os.path.sep in text and Path(text).is_file())
-
-
-def _parse_shape(text: str) -> tuple[int, ...]:
-    try:
-        shape = tuple(int(x) for x in text.lower().replace("x", ",").split(",") if x)
-    except ValueError:
-        raise PlacerError(f"bad input shape {text!r}", field="--input-shape",
-                          fix="write sizes like 8,3,224,224 or 8x1024") from None
-    if not shape or min(shape) < 1:
-        raise PlacerError(f"bad input shape {text!r}", field="--input-shape",
-                          fix="sizes must be positive integers")
-    return shape
-
-
-def _factory(spec: str):
-    """``MODULE:FACTORY`` -> the callable, imported from the current directory."""
-    module_name, _, attr = spec.partition(":")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        # the one import of user code: named on the command line by the user
-        # themselves, never read from a graph, cluster or plan file
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # the user's module may raise anything on import
-        raise TraceError(f"cannot import {module_name!r}: {exc}", field="MODEL",
-                         fix="give MODULE:FACTORY importable from the current directory") from None
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise TraceError(f"{module_name!r} has no callable {attr!r}", field="MODEL",
-                         fix="FACTORY must be a function or class returning the model")
-    return factory
-
-
-def _dtype(name: str):
-    import torch
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise PlacerError(f"unknown dtype {name!r}", field="--input-dtype",
-                          fix="use e.g. float32 or int64")
-    return dtype
-
-
-def _unknown_model(spec: str) -> PlacerError:
-    from . import datasets
-    return PlacerError(f"unknown model {spec!r}", field="MODEL",
-                       fix="give MODULE:FACTORY, a graph file, or a zoo model: "
-                       + ", ".join(datasets.models()))
-
-
-def check_model(spec: str, input_shapes: list[str] | None = None,
-                input_dtype: str = "float32") -> None:
-    """Raise the one-line error :func:`load_model` would raise for a model
-    that cannot be found, without building it (for launchers that build it
-    in other processes)."""
-    from . import datasets
-    if ":" in spec:
-        _factory(spec)
-        _dtype(input_dtype)
-        for text in input_shapes or []:
-            _parse_shape(text)
-    elif spec not in datasets.models():
-        raise _unknown_model(spec)
-
-
-def load_model(spec: str, input_shapes: list[str] | None = None, input_dtype: str = "float32",
-               batch: int | None = None, seq: int | None = None, tiny: bool = False,
-               seed: int = 0, config: dict | None = None):
-    """``module:factory`` or a zoo name -> ``(module, example_inputs)``.
-
-    The one loader of ``trace``, ``plan``, ``run`` and ``launch`` (and the
-    ranks under torchrun): the same spec and seed give the same weights and
-    inputs in every process. ``config`` goes to the factory as keyword
-    arguments (zoo models: config overrides such as ``n_layer``)."""
-    import torch
-    from . import datasets
-
-    if ":" in spec:
-        factory = _factory(spec)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            try:
-                made = factory(**(config or {}))
-            except TypeError as exc:
-                if config:
-                    raise PlacerError(f"{spec} does not take {sorted(config)}: {exc}",
-                                      field="--config",
-                                      fix="give only keyword arguments the factory accepts"
-                                      ) from None
-                raise
-        if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module):
-            return made
-        if not isinstance(made, torch.nn.Module):
-            raise TraceError(f"{spec} returned {type(made).__name__}, not a torch.nn.Module",
-                             field="MODEL", fix="return the model, or (model, example_inputs)")
-        if not input_shapes:
-            raise TraceError(f"{spec} returned only a model", field="--input-shape",
-                             fix="pass --input-shape (e.g. 8,3,224,224) or return (model, inputs)")
-        generator = torch.Generator().manual_seed(seed)
-        dtype = _dtype(input_dtype)
-        inputs = []
-        for text in input_shapes:
-            shape = _parse_shape(text)
-            if dtype.is_floating_point:
-                inputs.append(torch.randn(shape, generator=generator, dtype=dtype))
-            else:
-                inputs.append(torch.randint(0, 2, shape, generator=generator, dtype=dtype))
-        return made, tuple(inputs)
-    if spec in datasets.models():
-        from . import zoo
-        return zoo.build(spec, batch, seq, tiny=tiny, seed=seed, **(config or {}))
-    raise _unknown_model(spec)
-
-
-def load_graph(spec: str, args: argparse.Namespace | None = None):
-    """A graph file, a shipped graph name, a zoo model or ``module:factory``."""
-    from . import datasets
-    from .graph import Graph
-
-    if _is_graph_file(spec):
-        with slow_stage(f"placer {getattr(args, 'command', None) or 'trace'}",
-                        f"loading {spec}"):
-            return Graph.load(spec)
-    if ":" not in spec and spec in datasets.graphs() and not getattr(args, "tiny", False):
-        return datasets.graph(spec)
-    granularity = getattr(args, "granularity", None) or DEFAULT_GRANULARITY
-    if ":" not in spec and spec not in datasets.models():
-        try:
-            return datasets.graph(spec)  # synthetic names like layered-n100-w8-s0
-        except PlacerError:
-            pass
-    from .trace import trace
-    model, inputs = load_model(spec, getattr(args, "input_shape", None),
-                               getattr(args, "input_dtype", "float32"),
-                               getattr(args, "batch", None), getattr(args, "seq", None),
-                               getattr(args, "tiny", False))
-    with slow_stage(f"placer {getattr(args, 'command', None) or 'trace'}",
-                    f"tracing {spec} ({granularity} granularity)"):
-        return trace(model, inputs, granularity=granularity, name=spec.rpartition(":")[2])
-
-
-def load_cluster(spec: str):
-    """A cluster file or a preset name."""
-    from .cluster import Cluster
-
-    if spec.endswith((".yaml", ".yml", ".json")) or os.path.sep in spec:
-        return Cluster.load(spec)
-    if spec == "local":
-        return Cluster.local()
-    return Cluster.preset(spec)
 
 
 def deprecated(old: str, new: str) -> None:
@@ -403,12 +248,6 @@ def cmd_datasets(args) -> int:
     return 0
 
 
-def _outputs_next_to(path: str) -> str:
-    p = str(path)
-    for suffix in (".json.gz", ".json"):
-        if p.endswith(suffix):
-            return p[: -len(suffix)]
-    return p
 
 
 def _sigterm_as_interrupt():
@@ -462,13 +301,13 @@ def _parallel_options(methods: list[str], args) -> dict[str, dict]:
     ``--workers`` (hybrid passes them to its evolution); one line when no
     method of ``methods`` runs work in parallel but they were asked for."""
     import inspect
-    from .search.base import _load
+    from .search.base import strategy_class
     given = {} if args.backend == "local" else {"backend": args.backend}
     if args.workers is not None:
         given["workers"] = args.workers
     out: dict[str, dict] = {}
     for method in methods:
-        accepts = inspect.signature(_load(method).__init__).parameters
+        accepts = inspect.signature(strategy_class(method).__init__).parameters
         if "backend" in accepts:
             out[method] = dict(given)
         elif "evolution" in accepts and given:
@@ -489,7 +328,7 @@ def cmd_plan(args) -> int:
     methods = _methods(args.method)
     check_backend_arg(args)
     parallel = _parallel_options(methods, args)
-    stem = _outputs_next_to(args.output)
+    stem = outputs_next_to(args.output)
     check_outputs([("--output", args.output), ("--output", stem + ".trace.json")]
                   + [("--output", f"{stem}.{kind}.png") for kind in
                      ([] if args.no_plots else ["placement", "gantt", "convergence"])],
@@ -556,7 +395,7 @@ def cmd_plan(args) -> int:
             signal.signal(signal.SIGTERM, previous)
     plan, report = _best_of(results)
     plan.save(args.output)
-    stem = _outputs_next_to(args.output)
+    stem = outputs_next_to(args.output)
     with slow_stage("placer plan", "writing the trace and pictures"):
         pictures = _plan_pictures(graph, cluster, plan, report, convergence, stem,
                                   args.no_plots)
@@ -608,7 +447,7 @@ def cmd_replan(args) -> int:
     cluster = load_cluster(args.cluster)
     old = Plan.load(args.plan)
     _warm("replan", policy=args.method in ("rl", "hybrid"))
-    output = args.output or _outputs_next_to(args.plan) + ".replanned.json"
+    output = args.output or outputs_next_to(args.plan) + ".replanned.json"
     check_outputs([("--output", output)], _inputs(args))
     options: dict[str, Any] = {}
     if args.evaluations:
@@ -777,33 +616,16 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def cmd_run(argv: list[str]) -> int:
-    """``placer run PLAN --model MODEL``: the plan in this process, measured."""
-    from .runtime.dist import _common, _parser, _print, write_pictures
-    from .runtime.run import run
-    ns = _parser("placer run", False, pictures=True).parse_args(argv)
-    plan, build, kwargs, cluster = _common(ns)
-    with slow_stage("placer run", f"building {ns.model}"):
-        model, inputs = build()
-    with slow_stage("placer run", f"running {ns.warmup} warm-up and {ns.steps} measured steps"):
-        result = run(model, plan, inputs, cluster=cluster, **kwargs)
-    report = result.report
-    write_pictures(report, ns)
-    _print({"report": {**report.to_dict(), "predicted": report.predicted,
-                       "step_times": report.step_times},
-            "loss": None if result.loss is None else float(result.loss)}, ns)
-    return 0
 
 
-_DELEGATE_TARGETS = {"launch": "placer.runtime.dist:launch_main",
+_DELEGATE_TARGETS = {"run": "placer.cli_runtime:run_main",
+                     "launch": "placer.cli_runtime:launch_main",
                      "profile": "placer.runtime.profile:profile_main",
                      "tune": "placer.tune:tune_main"}
 
 
 def _delegate(name: str) -> Callable[[list[str]], int]:
     """Subcommands whose parsers live with their code."""
-    if name == "run":
-        return cmd_run
     if name == "train":
         from gnn.train import main as train_main
         return lambda argv: train_main(argv, prog="placer train")
@@ -842,22 +664,21 @@ def build_parser() -> argparse.ArgumentParser:
                         help="unknown keys in graph, cluster and plan files are errors, not "
                              "warnings (also accepted after the command)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_model_commands(sub)
+    _add_search_commands(sub)
+    _add_scoring_commands(sub)
+    _add_other_commands(sub)
+    return note_atomic_outputs(parser)
 
-    def cluster_option(p, what: str, required: bool = False):
-        p.add_argument("-c", "--cluster", required=required,
-                       help=f"{what}: a cluster file or preset name")
 
-    def model_options(p):
-        p.add_argument("--granularity", choices=["op", "module"], default=None,
-                       help=f"trace ops or whole modules (default: {DEFAULT_GRANULARITY})")
-        add_model_options(p)
-
+def _add_model_commands(sub) -> None:
+    """The subparsers of trace and show."""
     p = _add(sub, "trace", "Trace a PyTorch model into a placer.graph/v1 file.",
              "placer trace mymodels:resnet --input-shape 8,3,224,224 -o resnet.json")
     p.add_argument("model", metavar="MODEL", help="MODULE:FACTORY or a zoo model name")
     p.add_argument("-o", "--output", help="graph file to write (.json or .json.gz)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    model_options(p)
+    _model_options(p)
     p.set_defaults(func=cmd_trace)
 
     p = _add(sub, "show", "Summarise a graph, cluster or plan file (or a preset name).",
@@ -868,10 +689,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_show)
 
+
+def _add_search_commands(sub) -> None:
+    """The subparsers of plan and replan."""
     p = _add(sub, "plan", "Search a placement for a model on a cluster and write the plan.",
              "placer plan gpt-125m --cluster two-sites --method heft -o plan.json")
     p.add_argument("model", metavar="MODEL", help=GRAPH_HELP)
-    cluster_option(p, "the devices and links to place on", required=True)
+    _cluster_option(p, "the devices and links to place on", required=True)
     p.add_argument("-m", "--method", default="evolution",
                    help="strategy (see placer.strategies()); several comma-separated run "
                         "one after another (each with --time-budget) and the best plan is kept")
@@ -896,7 +720,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_backend(p, "evolution's and dtfm's batch scoring")
     p.add_argument("--no-plots", action="store_true", help="do not write PNG pictures")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    model_options(p)
+    _model_options(p)
     p.set_defaults(func=cmd_plan)
 
     p = _add(sub, "replan", "Re-plan on the devices left after some are lost "
@@ -906,7 +730,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--without", action="append", required=True, metavar="DEVICE",
                    help="a lost device (repeat for several)")
     p.add_argument("-g", "--graph", required=True, help=GRAPH_HELP)
-    cluster_option(p, "the cluster the plan was made for", required=True)
+    _cluster_option(p, "the cluster the plan was made for", required=True)
     p.add_argument("-m", "--method", default="evolution",
                    help="strategy warm-started from the repaired plan, or 'repair' (no search)")
     p.add_argument("-o", "--output", help="plan file to write (default PLAN.replanned.json)")
@@ -916,21 +740,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ignore-fingerprints", action="store_true",
                    help="re-plan even if the plan was made for another graph/cluster")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    model_options(p)
+    _model_options(p)
     p.set_defaults(func=cmd_replan)
 
+
+def _add_scoring_commands(sub) -> None:
+    """The subparsers of simulate, export and compare."""
     p = _add(sub, "simulate", "Simulate a plan and report step time, memory and traffic.",
              "placer simulate graph.json plan.json --cluster two-sites --trace run.trace.json")
     p.add_argument("graph", metavar="GRAPH", help=GRAPH_HELP)
     p.add_argument("plan", metavar="PLAN", help="the plan file to score")
     p.add_argument("legacy_plan", nargs="?", help=argparse.SUPPRESS)  # GRAPH CLUSTER PLAN
-    cluster_option(p, "the cluster the plan was made for")
+    _cluster_option(p, "the cluster the plan was made for")
     p.add_argument("--trace", help="write a Chrome/Perfetto trace here")
     p.add_argument("--gantt", help="write a Gantt chart PNG here")
     p.add_argument("--ignore-fingerprints", action="store_true",
                    help="simulate even if the plan was made for another graph/cluster")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    model_options(p)
+    _model_options(p)
     p.set_defaults(func=cmd_simulate)
 
     p = _add(sub, "export", "Write a plan for torch pipelining, accelerate or DeepSpeed.",
@@ -945,7 +772,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--snippet", metavar="PY", help="pipelining: also write a short runnable "
                                                    "script that builds the pipeline")
     p.add_argument("--json", action="store_true", help="print the JSON even with -o")
-    model_options(p)
+    _model_options(p)
     p.set_defaults(func=lambda args: importlib.import_module("placer.export").cmd_export(args))
 
     p = _add(sub, "compare", "Simulate several plans of one graph on one cluster side by side.",
@@ -953,14 +780,17 @@ def build_parser() -> argparse.ArgumentParser:
              "--plot cmp.png")
     p.add_argument("graph", metavar="GRAPH", help=GRAPH_HELP)
     p.add_argument("plans", metavar="PLAN", nargs="+", help="plan files to score")
-    cluster_option(p, "the cluster the plans were made for")
+    _cluster_option(p, "the cluster the plans were made for")
     p.add_argument("--plot", metavar="PNG", help="draw step times as bars")
     p.add_argument("--ignore-fingerprints", action="store_true",
                    help="compare even plans made for another graph/cluster")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    model_options(p)
+    _model_options(p)
     p.set_defaults(func=cmd_compare)
 
+
+def _add_other_commands(sub) -> None:
+    """The subparsers of datasets, warmup, bench and the delegated commands."""
     p = _add(sub, "datasets", "List shipped models, graphs, cluster scenarios and splits.",
              "placer datasets --json")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -1007,7 +837,19 @@ def build_parser() -> argparse.ArgumentParser:
         p = _add(sub, name, help_text, example)
         p.add_argument("args", nargs=argparse.REMAINDER,
                        help=f"see `placer {name} --help`")
-    return note_atomic_outputs(parser)
+
+
+def _cluster_option(p, what: str, required: bool = False) -> None:
+    """``-c/--cluster``: ``what`` the cluster is, to this command."""
+    p.add_argument("-c", "--cluster", required=required,
+                   help=f"{what}: a cluster file or preset name")
+
+
+def _model_options(p) -> None:
+    """``--granularity`` and the model options every tracing command takes."""
+    p.add_argument("--granularity", choices=["op", "module"], default=None,
+                   help=f"trace ops or whole modules (default: {DEFAULT_GRANULARITY})")
+    add_model_options(p)
 
 
 def main(argv: list[str] | None = None) -> int:

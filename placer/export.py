@@ -434,7 +434,7 @@ def cmd_export(args) -> int:
     """``placer export PLAN --to TARGET --graph GRAPH``: write the plan in
     the form TARGET consumes (JSON to ``-o`` or stdout)."""
     from ._io import atomic_write_text, dump_json
-    from .cli import load_graph
+    from .loaders import load_graph
     from .plan import Plan
     if not args.graph:
         from .errors import PlacerError
@@ -452,8 +452,8 @@ def cmd_export(args) -> int:
         if args.to != "pipelining":
             raise PlanError("--snippet writes a torch pipelining script", field="--snippet",
                             fix="use it with --to pipelining")
-        from .cli import _is_graph_file
-        model = None if _is_graph_file(args.graph) else args.graph
+        from .loaders import is_graph_file
+        model = None if is_graph_file(args.graph) else args.graph
         options = dict(input_shapes=args.input_shape, input_dtype=args.input_dtype,
                        batch=args.batch, seq=args.seq, tiny=args.tiny)
         atomic_write_text(args.snippet, pipelining_snippet(data, model, **options))

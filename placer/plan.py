@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ._io import (MAX_DEVICES, MAX_MICROBATCHES, MAX_OPS, Fields, PathLike, _short,
+from ._io import (MAX_DEVICES, MAX_MICROBATCHES, MAX_OPS, Fields, PathLike, short_repr,
                   atomic_write_text, check_format, documented_keys, dump_json, load_document,
                   wrap_errors)
 from .errors import PlanError
@@ -276,7 +276,7 @@ class Plan:
                 devices = [devices]
             if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
                 placement_raw.fail(str(op_id), "expected a list of device names, got "
-                                   f"{_short(devices)}")
+                                   f"{short_repr(devices)}")
             placement_raw.limit(str(op_id), devices, MAX_DEVICES, "devices")
             placement[str(op_id)] = list(devices)
         schedule = top.string("schedule", "1f1b")

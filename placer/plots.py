@@ -23,17 +23,19 @@ MAX_LABELLED_OPS = 80
 MAX_BOXED_STAGES = 16
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (no display needed)."""
     import matplotlib
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
     return plt
 
 
-def _save(fig, path: PathLike) -> None:
+def save_figure(fig, path: PathLike) -> None:
+    """Write ``fig`` to ``path`` as a PNG, atomically, and close it."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
-    _pyplot().close(fig)
+    pyplot().close(fig)
     atomic_write_bytes(path, buffer.getvalue())
 
 
@@ -44,7 +46,7 @@ def device_colors(names: list[str]) -> dict[str, tuple]:
     >>> list(colors), len(colors["a0"]), colors["a0"] != colors["a1"]
     (['a0', 'a1', 'b0'], 4, True)
     """
-    plt = _pyplot()
+    plt = pyplot()
     cmap = plt.get_cmap("tab20" if len(names) <= 20 else "hsv")
     count = max(len(names), 1)
     return {n: cmap(i if len(names) <= 20 else i / count) for i, n in enumerate(names)}
@@ -69,7 +71,7 @@ def plot_placement(graph: "Graph", plan: "Plan", path: PathLike, *,
     >>> path.read_bytes()[1:4]
     b'PNG'
     """
-    plt = _pyplot()
+    plt = pyplot()
     shown, placement = graph, plan.placement
     if len(graph) > MAX_DRAWN_OPS:
         shown = graph.coarsen(MAX_DRAWN_OPS)
@@ -130,7 +132,7 @@ def plot_placement(graph: "Graph", plan: "Plan", path: PathLike, *,
     note = f" (coarsened {len(graph)} -> {len(shown)} ops)" if shown is not graph else ""
     ax.set_title((title or f"{graph.name}: placement by {plan.method}") + note
                  + f"\n{cut} of {cut + same} edges cross devices", fontsize=10)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def _short(op_id: str, width: int = 22) -> str:
@@ -174,7 +176,7 @@ def plot_cluster(cluster: "Cluster", path: PathLike, *, title: str | None = None
     >>> path.read_bytes()[1:4]
     b'PNG'
     """
-    plt = _pyplot()
+    plt = pyplot()
     sites = cluster.sites()
     names = list(sites)
     fig, ax = plt.subplots(figsize=(9, 9 if len(names) > 2 else 5))
@@ -228,7 +230,7 @@ def plot_cluster(cluster: "Cluster", path: PathLike, *, title: str | None = None
     ax.axis("off")
     ax.set_title(title or f"cluster {cluster.name}: {len(cluster)} devices, {len(names)} site(s)",
                  pad=28)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def _rate(bytes_per_s: float) -> str:
@@ -243,7 +245,7 @@ def plot_comparison(rows: list[dict], path: PathLike, *, title: str = "") -> Non
     """Bars of simulated step time per plan (hatched: over memory), as
     written by ``placer compare``; ``rows`` have ``plan``, ``method``,
     ``step_time`` and ``feasible``."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(rows) + 2), 3.5))
     labels = [f"{r['method']}\n{str(r['plan']).rsplit('/', 1)[-1]}" for r in rows]
     times = [r["step_time"] * 1e3 for r in rows]
@@ -256,14 +258,14 @@ def plot_comparison(rows: list[dict], path: PathLike, *, title: str = "") -> Non
     ax.set_ylabel("simulated step time (ms)")
     ax.set_title(title + ("\nred, hatched: over a device's memory"
                           if not all(r["feasible"] for r in rows) else ""), fontsize=10)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_convergence(series: dict[str, list[dict]], path: PathLike, *, title: str = "") -> None:
     """Best step time found so far against search time, one line per
     strategy (``series`` as recorded by :class:`placer.convergence.Convergence`);
     a strategy that reported once (a heuristic) is a single marker."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     names = sorted(series)
     cmap = plt.get_cmap("tab10")
@@ -290,7 +292,7 @@ def plot_convergence(series: dict[str, list[dict]], path: PathLike, *, title: st
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.set_title(title or "search convergence", fontsize=10)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 _GANTT_COLORS = {"forward": "tab:blue", "backward": "tab:orange", "transfer": "tab:green",
@@ -303,7 +305,7 @@ def plot_gantt(report, path: PathLike, *, title: str | None = None) -> None:
     busy link; colour is the kind of work, and microbatches alternate dark
     and light with their number written on bars wide enough to hold it."""
     from matplotlib.patches import Patch
-    plt = _pyplot()
+    plt = pyplot()
     events = report.events()
     lanes: list[str] = []
     for name in list(report.peak_memory) + [e.lane for e in events]:
@@ -334,4 +336,4 @@ def plot_gantt(report, path: PathLike, *, title: str | None = None) -> None:
     if handles:
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7,
                   frameon=False)
-    _save(fig, path)
+    save_figure(fig, path)

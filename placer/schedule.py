@@ -24,7 +24,7 @@ messages between any two devices is fixed too: :attr:`Schedule.pairs` lists,
 per pair, every message of a step in the order both ends post it (a task's
 receives before its work, its sends after it, in tag order). A transport
 that posts sends and receives in that order matches them without tags, as
-NCCL does (see :class:`placer.runtime.dist.DistTransport`).
+NCCL does (see :class:`placer.runtime.transport.DistTransport`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 __all__ = ["Action", "Message", "Schedule", "build", "deps", "from_simulation", "inflight_cap",
-           "task_cost", "for_plan", "from_orders"]
+           "task_cost", "from_orders", "Inst", "interleave"]
 
 
 def inflight_cap(first_run, runs, microbatches):
@@ -46,6 +46,14 @@ def inflight_cap(first_run, runs, microbatches):
     models' :func:`placer.cost.memory.inflight` applies it per device)."""
     import numpy as np
     return np.minimum(microbatches, np.maximum(np.subtract(runs, first_run), 1))
+
+
+@dataclass(frozen=True)
+class Inst:
+    """One instance: ``piece`` (== number of pieces for the sink), its replica."""
+
+    piece: int
+    replica: int
 
 
 @dataclass(frozen=True)
@@ -145,6 +153,33 @@ def deps(routes, task) -> list:
                 for skey in msg.slots:
                     for c in routes.slots[m][skey].consumers:
                         out.append(("F", m, c) if c == routes.sink else ("B", m, c))
+    return out
+
+
+def interleave(routes, orders: dict) -> list | None:
+    """One global order that respects every device's order and every
+    dependency (what one process issues), or None if the orders deadlock."""
+    pos = {d: 0 for d in orders}
+    done: set = set()
+    out = []
+    deps_cache: dict = {}
+    total = sum(len(o) for o in orders.values())
+    while len(out) < total:
+        progress = False
+        for d, order in orders.items():
+            while pos[d] < len(order):
+                task = order[pos[d]]
+                if task not in deps_cache:
+                    deps_cache[task] = deps(routes, task)
+                if all(t in done for t in deps_cache[task]):
+                    done.add(task)
+                    out.append((d, task))
+                    pos[d] += 1
+                    progress = True
+                else:
+                    break
+        if not progress:
+            return None
     return out
 
 
@@ -341,7 +376,6 @@ def plain(sched: Schedule) -> dict:
 
 def from_orders(routes, data: dict, training: bool) -> Schedule:
     """The schedule :func:`plain` described, rebuilt on ``routes``."""
-    from .runtime.engine import Inst
     order = [(d, (k, m, Inst(p, r))) for d, (k, m, p, r) in data["order"]]
     return _finish(routes, data["name"], order, dict(data["caps"]), training,
                    data.get("source", "rule"))
@@ -400,7 +434,6 @@ def from_simulation(routes, graph, sim_orders: dict, schedule: str, training: bo
         want = _tasks_of(routes, mine, d, name)
         if len(orders[d]) != len(want) or set(orders[d]) != set(want):
             return None
-    from .runtime.engine import interleave
     order = interleave(routes, orders)
     if order is None:
         return None
@@ -410,23 +443,3 @@ def from_simulation(routes, graph, sim_orders: dict, schedule: str, training: bo
     return _finish(routes, name, order, caps, training, "simulator")
 
 
-def for_plan(routes, plan, training: bool, graph=None, cluster=None,
-             options: dict | None = None) -> Schedule:
-    """The runtime's schedule of ``plan``: the simulator's order on ``graph``
-    and ``cluster`` (:func:`from_simulation`; ``options`` for
-    :class:`placer.cost.Problem`) when both are given, the cluster has the
-    plan's devices and the order maps onto the runtime's pieces, else
-    :func:`build`'s. Every rank computes the same from the same plan."""
-    if graph is not None and cluster is not None and \
-            plan.devices_used() <= set(cluster.names):
-        from .cost.problem import Problem
-        from .cost.simulator import executed_orders
-        from .errors import PlacerError
-        try:
-            sim = executed_orders(Problem(graph, cluster, **(options or {})), plan)
-        except PlacerError:
-            sim = None
-        sched = from_simulation(routes, graph, sim, plan.schedule, training) if sim else None
-        if sched is not None:
-            return sched
-    return build(routes, plan.schedule, training)

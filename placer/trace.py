@@ -775,34 +775,11 @@ def _build_graph(model, captured: _Captured, run: _Run, name: str, training: boo
             module = gm.get_submodule(node.target)
             used_state.extend(module.parameters())
             used_state.extend(module.buffers())
-        param_bytes = buffer_bytes = 0
-        seen_state: set[int] = set()
-        for t in used_state:
-            if id(t) in seen_state:
-                continue
-            seen_state.add(id(t))
-            if id(t) in param_ids:
-                users = param_users.setdefault(id(t), [])
-                param_objects[id(t)] = t
-                if not users:
-                    param_bytes += t.numel() * t.element_size()
-                users.append(op_id)
-            else:
-                buffer_bytes += t.numel() * t.element_size()
-        extra: dict[str, Any] = {"fx": node.name, "module": _module_of(node),
-                                 "shape": record.shapes[0] if len(record.shapes) == 1
-                                 else record.shapes,
-                                 "dtype": record.dtypes[0] if len(set(record.dtypes)) == 1
-                                 else record.dtypes}
-        if buffer_bytes:
-            extra["buffer_bytes"] = float(buffer_bytes)
-        if record.view:
-            extra["view"] = True
-        if record.bwd_estimated:
-            extra["bwd_estimated"] = True
+        param_bytes, buffer_bytes = _state_bytes(used_state, op_id, param_ids, param_users,
+                                                 param_objects)
         scalar_deps -= set(incoming) | {op_id}
-        if scalar_deps:
-            extra["scalar_deps"] = sorted(scalar_deps, key=position.__getitem__)
+        extra = _op_extra(node, record, buffer_bytes,
+                          sorted(scalar_deps, key=position.__getitem__))
         ops.append(Op(op_id, _op_kind(node, gm), flops=float(record.flops),
                       bwd_flops=float(record.bwd_flops) if training else 0.0,
                       param_bytes=float(param_bytes), output_bytes=float(record.bytes),
@@ -814,6 +791,57 @@ def _build_graph(model, captured: _Captured, run: _Run, name: str, training: boo
         scalars[node] = set()
 
     _colocate(ops, param_users, param_names)
+    meta = _graph_meta(model, captured, run, granularity, ids, carries)
+    return Graph(name, ops, edges, training=training, meta=meta)
+
+
+def _state_bytes(used_state: list, op_id: str, param_ids: set, param_users: dict,
+                 param_objects: dict) -> tuple[int, int]:
+    """Bytes of the parameters ``op_id`` is the first to use (a shared one
+    counts once) and of the buffers it uses; records ``op_id`` as a user of
+    each parameter."""
+    param_bytes = buffer_bytes = 0
+    seen_state: set[int] = set()
+    for t in used_state:
+        if id(t) in seen_state:
+            continue
+        seen_state.add(id(t))
+        if id(t) in param_ids:
+            users = param_users.setdefault(id(t), [])
+            param_objects[id(t)] = t
+            if not users:
+                param_bytes += t.numel() * t.element_size()
+            users.append(op_id)
+        else:
+            buffer_bytes += t.numel() * t.element_size()
+    return param_bytes, buffer_bytes
+
+
+def _op_extra(node, record, buffer_bytes: int, scalar_deps: list) -> dict[str, Any]:
+    """An op's ``extra``: its fx node and module, output shape and dtype, and
+    what only some ops have (buffers, a view, an estimated backward, the
+    ops its non-tensor inputs came from)."""
+    extra: dict[str, Any] = {"fx": node.name, "module": _module_of(node),
+                             "shape": record.shapes[0] if len(record.shapes) == 1
+                             else record.shapes,
+                             "dtype": record.dtypes[0] if len(set(record.dtypes)) == 1
+                             else record.dtypes}
+    if buffer_bytes:
+        extra["buffer_bytes"] = float(buffer_bytes)
+    if record.view:
+        extra["view"] = True
+    if record.bwd_estimated:
+        extra["bwd_estimated"] = True
+    if scalar_deps:
+        extra["scalar_deps"] = scalar_deps
+    return extra
+
+
+def _graph_meta(model, captured: _Captured, run: _Run, granularity: str, ids: dict,
+                carries: dict) -> dict:
+    """The graph's ``meta``: how it was traced, its batched inputs' shapes and
+    the ops whose values the model returns."""
+    gm, records = captured.gm, run.nodes
     outputs = []
     for node in gm.graph.nodes:
         if node.op == "output":
@@ -822,13 +850,12 @@ def _build_graph(model, captured: _Captured, run: _Run, name: str, training: boo
                     if src not in outputs:
                         outputs.append(src)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    meta = {"tracer": captured.tracer, "granularity": granularity,
+    return {"tracer": captured.tracer, "granularity": granularity,
             "execution": run.execution, "model": type(model).__name__,
             "batch_inputs": {ids[n]: records[n.name].shapes[0]
                              if len(records[n.name].shapes) == 1 else records[n.name].shapes
                              for n in placeholders if n in ids},
             "outputs": outputs}
-    return Graph(name, ops, edges, training=training, meta=meta)
 
 
 def _fetch(gm: torch.nn.Module, target: str):

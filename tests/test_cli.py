@@ -292,7 +292,7 @@ def test_run_own_model_matches_the_unplaced_loss(tmp_path, monkeypatch, capsys):
 
 def test_every_positional_has_help():
     from placer.cli import build_parser
-    from placer.runtime.dist import _parser
+    from placer.cli_runtime import run_parser as _parser
     parsers = dict(build_parser()._subparsers._group_actions[0].choices)
     parsers.update({"run": _parser("placer run", False), "launch": _parser("placer launch", True)})
     for name, parser in parsers.items():
@@ -303,7 +303,7 @@ def test_every_positional_has_help():
 
 def test_cluster_is_spelled_the_same_on_every_command():
     from placer.cli import build_parser
-    from placer.runtime.dist import _parser
+    from placer.cli_runtime import run_parser as _parser
     parsers = dict(build_parser()._subparsers._group_actions[0].choices)
     parsers.update({"run": _parser("placer run", False), "launch": _parser("placer launch", True)})
     for name in ("plan", "replan", "simulate", "compare", "run", "launch"):
@@ -364,7 +364,7 @@ def test_trace_and_plan_share_one_default_granularity(tmp_path, monkeypatch, cap
 def test_measured_line_gives_factor_and_spread(capsys, measured, predicted, times, expect,
                                                unsteady):
     from types import SimpleNamespace
-    from placer.runtime.dist import _print
+    from placer.cli_runtime import print_report as _print
     ns = SimpleNamespace(output=None, json=False, _calibrated=True)
     _print({"report": {"step_time": measured, "predicted": predicted, "step_times": times},
             "loss": 1.5}, ns)
@@ -424,7 +424,7 @@ def test_placement_picture_labels_ops_and_boxes_stages(monkeypatch, tmp_path):
                   [Edge(a, b, 8) for a, b in zip(names, names[1:])])
     plan = Plan(dict(zip(names, [["a0"]] * 3 + [["b0", "b1"]] * 2 + [["c0"]])))
     figures = []
-    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig))
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: figures.append(fig))
     plots.plot_placement(graph, plan, tmp_path / "p.png")
     ax = figures[0].axes[0]
     texts = {t.get_text() for t in ax.texts}

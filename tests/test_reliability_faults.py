@@ -12,7 +12,7 @@ pytest.importorskip("torch.distributed")
 import placer  # noqa: E402
 from placer import zoo  # noqa: E402
 from placer.errors import PlacerError  # noqa: E402
-from placer.runtime.dist import RankError, _diagnose, launch  # noqa: E402
+from placer.runtime.dist import RankError, diagnose, launch  # noqa: E402
 
 from runtime_helpers import random_plan  # noqa: E402
 
@@ -75,12 +75,12 @@ def test_diagnose_prefers_the_rank_waited_for():
     statuses = [{"stage": "step 1: waiting for rank 2", "state": "running", "time": 1},
                 {"stage": "step 1: waiting for rank 2", "state": "running", "time": 1},
                 {"stage": "step 1", "state": "running", "time": 1}]
-    line = _diagnose(statuses, [None] * 3, ["a", "b", "c"], 7.0)
+    line = diagnose(statuses, [None] * 3, ["a", "b", "c"], 7.0)
     assert line.startswith("rank 2 (device c) in stage 'step 1' made no progress for 7 s")
     # a failure: the first rank to fail is named, not the peers that lost it
     statuses = [{"stage": "step 0", "state": "failed", "time": 5, "error": "peer gone"},
                 {"stage": "step 0", "state": "failed", "time": 3, "error": "ValueError: x"}]
-    line = _diagnose(statuses, [1, 1], ["a", "b"], None)
+    line = diagnose(statuses, [1, 1], ["a", "b"], None)
     assert line == "rank 1 (device b) in stage 'step 0' failed: ValueError: x"
 
 

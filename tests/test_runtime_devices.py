@@ -49,8 +49,8 @@ def test_backend_choice_with_gpus(monkeypatch):
     assert choose_backend([torch.device("cuda", 0)]) == "gloo"
     from placer.runtime.dist import launch_backend
     monkeypatch.setattr(devmod, "nccl_available", lambda: True)
-    import placer.runtime.dist as distmod
-    monkeypatch.setattr(distmod, "choose_backend", devmod.choose_backend)
+    import placer.runtime.ranks as ranksmod
+    monkeypatch.setattr(ranksmod, "choose_backend", devmod.choose_backend)
     assert launch_backend(Plan({"x": ["a100-0"], "y": ["a100-1"]})) == "nccl"
     assert launch_backend(Plan({"x": ["a100-0"], "y": ["b"]})) == "gloo"
 

@@ -38,13 +38,13 @@ DYNAMIC_IMPORTS = {
     # MODEL/GRAPH argument of `placer trace/plan/...`, --model of `placer
     # run/launch`); importing it is the point. Nothing read from a file
     # reaches it: graph files are recognised by name and loaded as data first.
-    ("placer/cli.py", "_factory"),
+    ("placer/loaders.py", "load_factory"),
     # subcommand table _DELEGATE_TARGETS: constants in the source
     ("placer/cli.py", "_delegate"),
     # lazy attributes of the package: the constant table _LAZY
     ("placer/__init__.py", "__getattr__"),
     # strategies: the constant LAZY table and installed packages' entry points
-    ("placer/search/base.py", "_load"),
+    ("placer/search/base.py", "strategy_class"),
 }
 
 

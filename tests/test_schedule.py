@@ -216,7 +216,7 @@ def test_ranks_run_the_schedule_with_tag0_and_match_unplaced(schedule, microbatc
     monkeypatch.setenv("PLACER_P2P_PREPOST", "1" if prepost else "0")
     from placer.runtime.dist import launch
     from placer.runtime.run import RUNTIME_OPTIONS
-    from placer.schedule import for_plan
+    from placer.runtime.order import for_plan
     model, inputs = branchy_build()
     graph = placer.trace(model, inputs)
     out, loss, grads = reference(model, inputs)
@@ -264,7 +264,7 @@ def test_the_runtime_schedule_is_the_simulators_order(stages, microbatches, sche
     from placer.cost.problem import Problem
     from placer.cost.simulator import executed_orders
     from placer.runtime.dist import reference_plan
-    from placer.schedule import for_plan
+    from placer.runtime.order import for_plan
     build_fn = functools.partial(zoo.build, "gpt-125m", tiny=True, batch=6)
     model, inputs = build_fn()
     graph = placer.trace(model, inputs)
@@ -307,7 +307,8 @@ def test_the_runtime_schedule_is_the_simulators_order(stages, microbatches, sche
 def test_simulator_orders_map_onto_op_level_plans():
     from placer.cost.problem import Problem
     from placer.cost.simulator import executed_orders
-    from placer.schedule import for_plan, from_simulation
+    from placer.runtime.order import for_plan
+    from placer.schedule import from_simulation
     model, inputs = branchy_build()
     graph = placer.trace(model, inputs)
     mapped = 0
@@ -333,7 +334,7 @@ def test_ranks_run_the_simulators_order_for_op_level_plans(key):
     # granularity every task maps onto a piece
     from placer.bench.fidelity import MODELS, random_plans
     from placer.runtime.run import RUNTIME_OPTIONS
-    from placer.schedule import for_plan
+    from placer.runtime.order import for_plan
     build_fn = MODELS[key].build
     model, inputs = build_fn()
     graph = placer.trace(model, inputs)

@@ -11,22 +11,15 @@ ROOT = Path(__file__).resolve().parent.parent
 KNOWN = {
     "import_cycles": {
         "evolution.dtfm <-> evolution.search",
-        "placer.bench.engines <-> placer.bench.fidelity <-> placer.bench.runtime <-> placer.cli"
-        " <-> placer.export <-> placer.runtime.dist <-> placer.runtime.pipelining"
-        " <-> placer.runtime.profile <-> placer.runtime.run",
-        "placer.cost.analytical <-> placer.cost.memory <-> placer.cost.simulator"
-        " <-> placer.runtime.engine <-> placer.schedule",
     },
     "long_functions": {
         "evolution.search._evolve", "gnn.features.encode_problem",
-        "placer.cli.build_parser", "placer.cost.analytical.evaluate",
+        "placer.cost.analytical.evaluate",
         "placer.cost.event_loop.run_events", "placer.cost.simulator.__init__",
-        "placer.runtime.dist.run_rank", "placer.runtime.pipelining.run_rank",
-        "placer.runtime.run.run", "placer.trace._build_graph",
     },
 }
 #: private names imported across modules at most this often
-KNOWN_PRIVATE_IMPORTS = 29
+KNOWN_PRIVATE_IMPORTS = 7
 
 
 def _findings():

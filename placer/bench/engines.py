@@ -63,7 +63,7 @@ def _child(rank, world, port, plan_dict, graph_dict, steps, warmup, repeats, out
     import torch.distributed as dist
 
     from placer.graph import Graph
-    from placer.runtime.dist import run_rank
+    from placer.runtime.rank_loop import run_rank
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
@@ -98,7 +98,7 @@ def engines(steps: int = 10, warmup: int = 2, repeats: int = 5, only: list | Non
     """Step time of both engines on the same plans; see the module doc."""
     import torch.multiprocessing as mp
 
-    from placer.runtime.dist import _free_port
+    from placer.runtime.launch import free_port
     model, inputs = _build()
     graph = placer.trace(model, inputs, granularity="module")
     rows = []
@@ -110,7 +110,7 @@ def engines(steps: int = 10, warmup: int = 2, repeats: int = 5, only: list | Non
         start = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="placer-engines-") as tmp:
             out = os.path.join(tmp, "rows.pt")
-            mp.start_processes(_child, args=(world, _free_port(), plan.to_dict(),
+            mp.start_processes(_child, args=(world, free_port(), plan.to_dict(),
                                              graph.to_dict(), steps, warmup, repeats, out),
                                nprocs=world, start_method="spawn")
             runs = torch.load(out, weights_only=True)

@@ -237,7 +237,7 @@ def measure_plans(plans: list, model: "Model | str", *, batch: int | None = None
     ``calibrate_first``), or ``error`` (one line) when the plan failed.
     ``nets``: a :class:`placer.bench.runtime.Namespaces` (rank ``i`` in the
     namespace of device ``r{i}``) or None (loopback)."""
-    from placer.runtime.dist import rank_devices
+    from placer.runtime.ranks import rank_devices
     if isinstance(model, str):
         model = Model(model, batch or 4)
     batches: dict[tuple, list[int]] = {}
@@ -266,7 +266,7 @@ def _launch_batch(plans, model: Model, devs: list[str], *, steps, warmup, nets,
                   keep_gradients, calibrate_first, pin, timeout) -> list[dict]:
     """One start of ``len(devs)`` ranks running ``plans`` in turn; returns
     the results of the plans up to and including the first that failed."""
-    from placer.runtime.dist import _free_port
+    from placer.runtime.launch import free_port as _free_port
     world = len(devs)
     with tempfile.TemporaryDirectory(prefix="placer-fidelity-") as tmp:
         spec = {"model": {"name": model.name, "batch": model.batch, "seq": model.seq,
@@ -380,7 +380,7 @@ def predictions(calibration: dict, plans: list) -> dict[str, list[float]]:
     """The three predictions of every plan from one case's calibration."""
     from placer.cost import Problem, get_cost_model
     from placer.runtime.contention import predict_shared
-    from placer.runtime.dist import calibrated_options
+    from placer.runtime.calibration import calibrated_options
     cg = placer.Graph.from_dict(calibration["graph"])
     cc = placer.Cluster.from_dict(calibration["cluster"])
     options = calibrated_options(calibration)
@@ -402,7 +402,7 @@ def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans
              steps: int = 5, warmup: int = 2, evaluations: int = 300, evo_seeds: int = 3,
              seed: int = 0, rate: str | None = None, log=print) -> dict:
     """Measure and predict one case's population; see the module doc."""
-    from placer.runtime.dist import reference_plan
+    from placer.runtime.calibration import reference_plan
     model = MODELS[model_key]
     module, inputs = model.build()
     graph = placer.trace(module, inputs)
@@ -433,7 +433,7 @@ def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans
                               f"{first[0].get('error')}")
         calibration = first[0]["calibration"]
         # 2. the strategies' plans, searched on that calibration
-        from placer.runtime.dist import calibrated_options
+        from placer.runtime.calibration import calibrated_options
         cg = placer.Graph.from_dict(calibration["graph"])
         cc = placer.Cluster.from_dict(calibration["cluster"])
         found = strategy_plans(cg, cc, calibrated_options(calibration),
@@ -586,7 +586,8 @@ def _version() -> str:
 def plot_case(case: dict, path: str) -> None:
     """Predicted against measured step time of one case's plans, log-log,
     one colour per predictor, with y = x."""
-    from placer.plots import _pyplot, _save
+    from placer.plots import pyplot as _pyplot
+    from placer.plots import save_figure as _save
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5.2, 4.6))
     measured = [r["measured"] * 1e3 for r in case["plans"]]

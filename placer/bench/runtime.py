@@ -59,12 +59,13 @@ def overhead(model: str = MODEL, batch: int = 8, seq: int = 32, steps: int = 30,
     per-pair ratios less one; wall-clock and process CPU time are both
     reported (CPU time ignores time the process spent preempted).
     ``microbatches`` > 1 makes plain PyTorch accumulate over as many slices."""
+    from placer.runtime.engine import row_bounds
     from placer.runtime.run import Runner
     torch.set_num_threads(threads)
     module, inputs = _build(model, batch, seq, **config)
     ref = copy.deepcopy(module)
     opt = torch.optim.SGD(ref.parameters(), lr=1e-3)
-    rows = [b - a for a, b in _row_bounds(batch, microbatches)]
+    rows = [b - a for a, b in row_bounds(batch, microbatches)]
 
     def plain_step():
         opt.zero_grad(set_to_none=True)
@@ -91,11 +92,6 @@ def overhead(model: str = MODEL, batch: int = 8, seq: int = 32, steps: int = 30,
             "plain_cpu": med(p[2] for p in pairs), "placed_cpu": med(p[3] for p in pairs),
             "overhead_cpu": med(p[3] / p[2] for p in pairs) - 1,
             "microbatches": microbatches, "steps": steps, "load": _load()}
-
-
-def _row_bounds(n: int, k: int) -> list[tuple]:
-    from placer.runtime.engine import _bounds
-    return _bounds(n, k)
 
 
 def _timed(fn) -> tuple[float, float]:
@@ -142,11 +138,11 @@ def _pingpong_child(rank, world, port, sizes, out):
 def measure_link() -> tuple[float, float]:
     """(bandwidth bytes/s, latency s) of gloo between two local processes."""
     import torch.multiprocessing as mp
-    from placer.runtime.dist import _free_port
+    from placer.runtime.launch import free_port
     sizes = [64, 4 << 20]
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "link.json")
-        mp.start_processes(_pingpong_child, args=(2, _free_port(), sizes, out), nprocs=2,
+        mp.start_processes(_pingpong_child, args=(2, free_port(), sizes, out), nprocs=2,
                            start_method="spawn")
         with open(out) as f:
             res = {int(k): v for k, v in json.load(f).items()}
@@ -169,7 +165,7 @@ def accuracy(plans: int = 4, nproc: int = 2, model: str = MODEL, batch: int | No
     key of :data:`SIZES` (``batch``/``seq`` override its)."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
     from runtime_helpers import random_plan
-    from placer.runtime.dist import launch
+    from placer.runtime.launch import launch
     b, q, config = SIZES[size]
     build = functools.partial(_build, model, batch or b, seq or q, **config)
     module, inputs = build()
@@ -200,7 +196,7 @@ def accuracy(plans: int = 4, nproc: int = 2, model: str = MODEL, batch: int | No
 
 def _row(k, plan, result, load) -> dict:
     from placer.runtime.contention import predict_shared
-    from placer.runtime.dist import calibrated_options
+    from placer.runtime.calibration import calibrated_options
     rep, cal = result["report"], result["calibration"]
     measured, predicted = rep["step_time"], rep["predicted"]
     # the same calibration without contention: every rank at its share alone
@@ -321,7 +317,7 @@ def _launch_in(nets, plan, tmp: str, tag: str, *, model: str, batch: int, seq: i
                steps: int, timeout: float, pin: bool = True) -> dict:
     """Run ``plan`` with one rank per namespace (rank i in namespace i) and
     ``--calibrate``; returns rank 0's written report."""
-    from placer.runtime.dist import rank_devices
+    from placer.runtime.ranks import rank_devices
     world = len(rank_devices(plan))
     plan_path = os.path.join(tmp, f"{tag}.plan.json")
     plan.save(plan_path)
@@ -407,7 +403,7 @@ def netns(nproc: int = 2, rate: str = "100mbit", model: str = MODEL, batch: int 
     pair's measured vs predicted speedup of the optimized plan over the
     naive one, and their medians. ``pin``: each rank on a core of its own."""
     from placer.runtime.contention import predict_shared
-    from placer.runtime.dist import calibrated_options
+    from placer.runtime.calibration import calibrated_options
     module, inputs = _build(model, batch, seq)
     graph = placer.trace(module, inputs)
     names = [f"r{i}" for i in range(nproc)]

@@ -83,8 +83,8 @@ class Report:
     def __getstate__(self):
         # a lazy timeline is a closure: freeze its events so reports pickle
         state = dict(self.__dict__)
-        if state.get("timeline") is not None and not isinstance(state["timeline"], _Frozen):
-            state["timeline"] = _Frozen(list(state["timeline"]()))
+        if state.get("timeline") is not None and not isinstance(state["timeline"], FrozenTimeline):
+            state["timeline"] = FrozenTimeline(list(state["timeline"]()))
         return state
 
     def __setstate__(self, state):
@@ -111,7 +111,7 @@ class Report:
 
     def summary(self) -> str:
         """A few lines for people: step time, feasibility, bottleneck, memory."""
-        lines = [f"step {_time(self.step_time)}, "
+        lines = [f"step {format_time(self.step_time)}, "
                  + ("feasible" if self.feasible else "INFEASIBLE")]
         if self.bottleneck:
             lines.append(f"bottleneck: {self.bottleneck}")
@@ -211,7 +211,7 @@ def spread(times: list[float]) -> str:
     return f"min {low * scale:.3g}, max {high * scale:.3g} {unit} over {len(times)} steps"
 
 
-class _Frozen:
+class FrozenTimeline:
     """A timeline already built: calling it returns its events."""
 
     def __init__(self, events: list):
@@ -221,7 +221,8 @@ class _Frozen:
         return self.events
 
 
-def _time(seconds: float) -> str:
+def format_time(seconds: float) -> str:
+    """``seconds`` in s, ms or us, three significant digits."""
     if not math.isfinite(seconds):
         return str(seconds)
     if seconds >= 1:

@@ -16,7 +16,7 @@ import sys
 import torch
 
 __all__ = ["gpu_named", "torch_device", "choose_backend", "cpu_fallback_line",
-           "nccl_available"]
+           "nccl_available", "as_device"]
 
 #: names (or cluster kinds) of GPUs: a prefix, then a digit, a separator or the end
 _GPU = re.compile(r"^(cuda|gpu|a100|a10g?|a40|a30|a6000|h100|h200|h20|gh200|b100|b200|gb200|"
@@ -89,3 +89,19 @@ def warn_cpu_fallback(names) -> None:
     """Print :func:`cpu_fallback_line` to stderr when ``names`` is not empty."""
     if names:
         print(cpu_fallback_line(names), file=sys.stderr, flush=True)
+
+
+def as_device(name: str) -> torch.device | None:
+    """``name`` as a torch device of this host (``"cpu"``, ``"cuda:1"`` when
+    that GPU exists), or None when it names none here."""
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, TypeError):
+        return None
+    if dev.type == "cpu":
+        return dev
+    if dev.type == "cuda" and torch.cuda.is_available():
+        index = dev.index or 0
+        if index < torch.cuda.device_count():
+            return torch.device("cuda", index)
+    return None

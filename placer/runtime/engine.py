@@ -25,7 +25,7 @@ the plan alone (one process hosting every device runs the schedule's global
 order; a rank its device's order). A task's sends leave at its end in tag
 order, so every rank computes the same tables and the same sequence of
 messages with each peer, and messages match without negotiation, by their
-order (see :class:`placer.runtime.dist.DistTransport`).
+order (see :class:`placer.runtime.transport.DistTransport`).
 """
 
 from __future__ import annotations
@@ -41,18 +41,10 @@ from torch.utils import _pytree as pytree
 
 from ..cost.report import Event
 from ..errors import PlanError
-from ..schedule import Schedule
+# Inst and interleave are the schedule's; importable from here as before
+from ..schedule import Inst, Schedule, interleave  # noqa: F401
 from ..schedule import build as build_schedule
-from ..schedule import deps as schedule_deps
 from .split import Split
-
-
-@dataclass(frozen=True)
-class Inst:
-    """One instance: ``piece`` (== number of pieces for the sink), its replica."""
-
-    piece: int
-    replica: int
 
 
 @dataclass
@@ -115,7 +107,7 @@ class Routes:
                                         f"{len(insts)} replicas of piece {p.index}",
                                         field="microbatches",
                                         fix="use fewer microbatches or a larger batch")
-                    bounds = _bounds(n, len(insts))
+                    bounds = row_bounds(n, len(insts))
                     for i, inst in enumerate(insts):
                         rows[inst] = bounds[i]
                 else:
@@ -184,7 +176,9 @@ class Routes:
         return seen
 
 
-def _bounds(n: int, k: int) -> list[tuple]:
+def row_bounds(n: int, k: int) -> list[tuple]:
+    """``n`` rows cut into ``k`` runs as equal as can be (the first ones one
+    longer): ``[(start, end)]``."""
     sizes = [n // k + (1 if i < n % k else 0) for i in range(k)]
     out, start = [], 0
     for s in sizes:
@@ -209,7 +203,7 @@ def microbatch_rows(batch: int, microbatches: int) -> list[int]:
     if microbatches > batch:
         raise PlanError(f"{microbatches} microbatches for a batch of {batch}",
                         field="microbatches", fix=f"use at most {batch} microbatches")
-    return [b - a for a, b in _bounds(batch, microbatches)]
+    return [b - a for a, b in row_bounds(batch, microbatches)]
 
 
 # --------------------------------------------------------------------------
@@ -222,35 +216,6 @@ def device_orders(routes: Routes, schedule: str, training: bool) -> tuple[dict, 
     return sched.orders, sched.name
 
 
-def _deps(routes: Routes, task) -> list:
-    return schedule_deps(routes, task)
-
-
-def interleave(routes: Routes, orders: dict) -> list | None:
-    """One global order that respects every device's order and every
-    dependency (what one process issues), or None if the orders deadlock."""
-    pos = {d: 0 for d in orders}
-    done: set = set()
-    out = []
-    deps_cache: dict = {}
-    total = sum(len(o) for o in orders.values())
-    while len(out) < total:
-        progress = False
-        for d, order in orders.items():
-            while pos[d] < len(order):
-                task = order[pos[d]]
-                if task not in deps_cache:
-                    deps_cache[task] = _deps(routes, task)
-                if all(t in done for t in deps_cache[task]):
-                    done.add(task)
-                    out.append((d, task))
-                    pos[d] += 1
-                    progress = True
-                else:
-                    break
-        if not progress:
-            return None
-    return out
 
 
 # --------------------------------------------------------------------------

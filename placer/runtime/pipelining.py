@@ -44,9 +44,12 @@ from torch.utils import _pytree as pytree
 
 from ..errors import PlanError
 from ..export import SCHEDULE_CLASSES, Layout, stage_layout
-from .engine import Engine, Inst, Routes, _bounds
-from .run import (LOSS_REDUCTIONS, MeasuredReport, RunResult, build_optimizer,
-                  default_device_map, optimizer_state_bytes, default_loss, join_outputs, predict, prepare, sink_device)
+from .engine import Engine, Inst, Routes, row_bounds
+from .ranks import this_rank
+from .common import (LOSS_REDUCTIONS, MeasuredReport, RunResult, build_optimizer,
+                     default_device_map, optimizer_state_bytes, default_loss, join_outputs,
+                     predict, prepare, sink_device)
+from .status import STATUS, inject_fault
 
 #: names usable as ``engine=`` in :func:`placer.run` and :func:`placer.launch`
 ENGINES = ("builtin", "pipelining")
@@ -186,7 +189,7 @@ def _replica_rows(inputs: list, sp, replicas: int, microbatches: int) -> list[tu
             raise PlanError(f"model input {i} ({sp.input_names[i]}) has no batch dimension; "
                             "the pipelining engine splits every input along dim 0",
                             fix="run the plan with the built-in engine")
-    bounds = _bounds(batch, replicas)
+    bounds = row_bounds(batch, replicas)
     if min(b - a for a, b in bounds) < microbatches:
         raise PlanError(f"a batch of {batch} rows cannot feed {replicas} replica(s) with "
                         f"{microbatches} microbatches each", field="microbatches",
@@ -416,6 +419,25 @@ def rank_order(plan) -> list[str] | None:
         return None
 
 
+
+def _holder_groups(engine, me: str, rank_of: dict) -> tuple:
+    """Collective: a process group per set of ranks holding a weight (every
+    rank creates every group, in the same order), and this rank's weights
+    held on several ranks, by their set of ranks."""
+    sets: dict[tuple, Any] = {}
+    for name in sorted(engine.holders):
+        holders = engine.holders[name]
+        if len(holders) > 1:
+            ranks = tuple(sorted(rank_of[d] for d in holders))
+            if ranks not in sets:
+                sets[ranks] = dist.new_group(list(ranks))
+    shared: dict[tuple, list] = {}
+    for name, p in engine.copies.get(me, {}).items():
+        holders = engine.holders.get(name, (me,))
+        if isinstance(p, torch.nn.Parameter) and len(holders) > 1:
+            shared.setdefault(tuple(sorted(rank_of[d] for d in holders)), []).append(p)
+    return sets, shared
+
 def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, warmup: int = 1,
              optimizer=None, loss_fn: Callable | None = None, targets=None, graph=None,
              cluster=None, device: str | torch.device | None = None, training: bool = True,
@@ -423,11 +445,10 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
              seed: int = 0, **ignored) -> dict | None:
     """This rank's stages of the plan on torch pipelining; the process group
     must be up. Returns, on rank 0, the same dict as
-    :func:`placer.runtime.dist.run_rank` (``loss``, ``losses``, ``outputs``,
+    :func:`placer.runtime.rank_loop.run_rank` (``loss``, ``losses``, ``outputs``,
     ``gradients``, ``parameters``, ``report``...); None elsewhere.
     ``ignored``: built-in engine options without a meaning here
     (``calibrate``, ``busy_poll``)."""
-    from . import dist as rdist
     if not training:
         raise PlanError("the pipelining engine runs training steps",
                         fix="use the built-in engine for inference")
@@ -441,7 +462,6 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     keys = carries(sp)
     bounds = _replica_rows(inputs, sp, layout.replicas, len(mb_rows))
     devs = layout.rank_order()
-    from .dist import this_rank
     me, backend, tdev = this_rank(devs, cluster, device)
     if tdev.type == "cuda" and backend != "nccl" and world > 1:
         raise PlanError(f"rank {rank} runs on {tdev}, but torch pipelining sends CUDA "
@@ -456,18 +476,7 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     mine = [s for s in range(layout.num_stages) if layout.device(s, replica) == me]
     engine = _build(sp, plan, mb_rows, model, {d: tdev for d in devs}, [me], True, seed,
                     loss_fn)
-    sets: dict[tuple, Any] = {}
-    for name in sorted(engine.holders):
-        holders = engine.holders[name]
-        if len(holders) > 1:
-            ranks = tuple(sorted(rank_of[d] for d in holders))
-            if ranks not in sets:
-                sets[ranks] = dist.new_group(list(ranks))
-    shared: dict[tuple, list] = {}
-    for name, p in engine.copies.get(me, {}).items():
-        holders = engine.holders.get(name, (me,))
-        if isinstance(p, torch.nn.Parameter) and len(holders) > 1:
-            shared.setdefault(tuple(sorted(rank_of[d] for d in holders)), []).append(p)
+    sets, shared = _holder_groups(engine, me, rank_of)
     mods = _stage_modules(engine, sp, keys, replica, mine, lambda s: tdev)
     n = layout.num_stages
     lo, hi = bounds[replica]
@@ -481,15 +490,15 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     params = engine.parameters()
     times, losses, grads = [], [], {}
     for step in range(steps + warmup):
-        rdist._STATUS.set(f"step {step}")
-        rdist._maybe_inject_fault(rank, step)
+        STATUS.set(f"step {step}")
+        inject_fault(rank, step)
         for p in params:
             p.grad = None
         if tdev.type == "cuda":
             torch.cuda.synchronize(tdev)
             torch.cuda.reset_peak_memory_stats(tdev)
         loss.start()
-        with rdist._STATUS.wait(None, "the step barrier"):
+        with STATUS.wait(None, "the step barrier"):
             dist.barrier()
         start = time.perf_counter()
         sched.step(*args, target=target)
@@ -503,7 +512,7 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
             torch.cuda.synchronize(tdev)
         elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
         total = torch.tensor([loss.step(len(mb_rows))[1]], dtype=torch.float64)
-        with rdist._STATUS.wait(None, "the step's end"):
+        with STATUS.wait(None, "the step's end"):
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
             dist.all_reduce(total)
         if step >= warmup:
@@ -513,8 +522,8 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
                 "gradients": grads, "parameters": engine.state(),
                 "peak": _peak(engine, me, tdev, opt, True)}
     gathered = [None] * world if rank == 0 else None
-    rdist._STATUS.set("gather results")
-    with rdist._STATUS.wait(None, "the results gather"):
+    STATUS.set("gather results")
+    with STATUS.wait(None, "the results gather"):
         dist.gather_object(mine_out, gathered, dst=0)
     if rank != 0:
         return None

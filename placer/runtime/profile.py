@@ -27,7 +27,7 @@ Between ``torch.distributed`` ranks, :func:`measure_links` times a
 ping-pong at several sizes and an all-reduce, :func:`fit_link` fits
 ``latency + bytes / bandwidth`` and :func:`ranks_cluster` builds the
 ranks' cluster (``placer launch --calibrate`` does all of it in the ranks,
-see :func:`placer.runtime.dist.run_rank`).
+see :func:`placer.runtime.rank_loop.run_rank`).
 """
 
 from __future__ import annotations
@@ -428,11 +428,11 @@ def profile(model: torch.nn.Module, example_inputs: Any, graph: Graph | None = N
     while all of them are busy. ``tasks``: also measure :func:`task_overhead`
     (``extra["task_overhead"]``); False where only the op times are wanted."""
     from ..trace import trace
-    from .run import _as_device
+    from .devices import as_device
     if graph is None:
         graph = trace(model, example_inputs)
     cluster = cluster or Cluster.local()
-    names = devices or [d for d in cluster.names if _as_device(d) is not None]
+    names = devices or [d for d in cluster.names if as_device(d) is not None]
     if not names:
         raise PlanError("no device of the cluster is a torch device of this machine",
                         fix="pass devices=[...] naming 'cpu' or 'cuda:N' devices")
@@ -454,7 +454,7 @@ def profile(model: torch.nn.Module, example_inputs: Any, graph: Graph | None = N
     for dev in cluster.devices:
         dev = copy.deepcopy(dev)
         if dev.name in names:
-            tdev = _as_device(dev.name)
+            tdev = as_device(dev.name)
             for _ in range(warmup):
                 _time_nodes(model, inputs, gm, tdev, 1, graph.training)
             timed = {r: _time_nodes(model, inputs, gm, tdev, repeats, graph.training,
@@ -593,12 +593,13 @@ def profile_main(argv: list[str] | None = None) -> int:
     ns = note_atomic_outputs(ap).parse_args(argv)
     from .. import zoo
     from .._io import check_outputs
-    from .dist import _cluster
+    from ..loaders import load_cluster
     check_outputs([("--output", ns.output), ("--cluster-out", ns.cluster_out)], [ns.cluster])
     if ns.threads:
         torch.set_num_threads(ns.threads)
     model, inputs = zoo.build(ns.model, batch=ns.batch, seq=ns.seq, tiny=ns.tiny, seed=ns.seed)
-    graph, cluster = profile(model, inputs, cluster=_cluster(ns.cluster), repeats=ns.repeats)
+    cluster = None if ns.cluster is None else load_cluster(ns.cluster)
+    graph, cluster = profile(model, inputs, cluster=cluster, repeats=ns.repeats)
     graph.save(ns.output)
     if ns.cluster_out:
         cluster.save(ns.cluster_out)
@@ -671,7 +672,7 @@ def measure_links(world: int, rank: int, *, sizes=LINK_SIZES, repeats: int = 9,
     ``{"pairs": {(i, j): {"bandwidth", "latency", "points"}},
     "allreduce": {bytes: seconds}}`` (what a message costs the ranks' CPUs
     is measured on the runtime's own transport, see
-    :func:`placer.runtime.dist.run_rank`'s calibration). ``spin``: the
+    :func:`placer.runtime.rank_loop.run_rank`'s calibration). ``spin``: the
     all-reduces are waited for as a busy-polling rank waits for them (:mod:`placer.runtime.waiting`); the ping-pong always blocks
     (polled point-to-point waits gave no faster steps, and over a 100
     mbit ``tbf`` link they read 40 MB/s where blocking read 22-25 MB/s,
@@ -790,7 +791,7 @@ def sync_delay(peer: int, latency: float, *, work: int = 48, repeats: int = 20,
     and lockstep phases alternate ``rounds`` times so both see the same
     load. Returns seconds (>= 0), the same figure on both ranks.
 
-    ``transport`` (a :class:`placer.runtime.dist.DistTransport`, with
+    ``transport`` (a :class:`placer.runtime.transport.DistTransport`, with
     ``names`` = (this rank's device, the peer's)): the messages go through
     it as a step's do (receives posted up front, each taken by a watcher
     thread, sends waited for at the end), so the figure includes what that

@@ -556,7 +556,7 @@ def register_lazy(name: str, target: str) -> None:
     LAZY[name] = target
 
 
-def _load(name: str) -> type | None:
+def strategy_class(name: str) -> type | None:
     """The class of ``name``, importing its module if needed; None if unknown
     or not importable (the reason is kept in ``_BROKEN``)."""
     cls = _REGISTRY.get(name)
@@ -599,7 +599,7 @@ def strategies() -> list[str]:
     True
     """
     names = set(_REGISTRY) | set(LAZY) | set(_entry_points())
-    return sorted(n for n in names if _load(n) is not None)
+    return sorted(n for n in names if strategy_class(n) is not None)
 
 
 def get_strategy(name: "str | Strategy", **options) -> Strategy:
@@ -613,7 +613,7 @@ def get_strategy(name: "str | Strategy", **options) -> Strategy:
             raise StrategyError("options given with a strategy instance",
                                 fix="pass the options when building the instance")
         return name
-    cls = _load(name) if isinstance(name, str) else None
+    cls = strategy_class(name) if isinstance(name, str) else None
     if cls is None:
         why = _BROKEN.get(name) if isinstance(name, str) else None
         known = ", ".join(strategies())
@@ -630,7 +630,7 @@ def get_strategy(name: "str | Strategy", **options) -> Strategy:
                             field="options") from None
 
 
-def _check_plan(problem: "Problem", plan: Plan) -> Plan:
+def check_plan(problem: "Problem", plan: Plan) -> Plan:
     """Raise :class:`StrategyError` if a strategy returned an invalid plan."""
     try:
         plan.validate(problem.graph, problem.cluster, check_fingerprints=False)

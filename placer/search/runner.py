@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..cost import Problem, get_cost_model
 from ..errors import StrategyError
-from .base import (Budget, SearchInterrupted, Strategy, _check_plan, get_strategy,
+from .base import (Budget, SearchInterrupted, Strategy, check_plan, get_strategy,
                    predicted_figures, progress_callback)
 
 if TYPE_CHECKING:
@@ -103,14 +103,14 @@ def optimize_with_report(graph: "Graph", cluster: "Cluster",
             plan = search_coarsened(strategy, problem, metered, budget, seed, callback, groups)
     except SearchInterrupted as exc:
         if exc.plan is not None:
-            _check_plan(problem, exc.plan)
+            check_plan(problem, exc.plan)
             search = dict(exc.plan.predicted)
             exc.plan.predicted = predicted_figures(final_model.estimate(problem, exc.plan))
             exc.plan.predicted["search"] = search
             exc.plan.method = strategy.name
             exc.plan.bind(graph, cluster)
         raise
-    _check_plan(problem, plan)
+    check_plan(problem, plan)
     # the swap asks the final model too, where simulating is affordable
     judge, _ = _affordable_final(problem, plan, final_model, search_model, time_budget)
     plan = _no_worse_than_seen(problem, plan, metered, judge)
@@ -190,7 +190,7 @@ def _no_worse_than_seen(problem: Problem, plan: "Plan", metered, final_model=Non
     if (not report.feasible, report.objective) >= (not feasible, objective):
         return plan
     try:
-        _check_plan(problem, seen)
+        check_plan(problem, seen)
     except Exception:       # a partial plan a strategy scored on its own terms
         return plan
     if final_model is not None and getattr(final_model, "name", None) != metered.name:
