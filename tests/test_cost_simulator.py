@@ -60,6 +60,30 @@ def test_two_ops_one_transfer_training():
     assert a.step_time == pytest.approx(12e-3)
 
 
+def test_no_gradient_goes_back_for_a_value_that_requires_none():
+    # a's output is integer (indices): forward 4.5 ms as above; b's backward
+    # (4 ms) sends nothing back, and a's (2 ms) runs right after its forward
+    g = Graph("two", [Op("a", flops=1e9, extra={"dtype": "int64"}),
+                      Op("b", flops=2e9, param_bytes=4.0, extra={"dtype": "float32"})],
+              [Edge("a", "b", 1e6)], training=True)
+    clus = cluster(lat=5e-4)
+    r = sim(g, clus, Plan({"a": ["d0"], "b": ["d1"]}))
+    assert r.step_time == pytest.approx(8.5e-3)
+    assert r.bytes_per_link == {"d0->d1": pytest.approx(1e6)}
+    assert [e.name for e in r.events() if e.category == "transfer"] == ["activation a mb0"]
+    # a float input without parameters upstream requires none either; a
+    # float op reading b's output does, and so do ops of graphs without dtypes
+    from placer.cost.problem import output_gradients
+    h = Graph("h", [Op("x", extra={"dtype": "float32"}),
+                    Op("w", param_bytes=4.0, extra={"dtype": "float32"}),
+                    Op("i", extra={"dtype": ["float32", "int64"]}), Op("n")],
+              [Edge("x", "w", 1.0), Edge("w", "i", 1.0), Edge("i", "n", 1.0)], training=True)
+    p = problem(h, clus)
+    assert dict(zip(p.ids, p.output_grad.tolist())) == {"x": False, "w": True, "i": True,
+                                                         "n": True}
+    assert output_gradients([], np.zeros(0, np.int64), np.zeros(0, np.int64)).size == 0
+
+
 def test_same_device_costs_no_transfer():
     r = sim(two_ops(False), cluster(), Plan({"a": ["d0"], "b": ["d0"]}))
     assert r.step_time == pytest.approx(3e-3)

@@ -380,11 +380,16 @@ def predictions(calibration: dict, plans: list) -> dict[str, list[float]]:
     """The three predictions of every plan from one case's calibration."""
     from placer.cost import Problem, get_cost_model
     from placer.runtime.contention import predict_shared
-    from placer.runtime.dist import calibrated_options
+    from placer.runtime.dist import calibrated_options, reference_factor, reference_plan
     cg = placer.Graph.from_dict(calibration["graph"])
     cc = placer.Cluster.from_dict(calibration["cluster"])
     options = calibrated_options(calibration)
     factor = calibration.get("reference_factor", 1.0)
+    if calibration.get("reference_step"):
+        # the factor as the models of now predict the reference pipeline
+        # (run_case measures it at 2 microbatches, 1f1b, on every rank)
+        ref = reference_plan(cg, cc.names, 2)
+        factor = reference_factor({**calibration, "graph": cg, "cluster": cc}, ref, options)
     problem = Problem(cg, cc, **options)
     analytical = get_cost_model("analytical")
     out: dict[str, list[float]] = {"simulator": [], "analytical": [], "calibrated": []}
@@ -474,7 +479,10 @@ def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans
             "seconds": time.perf_counter() - start, "load": _load(),
             # what re-predicting the measured plans needs (see repredict);
             # bench_fidelity keeps it apart from the results
-            "raw": {"calibration": calibration, "plans": [p.to_dict() for p in plans_ok]}}
+            "raw": {"calibration": calibration, "plans": [p.to_dict() for p in plans_ok],
+                    # each rank's measured compute and communication seconds a step
+                    "parts": [{"compute": results[i].get("compute"),
+                               "comm": results[i].get("comm")} for i in ok]}}
 
 
 def _op_level(graph, plan) -> bool:

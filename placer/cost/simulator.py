@@ -366,6 +366,9 @@ class _Build:
             # backward transfers: sent by every consuming segment (the last
             # of its ops' offsets), in order of first appearance, to the
             # producing segment
+            # a value that requires no gradient (indices, masks) gets none
+            # back: no transfer, and its producer's backward waits for none
+            grad = p.output_grad[inst_op[t_inst]]
             if len(iv):
                 key = tinv * NB + bseg[iv]
                 uk, first, inv = _unique(key, index=True, inverse=True)
@@ -378,12 +381,14 @@ class _Build:
                 np.maximum.at(off, inv, sent)
                 order = np.argsort(first, kind="stable")
                 uk, off = uk[order], off[order]
+                keep = grad[uk // NB]
+                uk, off = uk[keep], off[keep]
                 o_seg.append(NF + uk % NB)
                 o_x.append(NT + uk // NB)
                 o_off.append(off)
                 x_npend[NT:] = np.bincount(uk // NB, minlength=NT)
-            c_x.append(NT + np.arange(NT, dtype=np.int64))
-            c_s.append(NF + bseg[t_inst])
+            c_x.append(NT + np.flatnonzero(grad))
+            c_s.append(NF + bseg[t_inst[grad]])
             used_b = self.first_b >= 0
             pend[self.first_b[used_b]] += 1      # waits for this device's forward
         else:
@@ -396,12 +401,15 @@ class _Build:
         cons_x = np.concatenate(c_x).astype(np.int64)
         cons_s = np.concatenate(c_s).astype(np.int64)
         # bytes each transfer moves per microbatch (gradients go back as well)
-        self.x_bytes = (np.r_[t_bytes, t_bytes] if training else t_bytes) / m
+        # backward transfers of values that require no gradient are never sent
+        sent = np.r_[np.ones(NT, dtype=bool), grad] if training else np.ones(NT, dtype=bool)
+        self.x_sent = sent
+        self.x_bytes = (np.r_[t_bytes, t_bytes] if training else t_bytes) * sent / m
         if p.message_overhead or p.message_copy_rate < np.inf:
             # every message costs its sender's and its receiver's task time:
             # a segment's receives before its work, each send before it
             # leaves (a send's offset moves by those and the sends before it)
-            cost = p.message_overhead + self.x_bytes / p.message_copy_rate   # per end
+            cost = (p.message_overhead + self.x_bytes / p.message_copy_rate) * sent  # per end
             seg_sorted = seg_all[order]
             own = cost[self.ox_x]
             sends = np.bincount(seg_sorted, own, minlength=NS)
@@ -439,7 +447,7 @@ class _Build:
         # a fast interface is held only for its share of a slower link's time
         self.x_hold_out = self.x_bytes / p.nic_bandwidth[xs]
         self.x_hold_in = self.x_bytes / p.nic_bandwidth[xd]
-        self.x_lat = p.latency[xs, xd]
+        self.x_lat = p.latency[xs, xd] * sent
 
         # --- all-reduce buckets ---------------------------------------------
         self.ar = []   # (sources [(local B task, offset)], members, seconds, links)
@@ -731,6 +739,8 @@ def _timeline(p: Problem, c: Compiled, b: _Build, starts, x_starts, ar_times):
                              {"microbatch": mb, "ops": [p.ids[o] for o in ops[:50]]}))
         for gx in range(len(x_starts)):
             mb, x = divmod(gx, b.NX)
+            if not b.x_sent[x]:
+                continue          # no gradient goes back (see _Build)
             a, z = int(b.x_src[x]), int(b.x_dst[x])
             kind = "activation" if x < b.NT else "gradient"
             op = p.ids[int(b.inst_op[b.t_inst[x % b.NT]])]
