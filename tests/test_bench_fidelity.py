@@ -137,3 +137,10 @@ def test_link_fits_survive_calibration_rounds_that_stopped_early():
         ["r0", "r1"], placer.Device("cpu", 1e11, 1e10), {"pairs": {(0, 1): one}})
     assert placer.Cluster.from_dict(cluster.to_dict()).bandwidth[0][1] == pytest.approx(
         256 / 3e-4)
+    # a message between busy ranks may cost less than the blocking ping-pong
+    # read (a negative synchronisation delay), never less than nothing
+    for sync, want in ((-2e-4, 1e-4), (-5e-4, 0.0), (1e-4, 4e-4)):
+        link = {**one, "latency": 3e-4, "sync_delay": sync}
+        cluster = ranks_cluster(["r0", "r1"], placer.Device("cpu", 1e11, 1e10),
+                                {"pairs": {(0, 1): link}})
+        assert cluster.link("r0", "r1")[1] == pytest.approx(want)

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .base import CostModel, register_cost_model
-from .analytical import _unique
+from .arrays import unique_ints
 from .collectives import allreduce
 from .memory import inflight, peak_memory
 from .problem import Compiled, Problem
@@ -230,7 +230,7 @@ class _Build:
         remote = inst_dev[iu] != inst_dev[iv]
         iu, iv, pb, loss_dep = iu[remote], iv[remote], pb[remote], loss_dep[remote]
         key = iu * D + inst_dev[iv]
-        uk, tinv = _unique(key, inverse=True)
+        uk, tinv = unique_ints(key, inverse=True)
         NT = len(uk)
         t_inst = uk // D
         t_dst = uk % D
@@ -354,11 +354,11 @@ class _Build:
         x_npend = np.zeros(NX, dtype=np.int64)
         x_npend[:NT] = 1
         fwd = ~loss_dep
-        pairs = _unique(tinv[fwd] * NF + fseg[iv[fwd]]) if NT else np.zeros(0, dtype=np.int64)
+        pairs = unique_ints(tinv[fwd] * NF + fseg[iv[fwd]]) if NT else np.zeros(0, dtype=np.int64)
         c_x = [pairs // NF]
         c_s = [pairs % NF]
         if loss_dep.any():
-            pairs = _unique(tinv[loss_dep] * NB + bseg[iv[loss_dep]])
+            pairs = unique_ints(tinv[loss_dep] * NB + bseg[iv[loss_dep]])
             c_x.append(pairs // NB)
             c_s.append(NF + pairs % NB)
         if training:
@@ -371,7 +371,7 @@ class _Build:
             grad = p.output_grad[inst_op[t_inst]]
             if len(iv):
                 key = tinv * NB + bseg[iv]
-                uk, first, inv = _unique(key, index=True, inverse=True)
+                uk, first, inv = unique_ints(key, index=True, inverse=True)
                 off = np.full(len(uk), -1.0)
                 sent = boff[iv]
                 if loss_dep.any():
