@@ -23,7 +23,7 @@ KNOWN = {
         "evolution.search._evolve", "gnn.features.encode_problem",
         "gnn.strategies.policy_plans", "placer.bench.learned.bench_learned",
         "placer.cli.build_parser", "placer.cost.analytical.evaluate",
-        "placer.cost.event_loop.run_events", "placer.cost.simulator.__init__",
+        "placer.cost.event_loop.run_events",
         "placer.runtime.dist.run_rank", "placer.runtime.pipelining.run_rank",
         "placer.runtime.run.run", "placer.trace._build_graph",
     },
