@@ -137,6 +137,15 @@ def test_link_fits_survive_calibration_rounds_that_stopped_early():
         ["r0", "r1"], placer.Device("cpu", 1e11, 1e10), {"pairs": {(0, 1): one}})
     assert placer.Cluster.from_dict(cluster.to_dict()).bandwidth[0][1] == pytest.approx(
         256 / 3e-4)
+    # a shaped link: t = 0.5 ms + max(0, n - 48 KB) / 24 MB/s at every size
+    # over the bucket; a fast link (loopback) has none
+    from placer.runtime.profile import fit_burst
+    shaped = {n: 5e-4 + max(0, n - 49152) / 24e6 for n in (256, 16384, 262144, 1 << 20,
+                                                           4 << 20)}
+    assert fit_burst(shaped) == pytest.approx(49152)
+    assert fit_burst({256: 3.3e-4, 16384: 6.6e-4, 262144: 6.5e-4, 1 << 20: 8.8e-4,
+                      4 << 20: 3.2e-3}) == 0.0
+    assert fit_burst({256: 3e-4, 16384: 1.2e-4}) == 0.0
     # a message between busy ranks may cost less than the blocking ping-pong
     # read (a negative synchronisation delay), never less than nothing
     for sync, want in ((-2e-4, 1e-4), (-5e-4, 0.0), (1e-4, 4e-4)):

@@ -84,6 +84,26 @@ def test_no_gradient_goes_back_for_a_value_that_requires_none():
     assert output_gradients([], np.zeros(0, np.int64), np.zeros(0, np.int64)).size == 0
 
 
+def test_a_link_burst_passes_free_then_refills_at_the_link_rate():
+    # 1e6 B with a 4e5 B bucket: 0.6 ms on the link instead of 1 ms
+    clus = cluster(lat=5e-4)
+    r = sim(two_ops(False), clus, Plan({"a": ["d0"], "b": ["d1"]}), link_burst=4e5)
+    assert r.step_time == pytest.approx(1e-3 + 0.6e-3 + 0.5e-3 + 2e-3)
+    # training: the gradient goes the other way, through a full bucket of its own
+    r = sim(two_ops(True), clus, Plan({"a": ["d0"], "b": ["d1"]}), link_burst=4e5)
+    assert r.step_time == pytest.approx(12e-3 - 2 * 0.4e-3)
+    # two tensors back to back on one link: a's leaves at 1 ms (0.6 ms), b's
+    # (ready at 1.1 ms) waits for the link and finds the bucket empty (1 ms):
+    # c starts at 2.6 + 0.5 ms instead of 3.0 + 0.5 ms
+    g = Graph("two-in", [Op("a", flops=1e9), Op("b", flops=1e8), Op("c", flops=1e9)],
+              [Edge("a", "c", 1e6), Edge("b", "c", 1e6)], training=False)
+    plan = Plan({"a": ["d0"], "b": ["d0"], "c": ["d1"]})
+    assert sim(g, clus, plan).step_time == pytest.approx(4.5e-3)
+    assert sim(g, clus, plan, link_burst=4e5).step_time == pytest.approx(4.1e-3)
+    with pytest.raises(StrategyError, match="link_burst"):
+        problem(two_ops(False), clus, link_burst=-1.0)
+
+
 def test_same_device_costs_no_transfer():
     r = sim(two_ops(False), cluster(), Plan({"a": ["d0"], "b": ["d0"]}))
     assert r.step_time == pytest.approx(3e-3)

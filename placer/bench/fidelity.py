@@ -583,6 +583,44 @@ def repredict(path: str) -> dict:
             for k, v in ((k, agreement(v, raw["measured"])) for k, v in preds.items())}
 
 
+def refresh(results: str, raws: list[str], log=print) -> dict:
+    """Predict the cases kept in ``raws`` again (as :func:`repredict`) and
+    write the predictions, metrics and summary into the bench's results
+    file ``results`` (cases matched by model, network and ranks; each
+    case's plans in the order kept), with new scatters beside it. The
+    measurements stay; ``repredicted`` says with which version."""
+    from placer._io import atomic_write_text, dump_json
+    with open(results) as f:
+        doc = json.load(f)
+    cases = {f"{c['model']}-{c['network']}-{c['nproc']}": c for c in doc["cases"]}
+    for path in raws:
+        name = os.path.splitext(os.path.basename(path))[0]
+        case = cases.get(name)
+        if case is None:
+            continue
+        with open(path) as f:
+            raw = json.load(f)
+        if [r["measured"] for r in case["plans"]] != raw["measured"]:
+            raise PlacerError(f"{path}: its measurements are not those of case {name} in "
+                              f"{results}", fix="pass the raw files of that run")
+        preds = predictions(raw["calibration"], [placer.Plan.from_dict(p) for p in raw["plans"]])
+        for k, v in preds.items():
+            for row, value in zip(case["plans"], v):
+                row[k] = value
+        case["metrics"] = {k: agreement(v, raw["measured"]) for k, v in preds.items()}
+        log(f"fidelity: {name} predicted again")
+    doc["summary"] = {f"{r['model']}/{r['network']}/{r['nproc']}": {
+        k: {m: v[m] for m in ("kendall_tau", "median_abs_error", "p90_abs_error", "regret")}
+        for k, v in r["metrics"].items()} | {"plans": len(r["plans"])} for r in doc["cases"]}
+    doc["repredicted"] = _version()
+    atomic_write_text(results, dump_json(doc))
+    folder = os.path.dirname(os.path.abspath(results))
+    stem = os.path.splitext(os.path.basename(results))[0]
+    for r in doc["cases"]:
+        plot_case(r, os.path.join(folder, f"{stem}-{r['model']}-{r['network']}.png"))
+    return doc
+
+
 def _version() -> str:
     try:
         from importlib.metadata import version
@@ -634,11 +672,17 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--raw", default=None, help="folder to keep each case's calibration, "
                     "plans and measured steps in (for repredict)")
+    ap.add_argument("--results", default=None, help="repredict: the bench's results file "
+                    "to write the new predictions, metrics and scatters into")
     ns = ap.parse_args(argv)
     if ns.what == "worker":
         return worker(ns.spec[0])
     if ns.what == "repredict":
-        print(json.dumps({p: repredict(p) for p in ns.spec}, indent=1))
+        if ns.results:
+            doc = refresh(ns.results, ns.spec)
+            print(json.dumps(doc["summary"], indent=1))
+        else:
+            print(json.dumps({p: repredict(p) for p in ns.spec}, indent=1))
         return 0
     cases = None
     if ns.case:

@@ -186,6 +186,11 @@ class Problem:
       acyclic, see :mod:`placer.runtime.split`), each started once all its
       inputs arrived and sending its outputs when it ends, forward and
       backward (one task each, as ``task_overhead`` counts them).
+    - ``link_burst``: bytes every link between devices lets through at
+      once before its bandwidth applies, refilled at that bandwidth (a
+      token bucket, as ``tc tbf`` shapes a link; ``placer launch
+      --calibrate`` fits it from the ping-pong's sizes). Simulator only;
+      default 0: every byte takes the link's time.
     - ``merge``: the simulator may start a run of ops on a device only when
       the inputs of a later op in it arrived, if the run so far takes at most
       this fraction of the device's time (0: never; fewer tasks, faster).
@@ -211,7 +216,7 @@ class Problem:
                  task_overhead: float = 0.0, collective_efficiency: float = 1.0,
                  message_overhead: float = 0.0, message_copy_rate: float = float("inf"),
                  allreduce_overlap: bool = True, resume_overhead: float = 0.0,
-                 granularity: str = "op"):
+                 granularity: str = "op", link_burst: float = 0.0):
         if objective not in OBJECTIVES:
             raise StrategyError(f"unknown objective {objective!r}",
                                 fix=f"use one of: {', '.join(OBJECTIVES)}")
@@ -222,7 +227,8 @@ class Problem:
                              ("op_overhead", op_overhead),
                              ("task_overhead", task_overhead),
                              ("message_overhead", message_overhead),
-                             ("resume_overhead", resume_overhead)):
+                             ("resume_overhead", resume_overhead),
+                             ("link_burst", link_burst)):
             if not value >= 0:
                 raise StrategyError(f"{label} must be >= 0, got {value!r}")
         if not 0 < collective_efficiency < float("inf"):
@@ -249,6 +255,7 @@ class Problem:
         self.message_copy_rate = float(message_copy_rate)
         self.allreduce_overlap = bool(allreduce_overlap)
         self.resume_overhead = float(resume_overhead)
+        self.link_burst = float(link_burst)
         self.collective_efficiency = float(collective_efficiency)
         self.nic = nic
         self.bucket_bytes = float(bucket_bytes)
@@ -276,7 +283,7 @@ class Problem:
                 "collective_efficiency": self.collective_efficiency,
                 "message_copy_rate": self.message_copy_rate,
                 "allreduce_overlap": self.allreduce_overlap,
-                "resume_overhead": self.resume_overhead,
+                "resume_overhead": self.resume_overhead, "link_burst": self.link_burst,
                 "granularity": self.granularity}
 
     def __repr__(self) -> str:

@@ -621,7 +621,8 @@ def _run(problem: Problem, b: _Build, c: Compiled):
         b.x_src.astype(np.int64), b.x_dst.astype(np.int64), b.x_dur, b.x_lat,
         b.x_hold_out, b.x_hold_in, ar_ptr, ar_k[order], ar_off[order],
         ar_pending, ar_mem_ptr, ar_mem, ar_seconds, start, x_start, ar_s, ar_e,
-        np.full(D, problem.resume_overhead))
+        np.full(D, problem.resume_overhead), b.x_bytes,
+        np.where(np.isfinite(problem.bandwidth), problem.link_burst, 0.0).ravel().astype(float))
     if stuck:
         raise RuntimeError("simulator deadlock: some tasks never became ready")
     return end_time, start, x_start, list(zip(ar_s.tolist(), ar_e.tolist()))
