@@ -91,6 +91,32 @@ def test_one_start_measures_several_plans_and_predicts_them(tmp_path):
                         for k, v in preds.items()}}
     fidelity.plot_case(case, str(tmp_path / "scatter.png"))
     assert (tmp_path / "scatter.png").read_bytes()[:4] == b"\x89PNG"
+    # kept raw, predicted again into a results file (repredict --results)
+    measured = [r["step_time"] for r in results]
+    raw = tmp_path / "gpt-loopback-2.json"
+    raw.write_text(json.dumps({"calibration": json.loads(json.dumps(cal, default=_plain)),
+                               "plans": [p.to_dict() for p in plans], "measured": measured,
+                               "origins": ["reference", "random"]}))
+    stale = {**case, "plans": [{**r, "calibrated": 1.0} for r in case["plans"]]}
+    results = tmp_path / "fidelity.json"
+    results.write_text(json.dumps({"cases": [stale], "summary": {}}))
+    doc = fidelity.refresh(str(results), [str(raw)], log=lambda *_: None)
+    again = doc["cases"][0]
+    assert [r["calibrated"] for r in again["plans"]] == pytest.approx(preds["calibrated"])
+    assert doc["summary"]["gpt/loopback/2"]["plans"] == 2 and "repredicted" in doc
+    assert json.loads(results.read_text())["cases"][0]["metrics"] == json.loads(
+        json.dumps(again["metrics"]))
+    assert (tmp_path / "fidelity-gpt-loopback.png").exists()
+    bad = tmp_path / "other" / "gpt-loopback-2.json"
+    bad.parent.mkdir()
+    bad.write_text(json.dumps({**json.loads(raw.read_text()), "measured": [1.0, 2.0]}))
+    with pytest.raises(placer.PlacerError, match="not those of case"):
+        fidelity.refresh(str(results), [str(bad)])
+
+
+def _plain(value):
+    """JSON for a live calibration's objects (graph, cluster)."""
+    return value.to_dict()
 
 
 def test_a_failing_plan_is_reported_and_the_rest_still_run():
