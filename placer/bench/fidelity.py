@@ -448,6 +448,8 @@ def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans
         results = list(first)
         seen = {_key(p) for _, p in population}
         rest = [(o, p) for o, p in found if _key(p) not in seen and not seen.add(_key(p))]
+        # strategies whose plan another had already (measured once)
+        duplicates = [o for o, p in found if all(p is not q for _, q in rest)]
         rest += [("random", p) for p in randoms if len(p.devices_used()) < nproc]
         results += measure([p for _, p in rest])
         population += rest
@@ -467,7 +469,7 @@ def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans
               for i in range(len(results)) if "step_time" not in results[i]]
     return {"model": model_key, "zoo": model.name, "batch": model.batch,
             "network": network, "rate": rate, "nproc": nproc, "steps": steps,
-            "warmup": warmup, "plans": rows, "failed": failed,
+            "warmup": warmup, "plans": rows, "failed": failed, "duplicates": duplicates,
             "metrics": {k: agreement(v, measured) for k, v in preds.items()}
             if len(measured) >= 2 else {},
             "calibration": {k: calibration.get(k) for k in (
