@@ -91,6 +91,32 @@ def test_one_start_measures_several_plans_and_predicts_them(tmp_path):
                         for k, v in preds.items()}}
     fidelity.plot_case(case, str(tmp_path / "scatter.png"))
     assert (tmp_path / "scatter.png").read_bytes()[:4] == b"\x89PNG"
+    # kept raw, predicted again into a results file (repredict --results)
+    measured = [r["step_time"] for r in results]
+    raw = tmp_path / "gpt-loopback-2.json"
+    raw.write_text(json.dumps({"calibration": json.loads(json.dumps(cal, default=_plain)),
+                               "plans": [p.to_dict() for p in plans], "measured": measured,
+                               "origins": ["reference", "random"]}))
+    stale = {**case, "plans": [{**r, "calibrated": 1.0} for r in case["plans"]]}
+    results = tmp_path / "fidelity.json"
+    results.write_text(json.dumps({"cases": [stale], "summary": {}}))
+    doc = fidelity.refresh(str(results), [str(raw)], log=lambda *_: None)
+    again = doc["cases"][0]
+    assert [r["calibrated"] for r in again["plans"]] == pytest.approx(preds["calibrated"])
+    assert doc["summary"]["gpt/loopback/2"]["plans"] == 2 and "repredicted" in doc
+    assert json.loads(results.read_text())["cases"][0]["metrics"] == json.loads(
+        json.dumps(again["metrics"]))
+    assert (tmp_path / "fidelity-gpt-loopback.png").exists()
+    bad = tmp_path / "other" / "gpt-loopback-2.json"
+    bad.parent.mkdir()
+    bad.write_text(json.dumps({**json.loads(raw.read_text()), "measured": [1.0, 2.0]}))
+    with pytest.raises(placer.PlacerError, match="not those of case"):
+        fidelity.refresh(str(results), [str(bad)])
+
+
+def _plain(value):
+    """JSON for a live calibration's objects (graph, cluster)."""
+    return value.to_dict()
 
 
 def test_a_failing_plan_is_reported_and_the_rest_still_run():
@@ -111,7 +137,9 @@ def test_quick_bench_writes_results_and_scatters(tmp_path):
     assert saved["summary"] == json.loads(json.dumps(doc["summary"]))
     case = saved["cases"][0]
     assert len(case["plans"]) >= 10 and not case["failed"]
-    assert {"reference", "random", "heft", "m_etf"} <= {r["origin"] for r in case["plans"]}
+    # every strategy's plan is measured, once where two strategies agree
+    assert {"reference", "random", "heft", "m_etf"} <= {r["origin"] for r in case["plans"]} \
+        | set(case["duplicates"])
     for name in ("simulator", "analytical", "calibrated"):
         m = case["metrics"][name]
         assert -1 <= m["kendall_tau"] <= 1 and m["regret"] >= 1
@@ -137,3 +165,19 @@ def test_link_fits_survive_calibration_rounds_that_stopped_early():
         ["r0", "r1"], placer.Device("cpu", 1e11, 1e10), {"pairs": {(0, 1): one}})
     assert placer.Cluster.from_dict(cluster.to_dict()).bandwidth[0][1] == pytest.approx(
         256 / 3e-4)
+    # a shaped link: t = 0.5 ms + max(0, n - 48 KB) / 24 MB/s at every size
+    # over the bucket; a fast link (loopback) has none
+    from placer.runtime.profile import fit_burst
+    shaped = {n: 5e-4 + max(0, n - 49152) / 24e6 for n in (256, 16384, 262144, 1 << 20,
+                                                           4 << 20)}
+    assert fit_burst(shaped) == pytest.approx(49152)
+    assert fit_burst({256: 3.3e-4, 16384: 6.6e-4, 262144: 6.5e-4, 1 << 20: 8.8e-4,
+                      4 << 20: 3.2e-3}) == 0.0
+    assert fit_burst({256: 3e-4, 16384: 1.2e-4}) == 0.0
+    # a message between busy ranks may cost less than the blocking ping-pong
+    # read (a negative synchronisation delay), never less than nothing
+    for sync, want in ((-2e-4, 1e-4), (-5e-4, 0.0), (1e-4, 4e-4)):
+        link = {**one, "latency": 3e-4, "sync_delay": sync}
+        cluster = ranks_cluster(["r0", "r1"], placer.Device("cpu", 1e11, 1e10),
+                                {"pairs": {(0, 1): link}})
+        assert cluster.link("r0", "r1")[1] == pytest.approx(want)

@@ -60,6 +60,50 @@ def test_two_ops_one_transfer_training():
     assert a.step_time == pytest.approx(12e-3)
 
 
+def test_no_gradient_goes_back_for_a_value_that_requires_none():
+    # a's output is integer (indices): forward 4.5 ms as above; b's backward
+    # (4 ms) sends nothing back, and a's (2 ms) runs right after its forward
+    g = Graph("two", [Op("a", flops=1e9, extra={"dtype": "int64"}),
+                      Op("b", flops=2e9, param_bytes=4.0, extra={"dtype": "float32"})],
+              [Edge("a", "b", 1e6)], training=True)
+    clus = cluster(lat=5e-4)
+    r = sim(g, clus, Plan({"a": ["d0"], "b": ["d1"]}))
+    assert r.step_time == pytest.approx(8.5e-3)
+    assert r.bytes_per_link == {"d0->d1": pytest.approx(1e6)}
+    assert [e.name for e in r.events() if e.category == "transfer"] == ["activation a mb0"]
+    # a float input without parameters upstream requires none either; a
+    # float op reading b's output does, and so do ops of graphs without dtypes
+    from placer.cost.problem import output_gradients
+    h = Graph("h", [Op("x", extra={"dtype": "float32"}),
+                    Op("w", param_bytes=4.0, extra={"dtype": "float32"}),
+                    Op("i", extra={"dtype": ["float32", "int64"]}), Op("n")],
+              [Edge("x", "w", 1.0), Edge("w", "i", 1.0), Edge("i", "n", 1.0)], training=True)
+    p = problem(h, clus)
+    assert dict(zip(p.ids, p.output_grad.tolist())) == {"x": False, "w": True, "i": True,
+                                                         "n": True}
+    assert output_gradients([], np.zeros(0, np.int64), np.zeros(0, np.int64)).size == 0
+
+
+def test_a_link_burst_passes_free_then_refills_at_the_link_rate():
+    # 1e6 B with a 4e5 B bucket: 0.6 ms on the link instead of 1 ms
+    clus = cluster(lat=5e-4)
+    r = sim(two_ops(False), clus, Plan({"a": ["d0"], "b": ["d1"]}), link_burst=4e5)
+    assert r.step_time == pytest.approx(1e-3 + 0.6e-3 + 0.5e-3 + 2e-3)
+    # training: the gradient goes the other way, through a full bucket of its own
+    r = sim(two_ops(True), clus, Plan({"a": ["d0"], "b": ["d1"]}), link_burst=4e5)
+    assert r.step_time == pytest.approx(12e-3 - 2 * 0.4e-3)
+    # two tensors back to back on one link: a's leaves at 1 ms (0.6 ms), b's
+    # (ready at 1.1 ms) waits for the link and finds the bucket empty (1 ms):
+    # c starts at 2.6 + 0.5 ms instead of 3.0 + 0.5 ms
+    g = Graph("two-in", [Op("a", flops=1e9), Op("b", flops=1e8), Op("c", flops=1e9)],
+              [Edge("a", "c", 1e6), Edge("b", "c", 1e6)], training=False)
+    plan = Plan({"a": ["d0"], "b": ["d0"], "c": ["d1"]})
+    assert sim(g, clus, plan).step_time == pytest.approx(4.5e-3)
+    assert sim(g, clus, plan, link_burst=4e5).step_time == pytest.approx(4.1e-3)
+    with pytest.raises(StrategyError, match="link_burst"):
+        problem(two_ops(False), clus, link_burst=-1.0)
+
+
 def test_same_device_costs_no_transfer():
     r = sim(two_ops(False), cluster(), Plan({"a": ["d0"], "b": ["d0"]}))
     assert r.step_time == pytest.approx(3e-3)

@@ -338,7 +338,7 @@ def worker(spec_path: str) -> int:
     if spec["pin"]:
         pdist.pin_cores(rank, world)
     torch.set_num_threads(1)
-    pdist._init("gloo", spec["timeout"])
+    pdist.init_group("gloo", spec["timeout"])
     m = spec["model"]
     model, inputs = Model(m["name"], m["batch"], m["seq"], m["config"]).build()
     graph = placer.trace(model, inputs)
@@ -380,11 +380,16 @@ def predictions(calibration: dict, plans: list) -> dict[str, list[float]]:
     """The three predictions of every plan from one case's calibration."""
     from placer.cost import Problem, get_cost_model
     from placer.runtime.contention import predict_shared
-    from placer.runtime.calibration import calibrated_options
+    from placer.runtime.calibration import calibrated_options, reference_factor, reference_plan
     cg = placer.Graph.from_dict(calibration["graph"])
     cc = placer.Cluster.from_dict(calibration["cluster"])
     options = calibrated_options(calibration)
     factor = calibration.get("reference_factor", 1.0)
+    if calibration.get("reference_step"):
+        # the factor as the models of now predict the reference pipeline
+        # (run_case measures it at 2 microbatches, 1f1b, on every rank)
+        ref = reference_plan(cg, cc.names, 2)
+        factor = reference_factor({**calibration, "graph": cg, "cluster": cc}, ref, options)
     problem = Problem(cg, cc, **options)
     analytical = get_cost_model("analytical")
     out: dict[str, list[float]] = {"simulator": [], "analytical": [], "calibrated": []}
@@ -443,6 +448,8 @@ def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans
         results = list(first)
         seen = {_key(p) for _, p in population}
         rest = [(o, p) for o, p in found if _key(p) not in seen and not seen.add(_key(p))]
+        # strategies whose plan another had already (measured once)
+        duplicates = [o for o, p in found if all(p is not q for _, q in rest)]
         rest += [("random", p) for p in randoms if len(p.devices_used()) < nproc]
         results += measure([p for _, p in rest])
         population += rest
@@ -462,7 +469,7 @@ def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans
               for i in range(len(results)) if "step_time" not in results[i]]
     return {"model": model_key, "zoo": model.name, "batch": model.batch,
             "network": network, "rate": rate, "nproc": nproc, "steps": steps,
-            "warmup": warmup, "plans": rows, "failed": failed,
+            "warmup": warmup, "plans": rows, "failed": failed, "duplicates": duplicates,
             "metrics": {k: agreement(v, measured) for k, v in preds.items()}
             if len(measured) >= 2 else {},
             "calibration": {k: calibration.get(k) for k in (
@@ -474,7 +481,10 @@ def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans
             "seconds": time.perf_counter() - start, "load": _load(),
             # what re-predicting the measured plans needs (see repredict);
             # bench_fidelity keeps it apart from the results
-            "raw": {"calibration": calibration, "plans": [p.to_dict() for p in plans_ok]}}
+            "raw": {"calibration": calibration, "plans": [p.to_dict() for p in plans_ok],
+                    # each rank's measured compute and communication seconds a step
+                    "parts": [{"compute": results[i].get("compute"),
+                               "comm": results[i].get("comm")} for i in ok]}}
 
 
 def _op_level(graph, plan) -> bool:
@@ -575,6 +585,44 @@ def repredict(path: str) -> dict:
             for k, v in ((k, agreement(v, raw["measured"])) for k, v in preds.items())}
 
 
+def refresh(results: str, raws: list[str], log=print) -> dict:
+    """Predict the cases kept in ``raws`` again (as :func:`repredict`) and
+    write the predictions, metrics and summary into the bench's results
+    file ``results`` (cases matched by model, network and ranks; each
+    case's plans in the order kept), with new scatters beside it. The
+    measurements stay; ``repredicted`` says with which version."""
+    from placer._io import atomic_write_text, dump_json
+    with open(results) as f:
+        doc = json.load(f)
+    cases = {f"{c['model']}-{c['network']}-{c['nproc']}": c for c in doc["cases"]}
+    for path in raws:
+        name = os.path.splitext(os.path.basename(path))[0]
+        case = cases.get(name)
+        if case is None:
+            continue
+        with open(path) as f:
+            raw = json.load(f)
+        if [r["measured"] for r in case["plans"]] != raw["measured"]:
+            raise PlacerError(f"{path}: its measurements are not those of case {name} in "
+                              f"{results}", fix="pass the raw files of that run")
+        preds = predictions(raw["calibration"], [placer.Plan.from_dict(p) for p in raw["plans"]])
+        for k, v in preds.items():
+            for row, value in zip(case["plans"], v):
+                row[k] = value
+        case["metrics"] = {k: agreement(v, raw["measured"]) for k, v in preds.items()}
+        log(f"fidelity: {name} predicted again")
+    doc["summary"] = {f"{r['model']}/{r['network']}/{r['nproc']}": {
+        k: {m: v[m] for m in ("kendall_tau", "median_abs_error", "p90_abs_error", "regret")}
+        for k, v in r["metrics"].items()} | {"plans": len(r["plans"])} for r in doc["cases"]}
+    doc["repredicted"] = _version()
+    atomic_write_text(results, dump_json(doc))
+    folder = os.path.dirname(os.path.abspath(results))
+    stem = os.path.splitext(os.path.basename(results))[0]
+    for r in doc["cases"]:
+        plot_case(r, os.path.join(folder, f"{stem}-{r['model']}-{r['network']}.png"))
+    return doc
+
+
 def _version() -> str:
     try:
         from importlib.metadata import version
@@ -627,11 +675,17 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--raw", default=None, help="folder to keep each case's calibration, "
                     "plans and measured steps in (for repredict)")
+    ap.add_argument("--results", default=None, help="repredict: the bench's results file "
+                    "to write the new predictions, metrics and scatters into")
     ns = ap.parse_args(argv)
     if ns.what == "worker":
         return worker(ns.spec[0])
     if ns.what == "repredict":
-        print(json.dumps({p: repredict(p) for p in ns.spec}, indent=1))
+        if ns.results:
+            doc = refresh(ns.results, ns.spec)
+            print(json.dumps(doc["summary"], indent=1))
+        else:
+            print(json.dumps({p: repredict(p) for p in ns.spec}, indent=1))
         return 0
     cases = None
     if ns.case:

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from .arrays import unique_ints
 from .base import CostModel, register_cost_model
 from .collectives import allreduce_coefficients
 from .memory import inflight, peak_memory
@@ -198,7 +199,7 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
                     dup[lag - 1:] |= key_e[lag:] == key_e[:-lag]
                 keep = np.r_[0, np.flatnonzero(~dup) + 1]
             else:
-                keep = _unique(key_e, index=True)[1]
+                keep = unique_ints(key_e, index=True)[1]
             rows, cv, r_src, r_dst = rows[keep], cv[keep], r_src[keep], r_dst[keep]
             cu = run_group[r_src]
             nb = eb[cut[keep]]
@@ -494,7 +495,7 @@ def _links(p: Problem, B: int, speed: np.ndarray, per_mb: np.ndarray, k_single, 
             np.asarray(p.nic_bandwidth, dtype=float))
         return {"row": row, "link": link, "bytes": load, "max": top, "arg": arg,
                 "both_max": both_max, "out": out, "in": inn, "recv": recv}
-    keys, inv = _unique(np.r_[k_single, k_dp], inverse=True)
+    keys, inv = unique_ints(np.r_[k_single, k_dp], inverse=True)
     load = np.bincount(inv[:len(k_single)], w_single, minlength=len(keys))
     if len(k_dp):
         load = load + np.bincount(inv[len(k_single):], w_dp, minlength=len(keys))
@@ -508,7 +509,7 @@ def _links(p: Problem, B: int, speed: np.ndarray, per_mb: np.ndarray, k_single, 
     # the busiest link of a plan: the first (lowest index) at its maximum
     arg = np.zeros(B, dtype=np.int64)
     at_top = np.flatnonzero(t == top[row])
-    first = _unique(row[at_top], index=True)
+    first = unique_ints(row[at_top], index=True)
     arg[first[0]] = link[at_top[first[1]]]
     # a device pair's two directions together, on the slower direction
     rev = row * DD + z * D + a                  # the same pair the other way
@@ -543,7 +544,7 @@ def _slots(gt: dict, B: int, D: int, G: int, n: int, run_key: np.ndarray,
     group``): each run's slot, each slot's row, group and first run; one
     entry per (slot, member device) with its cell ``row * D + device``; and
     the first op of each (plan, device), ``n`` where unused."""
-    keys, first_run, run_slot = _unique(run_key, index=True, inverse=True)
+    keys, first_run, run_slot = unique_ints(run_key, index=True, inverse=True)
     row, group = np.divmod(keys, G)
     first = run_start[first_run]          # a plan's runs are in topological order
     members = gt["pad"][group]
@@ -562,7 +563,7 @@ def _pair_lookup(p: Problem, groups, gt: dict, codes: np.ndarray) -> dict:
     (``worst``) and where the pair's links and fractions start in the group
     table's registry (``start``, ``nnz``; arrays ``reg_links``,
     ``reg_fracs``). Pairs are registered once per group table."""
-    uniq, inv = _unique(codes, inverse=True)
+    uniq, inv = unique_ints(codes, inverse=True)
     reg = gt.get("reg_codes")
     if reg is None:
         reg = gt["reg_codes"] = np.zeros(0, dtype=np.int64)
@@ -590,26 +591,6 @@ def _pair_lookup(p: Problem, groups, gt: dict, codes: np.ndarray) -> dict:
     return {"worst": gt["reg_worst"][pos], "lat": gt["reg_lat"][pos],
             "start": gt["reg_start"][pos],
             "nnz": gt["reg_nnz"][pos]}
-
-
-def _unique(x: np.ndarray, *, index: bool = False, inverse: bool = False):
-    """Like ``np.unique`` on a 1-D int array (sorted values, first indices,
-    inverse), by one stable sort: several times faster on the small arrays
-    here than numpy's hash-based unique."""
-    if not (index or inverse):
-        s = np.sort(x)
-        return s[np.r_[True, s[1:] != s[:-1]]] if len(s) else s
-    order = np.argsort(x, kind="stable")
-    s = x[order]
-    new = np.r_[True, s[1:] != s[:-1]] if len(s) else np.zeros(0, dtype=bool)
-    out = [s[new]]
-    if index:
-        out.append(order[new])
-    if inverse:
-        inv = np.empty(len(x), dtype=np.int64)
-        inv[order] = np.cumsum(new) - 1
-        out.append(inv)
-    return tuple(out)
 
 
 def _precomputed(p: Problem) -> dict:

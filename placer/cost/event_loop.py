@@ -183,9 +183,15 @@ def run_events(m, NS, NX, D, gpipe, training,
                f_to_b, b_to_f, b_to_f_cap,
                xs, xd, xdur, xlat, x_out, x_in,
                ar_ptr, ar_k, ar_off, ar_pending, ar_mem_ptr, ar_mem, ar_seconds,
-               start, x_start, ar_s, ar_e, resume):
+               start, x_start, ar_s, ar_e, resume, x_bytes, burst):
     """Simulate; fills ``start``, ``x_start``, ``ar_s``/``ar_e`` and returns
     (end time, number of tasks never run).
+
+    ``burst`` (per directed link ``a * D + b``, bytes; 0: none) is a token
+    bucket in front of the link, full at the start and refilled at the
+    link's rate: a transfer of ``x_bytes`` takes only the bytes the bucket
+    cannot cover at that rate (a ``tc tbf`` shaper lets a burst through at
+    once).
 
     ``pend``/``x_pend`` are per global task (``mb * NS + local``) and
     transfer (``mb * NX + local``) counts of unmet inputs, consumed in place.
@@ -217,6 +223,8 @@ def run_events(m, NS, NX, D, gpipe, training,
     seq = 0
     x_ready = np.zeros(n_x)
     link_free = np.zeros(D * D)
+    tokens = burst.copy()
+    tok_t = np.zeros(D * D)
     q_head = np.full(D * D, -1, np.int64)
     q_tail = np.full(D * D, -1, np.int64)
     q_next = np.full(max(n_x, 1), -1, np.int64)
@@ -324,10 +332,26 @@ def run_events(m, NS, NX, D, gpipe, training,
                 t0 = nic_out[a]
             if nic_in[c2] > t0:
                 t0 = nic_in[c2]
-            t1 = t0 + xdur[x]
+            dur = xdur[x]
+            share = 1.0
+            if burst[link] > 0.0 and dur > 0.0:
+                rate = x_bytes[x] / dur
+                tk = tokens[link] + (t0 - tok_t[link]) * rate
+                if tk > burst[link]:
+                    tk = burst[link]
+                if tk >= x_bytes[x]:
+                    tokens[link] = tk - x_bytes[x]
+                    tok_t[link] = t0
+                    share = 0.0
+                else:
+                    share = (x_bytes[x] - tk) / x_bytes[x]
+                    tokens[link] = 0.0
+                    tok_t[link] = t0 + dur * share
+                dur = dur * share
+            t1 = t0 + dur
             link_free[link] = t1
-            nic_out[a] = t0 + x_out[x]
-            nic_in[c2] = t0 + x_in[x]
+            nic_out[a] = t0 + x_out[x] * share
+            nic_in[c2] = t0 + x_in[x] * share
             x_start[ident] = t0
             seq += 1
             n_ev = _ev_push(ev_t, ev_q, ev_k, ev_i, n_ev, t1 + xlat[x], seq, XARRIVE, ident)

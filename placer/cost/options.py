@@ -28,7 +28,7 @@ GRANULARITIES = ("op", "piece")
 NIC_MODES = ("max_link", "none")
 #: options that must be >= 0
 _NON_NEGATIVE = ("optimizer_bytes_per_param", "gradient_bytes_per_param", "op_overhead",
-                 "task_overhead", "message_overhead", "resume_overhead")
+                 "task_overhead", "message_overhead", "resume_overhead", "link_burst")
 #: how a field's value is stored, by its annotation
 _COERCE = {"float": float, "bool": bool}
 
@@ -141,6 +141,12 @@ class CostOptions(Mapping):
     #: it ends, forward and backward (one task each, as ``task_overhead``
     #: counts them)
     granularity: str = "op"
+    #: bytes every link between devices lets through at once before its
+    #: bandwidth applies, refilled at that bandwidth (a token bucket, as
+    #: ``tc tbf`` shapes a link; ``placer launch --calibrate`` fits it from
+    #: the ping-pong's sizes). Simulator only; 0: every byte takes the link's
+    #: time
+    link_burst: float = 0.0
 
     def __post_init__(self):
         validate(self)

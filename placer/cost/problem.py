@@ -189,6 +189,10 @@ class Problem:
         self.edge_dst = np.array([self.index[e.dst] for e in edges], dtype=np.int64)
         self.edge_bytes = np.array([e.bytes for e in edges], dtype=float)
         self.n_edges = len(edges)
+        #: per op: whether its output requires a gradient, which a backward
+        #: sends back to it from other devices (see output_gradients)
+        self.output_grad = output_gradients(ops, self.edge_src, self.edge_dst) \
+            if self.training else np.zeros(self.n_ops, dtype=bool)
         in_bytes = np.bincount(self.edge_dst, self.edge_bytes, minlength=self.n_ops) \
             if self.n_edges else np.zeros(self.n_ops)
         # Transient memory while an op runs: its inputs and its output (and, in
@@ -519,6 +523,33 @@ def _loss_flops(graph, ops, flops, bwd_flops, key: str = "loss_flops") -> np.nda
                              fix="write two numbers, or remove the key")
         out[i] = min(pair[0], flops[i]), min(pair[1], bwd_flops[i])
     return out
+
+
+#: dtypes whose tensors carry gradients
+FLOAT_DTYPES = {"float16", "bfloat16", "float32", "float64", "complex64", "complex128"}
+
+
+def output_gradients(ops, edge_src: np.ndarray, edge_dst: np.ndarray) -> np.ndarray:
+    """Per op: whether its output requires a gradient, so a backward sends
+    one back (a runtime sends none for integer indices, masks, or values
+    computed from inputs alone). An op's output requires one when it is of a
+    floating dtype (per the graph's ``dtype``, as ``placer.trace`` writes it)
+    and the op holds parameters or reads an op's output that requires one;
+    an op without ``dtype`` counts as requiring one. ``ops`` in topological
+    order, edges as indices into it."""
+    n = len(ops)
+    preds: list[list[int]] = [[] for _ in range(n)]
+    for a, b in zip(edge_src.tolist(), edge_dst.tolist()):
+        preds[b].append(a)
+    grad = np.ones(n, dtype=bool)
+    for i, op in enumerate(ops):
+        dtype = op.extra.get("dtype")
+        if dtype is None:
+            continue          # a graph without dtypes (not traced): as before, all do
+        names = dtype if isinstance(dtype, (list, tuple)) else [dtype]
+        floating = any(str(d).replace("torch.", "") in FLOAT_DTYPES for d in names)
+        grad[i] = floating and (op.param_bytes > 0 or any(grad[a] for a in preds[i]))
+    return grad
 
 
 def measured_times(problem: "Problem") -> Times | None:

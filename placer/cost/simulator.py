@@ -31,12 +31,12 @@ How a plan runs, as modelled here:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from .arrays import unique_ints
 from .base import CostModel, register_cost_model
-from .analytical import _unique
 from .collectives import allreduce
 from .memory import inflight, peak_memory
 from .problem import Compiled, Problem
@@ -169,76 +169,132 @@ def _replica_edges(su, sv, first_u, first_v, eb):
     return first_u[e_idx] + ta[pos], first_v[e_idx] + tb[pos], eb[e_idx] * tov[pos]
 
 
+class _Instances(NamedTuple):
+    """Op replicas of a plan: each one's op, device and share of the rows,
+    and per op its first replica and replica count."""
+    op: np.ndarray
+    dev: np.ndarray
+    frac: np.ndarray
+    first: np.ndarray
+    k: np.ndarray
+    sizes: np.ndarray
+
+
+class _Crossings(NamedTuple):
+    """Replica edges that cross devices and the transfers they make (one
+    per producing replica and receiving device)."""
+    iu: np.ndarray
+    iv: np.ndarray
+    loss_dep: np.ndarray
+    tinv: np.ndarray
+
+
+class _Tasks(NamedTuple):
+    """Forward and backward segments (tasks) and where each replica sits
+    in them."""
+    ft: np.ndarray
+    bt: "np.ndarray | None"
+    loss_w: np.ndarray
+    fdev: np.ndarray
+    foff: np.ndarray
+    bdev: np.ndarray
+    boff: "np.ndarray | None"
+
+
+def _instances(p: Problem, c: Compiled) -> _Instances:
+    """The plan's op replicas (an op on ``k`` devices runs ``k`` of them)."""
+    n = p.n_ops
+    gsize = np.array([len(g) for g in c.groups], dtype=np.int64)
+    g = c.op_group
+    if len(g) != n:
+        from ..errors import PlanError
+        raise PlanError(f"assignment has {len(g)} entries, the graph {n} ops")
+    sizes = gsize[g]
+    if n and sizes.max() == 1:
+        inst_op = np.arange(n)
+        inst_dev = np.array([c.groups[x][0] for x in range(len(c.groups))],
+                            dtype=np.int64)[g]
+        frac = np.ones(n)
+        op_first = inst_op
+        inst_k = np.zeros(n, dtype=np.int64)
+    else:
+        members = np.full((len(c.groups), int(gsize.max())), -1, dtype=np.int64)
+        for gid, mem in enumerate(c.groups):
+            members[gid, :len(mem)] = mem
+        inst_op = np.repeat(np.arange(n), sizes)
+        op_first = np.cumsum(sizes) - sizes
+        inst_k = np.arange(len(inst_op)) - op_first[inst_op]
+        inst_dev = members[g[inst_op], inst_k]
+        frac = 1.0 / sizes[inst_op]
+    return _Instances(inst_op, inst_dev, frac, op_first, inst_k, sizes)
+
+
+def _crossings(p: Problem, ins: _Instances, training: bool):
+    """Edges between replicas on different devices (with the loss's reads
+    of every replica's rows) and the transfers they make: returns the
+    :class:`_Crossings` and ``(t_inst, t_src, t_dst, t_bytes)``."""
+    D, n = p.n_devices, p.n_ops
+    inst_dev, op_first, sizes = ins.dev, ins.first, ins.sizes
+    NI = len(ins.op)
+    # --- cross-device tensors -------------------------------------------
+    src, dst, eb = p.edge_src, p.edge_dst, p.edge_bytes
+    su, sv = sizes[src], sizes[dst]
+    if len(src) and (su.max() > 1 or sv.max() > 1):
+        iu, iv, pb = _replica_edges(su, sv, op_first[src], op_first[dst], eb)
+    else:
+        iu, iv, pb = op_first[src], op_first[dst], eb
+    loss_dep = np.zeros(len(iu), dtype=bool)
+    if training and p.has_loss and NI > n:
+        # the loss, on the first replica, reads every replica's rows of
+        # the output; each replica's backward waits for the gradient of
+        # its rows (see Problem). The rows are consumed by the first
+        # replica's backward, where the loss is charged, so that
+        # replica's own forward does not wait for them.
+        extra = [(op_first[op] + k, op_first[op], p.output_bytes[op] / sizes[op])
+                 for op in np.flatnonzero(p.loss_flops.any(axis=1) & (sizes > 1)).tolist()
+                 for k in range(1, int(sizes[op]))]
+        if extra:
+            eu, ev, eb_ = (np.array(col) for col in zip(*extra))
+            iu = np.r_[iu, eu.astype(np.int64)]
+            iv = np.r_[iv, ev.astype(np.int64)]
+            pb = np.r_[pb, eb_.astype(float)]
+            loss_dep = np.r_[loss_dep, np.ones(len(eu), dtype=bool)]
+    remote = inst_dev[iu] != inst_dev[iv]
+    iu, iv, pb, loss_dep = iu[remote], iv[remote], pb[remote], loss_dep[remote]
+    key = iu * D + inst_dev[iv]
+    uk, tinv = unique_ints(key, inverse=True)
+    NT = len(uk)
+    t_inst = uk // D
+    t_dst = uk % D
+    t_src = inst_dev[t_inst]
+    t_bytes = np.zeros(NT)
+    np.maximum.at(t_bytes, tinv, pb)
+    return _Crossings(iu, iv, loss_dep, tinv), (t_inst, t_src, t_dst, t_bytes)
+
+
 class _Build:
     """A compiled plan turned into tasks, transfers and all-reduces for one
-    microbatch (the simulation repeats them per microbatch)."""
+    microbatch (the simulation repeats them per microbatch). Built in
+    phases: replicas, crossings, tasks, dependencies, resources."""
 
     def __init__(self, problem: Problem, c: Compiled):
         p = problem
-        m = c.microbatches
-        D = p.n_devices
-        n = p.n_ops
-        training = p.training
-        gsize = np.array([len(g) for g in c.groups], dtype=np.int64)
-        g = c.op_group
-        if len(g) != n:
-            from ..errors import PlanError
-            raise PlanError(f"assignment has {len(g)} entries, the graph {n} ops")
-        sizes = gsize[g]
-        if n and sizes.max() == 1:
-            inst_op = np.arange(n)
-            inst_dev = np.array([c.groups[x][0] for x in range(len(c.groups))],
-                                dtype=np.int64)[g]
-            frac = np.ones(n)
-            op_first = inst_op
-            inst_k = np.zeros(n, dtype=np.int64)
-        else:
-            members = np.full((len(c.groups), int(gsize.max())), -1, dtype=np.int64)
-            for gid, mem in enumerate(c.groups):
-                members[gid, :len(mem)] = mem
-            inst_op = np.repeat(np.arange(n), sizes)
-            op_first = np.cumsum(sizes) - sizes
-            inst_k = np.arange(len(inst_op)) - op_first[inst_op]
-            inst_dev = members[g[inst_op], inst_k]
-            frac = 1.0 / sizes[inst_op]
-        NI = len(inst_op)
-        self.inst_op, self.inst_dev, self.frac = inst_op, inst_dev, frac
+        ins = _instances(p, c)
+        self.inst_op, self.inst_dev, self.frac = ins.op, ins.dev, ins.frac
+        cr, (self.t_inst, self.t_src, self.t_dst, self.t_bytes) = \
+            _crossings(p, ins, p.training)
+        tasks = self._tasks(p, c, ins, cr)
+        self._dependencies(p, c, ins, cr, tasks)
+        self._resources(p, c, ins, tasks)
 
-        # --- cross-device tensors -------------------------------------------
-        src, dst, eb = p.edge_src, p.edge_dst, p.edge_bytes
-        su, sv = sizes[src], sizes[dst]
-        if len(src) and (su.max() > 1 or sv.max() > 1):
-            iu, iv, pb = _replica_edges(su, sv, op_first[src], op_first[dst], eb)
-        else:
-            iu, iv, pb = op_first[src], op_first[dst], eb
-        loss_dep = np.zeros(len(iu), dtype=bool)
-        if training and p.has_loss and NI > n:
-            # the loss, on the first replica, reads every replica's rows of
-            # the output; each replica's backward waits for the gradient of
-            # its rows (see Problem). The rows are consumed by the first
-            # replica's backward, where the loss is charged, so that
-            # replica's own forward does not wait for them.
-            extra = [(op_first[op] + k, op_first[op], p.output_bytes[op] / sizes[op])
-                     for op in np.flatnonzero(p.loss_flops.any(axis=1) & (sizes > 1)).tolist()
-                     for k in range(1, int(sizes[op]))]
-            if extra:
-                eu, ev, eb_ = (np.array(col) for col in zip(*extra))
-                iu = np.r_[iu, eu.astype(np.int64)]
-                iv = np.r_[iv, ev.astype(np.int64)]
-                pb = np.r_[pb, eb_.astype(float)]
-                loss_dep = np.r_[loss_dep, np.ones(len(eu), dtype=bool)]
-        remote = inst_dev[iu] != inst_dev[iv]
-        iu, iv, pb, loss_dep = iu[remote], iv[remote], pb[remote], loss_dep[remote]
-        key = iu * D + inst_dev[iv]
-        uk, tinv = _unique(key, inverse=True)
-        NT = len(uk)
-        t_inst = uk // D
-        t_dst = uk % D
-        t_src = inst_dev[t_inst]
-        t_bytes = np.zeros(NT)
-        np.maximum.at(t_bytes, tinv, pb)
-        self.t_src, self.t_dst, self.t_bytes, self.t_inst = t_src, t_dst, t_bytes, t_inst
-
+    def _tasks(self, p: Problem, c: Compiled, ins: _Instances, cr: _Crossings) -> _Tasks:
+        """Each replica's forward and backward time and the segments they
+        are cut into (pieces, or runs cut where inputs arrive)."""
+        m, D, n, training, g = c.microbatches, p.n_devices, p.n_ops, p.training, c.op_group
+        inst_op, inst_dev, frac, inst_k = ins.op, ins.dev, ins.frac, ins.k
+        iv, loss_dep, t_inst = cr.iv, cr.loss_dep, self.t_inst
+        NI, NT = len(inst_op), len(self.t_inst)
+        bt = None
         # --- segments ---------------------------------------------------------
         times = p.times
         if times is None:
@@ -334,6 +390,20 @@ class _Build:
         self.task_dur = np.r_[fdur, bdur]
         self.fseg, self.bseg = fseg, bseg
 
+        return _Tasks(ft, bt, loss_w, fdev, foff, bdev, boff)
+
+    def _dependencies(self, p: Problem, c: Compiled, ins: _Instances, cr: _Crossings,
+                      tk: _Tasks) -> None:
+        """Who waits for whom inside one microbatch (the next task of a
+        device, transfers' senders and receivers) and what messages cost
+        the tasks at both ends."""
+        m, D, training = c.microbatches, p.n_devices, p.training
+        inst_op = ins.op
+        iv, loss_dep, tinv = cr.iv, cr.loss_dep, cr.tinv
+        t_inst, t_bytes = self.t_inst, self.t_bytes
+        NF, NB, NS, NT = self.NF, self.NB, self.NS, self.NT
+        fseg, bseg, foff, boff = self.fseg, self.bseg, tk.foff, tk.boff
+        fdev, bdev, bt, loss_w = tk.fdev, tk.bdev, tk.bt, tk.loss_w
         # --- dependencies inside one microbatch -----------------------------
         NX = NT * 2 if training else NT
         self.NX = NX
@@ -354,11 +424,11 @@ class _Build:
         x_npend = np.zeros(NX, dtype=np.int64)
         x_npend[:NT] = 1
         fwd = ~loss_dep
-        pairs = _unique(tinv[fwd] * NF + fseg[iv[fwd]]) if NT else np.zeros(0, dtype=np.int64)
+        pairs = unique_ints(tinv[fwd] * NF + fseg[iv[fwd]]) if NT else np.zeros(0, dtype=np.int64)
         c_x = [pairs // NF]
         c_s = [pairs % NF]
         if loss_dep.any():
-            pairs = _unique(tinv[loss_dep] * NB + bseg[iv[loss_dep]])
+            pairs = unique_ints(tinv[loss_dep] * NB + bseg[iv[loss_dep]])
             c_x.append(pairs // NB)
             c_s.append(NF + pairs % NB)
         if training:
@@ -366,9 +436,12 @@ class _Build:
             # backward transfers: sent by every consuming segment (the last
             # of its ops' offsets), in order of first appearance, to the
             # producing segment
+            # a value that requires no gradient (indices, masks) gets none
+            # back: no transfer, and its producer's backward waits for none
+            grad = p.output_grad[inst_op[t_inst]]
             if len(iv):
                 key = tinv * NB + bseg[iv]
-                uk, first, inv = _unique(key, index=True, inverse=True)
+                uk, first, inv = unique_ints(key, index=True, inverse=True)
                 off = np.full(len(uk), -1.0)
                 sent = boff[iv]
                 if loss_dep.any():
@@ -378,12 +451,14 @@ class _Build:
                 np.maximum.at(off, inv, sent)
                 order = np.argsort(first, kind="stable")
                 uk, off = uk[order], off[order]
+                keep = grad[uk // NB]
+                uk, off = uk[keep], off[keep]
                 o_seg.append(NF + uk % NB)
                 o_x.append(NT + uk // NB)
                 o_off.append(off)
                 x_npend[NT:] = np.bincount(uk // NB, minlength=NT)
-            c_x.append(NT + np.arange(NT, dtype=np.int64))
-            c_s.append(NF + bseg[t_inst])
+            c_x.append(NT + np.flatnonzero(grad))
+            c_s.append(NF + bseg[t_inst[grad]])
             used_b = self.first_b >= 0
             pend[self.first_b[used_b]] += 1      # waits for this device's forward
         else:
@@ -396,12 +471,15 @@ class _Build:
         cons_x = np.concatenate(c_x).astype(np.int64)
         cons_s = np.concatenate(c_s).astype(np.int64)
         # bytes each transfer moves per microbatch (gradients go back as well)
-        self.x_bytes = (np.r_[t_bytes, t_bytes] if training else t_bytes) / m
+        # backward transfers of values that require no gradient are never sent
+        sent = np.r_[np.ones(NT, dtype=bool), grad] if training else np.ones(NT, dtype=bool)
+        self.x_sent = sent
+        self.x_bytes = (np.r_[t_bytes, t_bytes] if training else t_bytes) * sent / m
         if p.message_overhead or p.message_copy_rate < np.inf:
             # every message costs its sender's and its receiver's task time:
             # a segment's receives before its work, each send before it
             # leaves (a send's offset moves by those and the sends before it)
-            cost = p.message_overhead + self.x_bytes / p.message_copy_rate   # per end
+            cost = (p.message_overhead + self.x_bytes / p.message_copy_rate) * sent  # per end
             seg_sorted = seg_all[order]
             own = cost[self.ox_x]
             sends = np.bincount(seg_sorted, own, minlength=NS)
@@ -417,6 +495,15 @@ class _Build:
         pend += np.bincount(cons_s, minlength=NS)
         self.pend, self.nxt, self.x_npend = pend, nxt, x_npend
 
+    def _resources(self, p: Problem, c: Compiled, ins: _Instances, tk: _Tasks) -> None:
+        """In-flight caps, the transfers' links and interfaces, the
+        all-reduce buckets and the peak memory."""
+        m, D, n, training, g = c.microbatches, p.n_devices, p.n_ops, p.training, c.op_group
+        inst_op, inst_dev, frac, op_first, sizes = ins.op, ins.dev, ins.frac, ins.first, \
+            ins.sizes
+        NI, NF = len(inst_op), self.NF
+        t_src, t_dst, t_bytes, sent = self.t_src, self.t_dst, self.t_bytes, self.x_sent
+        bseg, boff = self.bseg, tk.boff
         # 1F1B: in-flight cap per device by the order of first ops
         first_op = np.full(D, n, dtype=np.int64)
         np.minimum.at(first_op, inst_dev, inst_op)
@@ -439,7 +526,7 @@ class _Build:
         # a fast interface is held only for its share of a slower link's time
         self.x_hold_out = self.x_bytes / p.nic_bandwidth[xs]
         self.x_hold_in = self.x_bytes / p.nic_bandwidth[xd]
-        self.x_lat = p.latency[xs, xd]
+        self.x_lat = p.latency[xs, xd] * sent
 
         # --- all-reduce buckets ---------------------------------------------
         self.ar = []   # (sources [(local B task, offset)], members, seconds, links)
@@ -481,6 +568,8 @@ class _Build:
         ws = np.zeros(D)
         np.maximum.at(ws, inst_dev, p.workspace_bytes[inst_op] * frac / m)
         self.peak = peak_memory(p, params, acts, recv, ws, self.held, m)
+
+
 
 
 def _run(problem: Problem, b: _Build, c: Compiled):
@@ -532,7 +621,8 @@ def _run(problem: Problem, b: _Build, c: Compiled):
         b.x_src.astype(np.int64), b.x_dst.astype(np.int64), b.x_dur, b.x_lat,
         b.x_hold_out, b.x_hold_in, ar_ptr, ar_k[order], ar_off[order],
         ar_pending, ar_mem_ptr, ar_mem, ar_seconds, start, x_start, ar_s, ar_e,
-        np.full(D, problem.resume_overhead))
+        np.full(D, problem.resume_overhead), b.x_bytes,
+        np.where(np.isfinite(problem.bandwidth), problem.link_burst, 0.0).ravel().astype(float))
     if stuck:
         raise RuntimeError("simulator deadlock: some tasks never became ready")
     return end_time, start, x_start, list(zip(ar_s.tolist(), ar_e.tolist()))
@@ -731,6 +821,8 @@ def _timeline(p: Problem, c: Compiled, b: _Build, starts, x_starts, ar_times):
                              {"microbatch": mb, "ops": [p.ids[o] for o in ops[:50]]}))
         for gx in range(len(x_starts)):
             mb, x = divmod(gx, b.NX)
+            if not b.x_sent[x]:
+                continue          # no gradient goes back (see _Build)
             a, z = int(b.x_src[x]), int(b.x_dst[x])
             kind = "activation" if x < b.NT else "gradient"
             op = p.ids[int(b.inst_op[b.t_inst[x % b.NT]])]

@@ -425,12 +425,19 @@ def calibrated_options(calibration: dict) -> dict:
     (:data:`placer.runtime.run.RUNTIME_OPTIONS`) and those a
     ``calibrate=True`` run measured (launch, task, message and resume
     overheads, message copy rate, all-reduce efficiency), for
-    :func:`placer.runtime.contention.predict_shared`."""
-    return {**RUNTIME_OPTIONS, **{key: calibration[key]
-                                  for key in ("op_overhead", "task_overhead",
-                                              "collective_efficiency", "message_overhead",
-                                              "message_copy_rate", "resume_overhead")
-                                  if calibration.get(key) is not None}}
+    :func:`placer.runtime.contention.predict_shared`, and the links' burst
+    (:func:`placer.runtime.profile.fit_burst`, the smallest of the pairs')."""
+    from .profile import fit_burst
+    options = {**RUNTIME_OPTIONS, **{key: calibration[key]
+                                     for key in ("op_overhead", "task_overhead",
+                                                 "collective_efficiency", "message_overhead",
+                                                 "message_copy_rate", "resume_overhead")
+                                     if calibration.get(key) is not None}}
+    bursts = [fit_burst({int(n): t for n, t in link["points"].items()})
+              for link in calibration.get("links", {}).values() if link.get("points")]
+    if bursts:
+        options["link_burst"] = min(bursts)
+    return options
 
 
 def calibration_line(calibration: dict) -> str:

@@ -82,9 +82,6 @@ __all__ = ["RankError", "launch", "run_rank", "rank_devices", "pin_cores", "laun
            "P2P_PREPOST_ENV", "CALIBRATION_ROUNDS", "SPEED_DRIFT_BOUNDS",
            "REFERENCE_FACTOR_BOUNDS"]
 
-#: the name placer.bench.fidelity's ranks call (``pdist._init``)
-_init = init_group
-
 
 if __name__ == "__main__":
     # the torchrun entry point; its command line lives with the others

@@ -661,6 +661,30 @@ def fit_link(points: dict) -> tuple[float, float]:
     return float(1.0 / slope), max(0.0, float(latency))
 
 
+def fit_burst(points: dict) -> float:
+    """Bytes a link lets through at once before its rate applies (a token
+    bucket's size, as ``tc tbf`` shapes a link), from the ping-pong's
+    ``{bytes: seconds}``: the line :func:`fit_link` draws through the two
+    largest messages meets zero bytes below the smallest message's time;
+    the gap, at the link's rate, is what a lone message passes free. Over
+    ``tc tbf`` at 200 mbit (a 64 KB bucket on either end of a veth pair)
+    it read 26-103 KB. 0 where the largest message took less than 20
+    times the smallest (a fast link, whose line meets zero bytes within
+    noise: over loopback it read up to 1 MB) or no third size ran; at
+    most half the largest message."""
+    sizes = sorted(points)
+    if len(sizes) < 3:
+        return 0.0
+    bw, _lat = fit_link(points)
+    big = sizes[-1]
+    if not (math.isfinite(bw) and bw > 0):
+        return 0.0
+    intercept = points[big] - big / bw
+    if points[big] < 20 * points[sizes[0]]:
+        return 0.0     # a fast link: the line's end is noise, and bytes cost little
+    return float(min(big / 2, max(0.0, (points[sizes[0]] - intercept) * bw)))
+
+
 def measure_links(world: int, rank: int, *, sizes=LINK_SIZES, repeats: int = 9,
                   budget: float = 1.0, spin: bool = False,
                   allreduce_sizes=None) -> dict:
@@ -785,11 +809,23 @@ def sync_delay(peer: int, latency: float, *, work: int = 48, repeats: int = 20,
     charges. Both ranks compute equal chunks of work at once, first freely
     and then in lockstep (a message each way after every chunk, receives
     posted before the chunk, as the runtime's are); the per-chunk time in
-    lockstep less the slower rank's free chunk and one message's
+    lockstep less the slower rank's free chunk, the CPU time its messages
+    took the rank (a send and a receive, which the cost model charges as
+    ``message_overhead``) and one message's
     ``latency`` is what each synchronisation loses to the peer that was
     late (preempted on a shared host, woken late from its receive). Free
     and lockstep phases alternate ``rounds`` times so both see the same
-    load. Returns seconds (>= 0), the same figure on both ranks.
+    load. Returns seconds, the same figure on both ranks, at least
+    ``-latency``: negative where a message between busy ranks costs less
+    than ``latency`` says. The ping-pong that measures ``latency`` blocks
+    (see :func:`measure_links`), so it includes a halted core's wake-up,
+    which busy-polling ranks do not pay: it read 0.23-0.67 ms (loopback and
+    ``tc tbf``) where the lockstep exchange was shorter in 7 of 8
+    calibrations of the fidelity bench, and
+    the simulator, charged the ping-pong's latency per message, predicted
+    op-level plans of many messages (gnmt's round_robin, 220 a step) at
+    twice their measured step. ``latency + sync_delay`` is what
+    :func:`ranks_cluster` gives the link.
 
     ``transport`` (a :class:`placer.runtime.transport.DistTransport`, with
     ``names`` = (this rank's device, the peer's)): the messages go through
@@ -803,15 +839,16 @@ def sync_delay(peer: int, latency: float, *, work: int = 48, repeats: int = 20,
     a = torch.randn(64, 64) * 0.1
     buf, got = torch.zeros(1), torch.zeros(1)
     _chunk(a, work)   # warm-up
-    free = lock = 0.0
+    free = lock = cpu = 0.0
     for _ in range(rounds):
         _pingpong(peer, dist.get_rank() < peer, 4, 1)   # start together
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         for _ in range(repeats):
             _chunk(a, work)
         free += time.perf_counter() - start
+        cpu -= time.process_time() - cpu_start
         _pingpong(peer, dist.get_rank() < peer, 4, 1)
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         if transport is None:
             for _ in range(repeats):
                 req = dist.irecv(got, peer)
@@ -828,16 +865,19 @@ def sync_delay(peer: int, latency: float, *, work: int = 48, repeats: int = 20,
                 transport.recv((1,), torch.float32, other, me, t)
             transport.finish()
         lock += time.perf_counter() - start
+        cpu += time.process_time() - cpu_start
     n = rounds * repeats
     # both ends agree: the slower rank's free chunk (a prediction waits
-    # for the slower) and the longer lockstep
-    mine, other = torch.tensor([free / n, lock / n], dtype=torch.float64), torch.zeros(
-        2, dtype=torch.float64)
+    # for the slower), the longer lockstep and the larger CPU time the
+    # messages took (a send and a receive a chunk, which the cost model
+    # charges as message_overhead at either end, not as latency)
+    mine = torch.tensor([free / n, lock / n, max(0.0, cpu / n)], dtype=torch.float64)
+    other = torch.zeros(3, dtype=torch.float64)
     req = dist.isend(mine, peer)
     dist.recv(other, peer)
     req.wait()
     both = torch.maximum(mine, other)
-    return max(0.0, float(both[1]) - float(both[0]) - latency)
+    return max(-latency, float(both[1]) - float(both[0]) - float(both[2]) - latency)
 
 
 def ranks_cluster(names: list[str], device, links: dict, memory: float = 1e10) -> Cluster:
@@ -853,8 +893,9 @@ def ranks_cluster(names: list[str], device, links: dict, memory: float = 1e10) -
     for (i, j), link in links["pairs"].items():
         bw[i, j] = bw[j, i] = link["bandwidth"]
         # a synchronisation's loss to a late peer (sync_delay) is paid by
-        # every message, like the link's latency
-        lat[i, j] = lat[j, i] = link["latency"] + link.get("sync_delay", 0.0)
+        # every message, like the link's latency; a negative one says a
+        # message between busy ranks costs less than the ping-pong read
+        lat[i, j] = lat[j, i] = max(0.0, link["latency"] + link.get("sync_delay", 0.0))
     devices = [Device(name, device.flops, memory, efficiency=device.efficiency,
                       kind=device.kind, extra=dict(device.extra)) for name in names]
     return Cluster("ranks", devices, bw, lat)
