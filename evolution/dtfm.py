@@ -57,6 +57,7 @@ from .evaluate import Evaluator, check_workers, resolve_workers
 from .genome import LayoutGenome, OpGenome, Space
 from .memetic import local_search
 from placer.search.common import final_ranker, rank
+from placer.search.parallel import ProblemPool, pool_workers
 from .search import (_Bar, _Fitness, _tournament, device_chain, hold_back, polish_with, reserve,
                      screen_exactly)
 
@@ -424,8 +425,10 @@ class DTFM(Strategy):
                 and len(finalists) > 1:
             # the screening model's order is not the final model's: it ranks
             # the finalists (in the screen's order while time lasts)
-            k = rank(ranker, inner, [f[2].to_plan(space, self.name) for f in finalists],
-                     budget)
+            with ProblemPool(inner, self.backend,
+                             pool_workers(self.workers, self.backend)) as pool:
+                k = rank(ranker, inner, [f[2].to_plan(space, self.name) for f in finalists],
+                         budget, pool=pool)
             _, _, genome, best_part = finalists[k]
         if share:
             # the same finish as evolution: local search scored by the final model

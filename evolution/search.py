@@ -52,6 +52,7 @@ from placer._io import atomic_write_text, load_document
 from placer.search.base import (Budget, Progress, SearchInterrupted, Strategy, get_strategy,
                                 register_strategy)
 from placer.search.common import final_ranker, learn_seed_seconds, rank, seed_seconds
+from placer.search.parallel import ProblemPool, pool_workers
 
 from .evaluate import Evaluator, check_workers, resolve_workers
 from .genome import LayoutGenome, OpGenome, Space
@@ -300,7 +301,9 @@ class Evolution(Strategy):
                 and coarse.members is None:
             i = int(np.argmin([g.fitness.values[0] for g in finalists]))
         else:
-            i = rank(ranker, problem, plans, budget)
+            with ProblemPool(problem, self.backend,
+                             pool_workers(self.workers, self.backend)) as pool:
+                i = rank(ranker, problem, plans, budget, pool=pool)
         plan = plans[i]
         if self._final_share(cost_model, coarse) and finalists[i] is not None:
             polished = self._final_polish(space, ranker, budget, finalists[i], rng)

@@ -27,6 +27,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from .base import Budget, Progress, SearchInterrupted
+from .parallel import ProblemPool, pool_workers
 
 if TYPE_CHECKING:
     from ..cost import Problem
@@ -110,25 +111,30 @@ def search_coarsened(strategy, problem: "Problem", metered, budget: Budget, seed
     final = None if final == metered.name else final
     held = _ranking_reserve(problem, [p for _o, p, _r in found], budget) if final else 0.0
     sub = _share(budget, 1.0 - held) if held else budget
-    try:
-        plan, value, kept, first = refine(problem, plan, sub.meter(metered.inner) if held
-                                          else metered, sub,
-                                          progress=lambda v, msg: say(msg, v))
-    finally:
-        if held:
-            budget.charge(sub.used)
-    ranked_by = None
-    if final:
-        # the strategy ranks its finalists by ``final`` (evolution: the
-        # simulator); the starts compete with the refined plan the same way
-        from .common import final_ranker, rank
-        starts = [plan] + [p for _o, p, _r in found if p is not plan]
-        say(f"ranking {len(starts)} plans by the {final}")
-        i = rank(final_ranker(final, metered.inner, budget), problem, starts, budget)
-        if i:
-            ranked_by = final
-            plan = starts[i]
-            value = metered.estimate(problem, plan).objective
+    # the whole graph's batches and rankings on the strategy's workers, if any
+    with ProblemPool(problem, getattr(strategy, "backend", "local"),
+                     pool_workers(getattr(strategy, "workers", 0),
+                                  getattr(strategy, "backend", "local"))) as pool:
+        try:
+            plan, value, kept, first = refine(problem, plan, sub.meter(metered.inner) if held
+                                              else metered, sub,
+                                              progress=lambda v, msg: say(msg, v), pool=pool)
+        finally:
+            if held:
+                budget.charge(sub.used)
+        ranked_by = None
+        if final:
+            # the strategy ranks its finalists by ``final`` (evolution: the
+            # simulator); the starts compete with the refined plan the same way
+            from .common import final_ranker, rank
+            starts = [plan] + [p for _o, p, _r in found if p is not plan]
+            say(f"ranking {len(starts)} plans by the {final}")
+            i = rank(final_ranker(final, metered.inner, budget), problem, starts, budget,
+                     pool=pool)
+            if i:
+                ranked_by = final
+                plan = starts[i]
+                value = metered.estimate(problem, plan).objective
     plan.predicted = {"objective": value, "step_time": value, "model": metered.name,
                       "coarse": dict(result.predicted)}
     plan.extra["search"] = {**plan.extra.get("search", {}),
