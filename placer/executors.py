@@ -82,7 +82,7 @@ def connect(spec: str, field: str = "backend"):
                  configure_logging=True)
     except ImportError as exc:      # ray:// without Ray Client's grpcio
         raise StrategyError(f"{spec} needs Ray Client ({exc})", field=field,
-                            fix="pip install 'ray[client]'") from None
+                            fix=RAY_EXTRA + " (it brings Ray Client's grpcio)") from None
     except (ConnectionError, RuntimeError, ValueError) as exc:
         where = address or os.environ.get("RAY_ADDRESS") or "this machine"
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -255,3 +255,25 @@ def test_rank_on_a_pool_under_a_time_limit():
                 sim.estimate(problem, p).objective for p in plans)
         spent = Budget(1e-9, None)      # no time left: the first plan, unscored
         assert rank(spent.meter(sim), problem, plans, spent, pool=pool) == 0
+
+
+@pytest.mark.slow
+def test_ray_client_gives_the_local_plan(monkeypatch):
+    """``ray://HOST:PORT``: a head started with a Ray Client server port; an
+    evolution search through it finds the local pool's plan."""
+    ray = pytest.importorskip("ray")
+    pytest.importorskip("grpc", reason="Ray Client needs grpcio (placer[ray])")
+    from placer.bench.raycluster import free_port, local_cluster
+    if ray.is_initialized():
+        ray.shutdown()
+    expected = _plan("evolution", workers=2)
+    port = free_port()
+    faulthandler.dump_traceback_later(240, exit=True)   # a hang fails, not blocks CI
+    try:
+        with local_cluster(nodes=1, cpus=2,
+                           head_args=("--ray-client-server-port", str(port))):
+            monkeypatch.delenv("RAY_ADDRESS", raising=False)
+            assert _plan("evolution", backend=f"ray://127.0.0.1:{port}", workers=2) \
+                == expected
+    finally:
+        faulthandler.cancel_dump_traceback_later()
