@@ -565,7 +565,7 @@ def _rank_on(pool, model, problem: "Problem", plans: list["Plan"], budget: Budge
             break
     for future in futures[len(done):]:
         future.cancel()
-    if simulating:
+    if simulating and timed:        # as rank learns the simulator's speed: when timed
         for plan, (_, took) in zip(plans, done):
             SimulationClock.learn(problem, plan, took)
     reports = [r for r, _ in done]
