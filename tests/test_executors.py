@@ -232,6 +232,7 @@ def test_coarsened_search_on_a_pool_gives_the_in_process_plan(monkeypatch):
     assert _coarse_plan(workers=2) == here
     assert here[4]["ranked_by"] == "simulator"          # the starts' ranking decided
     assert sent.count("estimate_held") >= 8 and "step_times_held" in sent
+    assert sent.count("seed_held") == 3                 # heft, pipeline_dp, even_pipeline
 
 
 def test_rank_on_a_pool_under_a_time_limit():

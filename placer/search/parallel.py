@@ -37,6 +37,11 @@ def hold(problem: "Problem") -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def held_problem() -> "Problem":
+    """The problem this worker holds."""
+    return _HELD["problem"]
+
+
 def held_model(name: str):
     """The cost model ``name`` of this worker (built once)."""
     from ..cost import get_cost_model
@@ -129,5 +134,5 @@ class ProblemPool:
         self.close()
 
 
-__all__ = ["ProblemPool", "estimate_held", "held_model", "hold", "pool_workers",
+__all__ = ["ProblemPool", "estimate_held", "held_model", "held_problem", "hold", "pool_workers",
            "step_times_held"]
