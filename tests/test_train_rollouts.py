@@ -70,3 +70,20 @@ def test_rollouts_on_ray_give_the_in_process_weights():
     finally:
         faulthandler.cancel_dump_traceback_later()
         ray.shutdown()
+
+
+@pytest.mark.slow
+def test_rollouts_on_a_two_node_ray_cluster_give_the_in_process_weights(monkeypatch):
+    """A real cluster: a head and a second node (``ray start``, one CPU each)."""
+    ray = pytest.importorskip("ray")
+    from placer.bench.raycluster import local_cluster
+    if ray.is_initialized():
+        ray.shutdown()
+    here = _weights()
+    faulthandler.dump_traceback_later(240, exit=True)
+    try:
+        with local_cluster(nodes=2, cpus=1) as address:
+            monkeypatch.setenv("RAY_ADDRESS", address)
+            _same(_weights(backend="auto", workers=2), here)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
