@@ -58,6 +58,7 @@ from .evaluate import Evaluator, check_workers, resolve_workers
 from .genome import LayoutGenome, OpGenome, Space
 from .memetic import local_search
 from .operators import crossover, mutate
+from .shared import Fitness, ProgressBar, shapes_for, sub_budget, tournament
 
 if TYPE_CHECKING:
     from placer.cost import CostModel, Problem
@@ -65,13 +66,6 @@ if TYPE_CHECKING:
 #: heuristics whose plans seed the population by default
 DEFAULT_SEEDS = ("even_pipeline", "heft", "m_sct", "pipeline_dp", "m_etf", "partition",
                  "m_topo", "single")
-
-
-class _Fitness(base.Fitness):
-    """deap fitness: one objective, minimised (a plain subclass, so no
-    ``creator`` classes are made at import)."""
-
-    weights = (-1.0,)
 
 
 class Evolution(Strategy):
@@ -219,7 +213,7 @@ class Evolution(Strategy):
                 and self.screen is not None:
             screen = cost_model
         metered = budget.meter(screen)
-        bar = _Bar(self.progress_bar, budget)
+        bar = ProgressBar(self.progress_bar, budget)
         identity = self._identity(problem, budget, seed, space)
         state = self._load_state(identity) if self.resume else None
         # keep evaluations for the final ranking (at least one report) and
@@ -393,7 +387,7 @@ class Evolution(Strategy):
             try:
                 strategy = get_strategy(name, microbatches=self.microbatches,
                                         schedule=self.schedule)
-                sub = _sub_budget(budget, self.seed_share / max(len(self.seeds), 1))
+                sub = sub_budget(budget, self.seed_share / max(len(self.seeds), 1))
                 start = _time.perf_counter()
                 try:
                     plan = strategy.search(problem, screen, sub, seed=seed)
@@ -451,7 +445,7 @@ class Evolution(Strategy):
         toolbox.register("mate", crossover, space, rng=rng)
         toolbox.register("mutate", mutate, space, rng=rng, rate=self.mutation_rate,
                          weights=self.mutation_weights)
-        toolbox.register("select", _tournament, rng=rng, k=self.tournament)
+        toolbox.register("select", tournament, rng=rng, k=self.tournament)
         toolbox.register("evaluate", evaluate)
         hof = tools.HallOfFame(self.final_k, similar=lambda a, b: a.key() == b.key())
         logbook = tools.Logbook()
@@ -460,7 +454,7 @@ class Evolution(Strategy):
         def score(genomes):
             values = toolbox.evaluate(genomes)
             for g, v in zip(genomes, values.tolist()):
-                g.fitness = _Fitness((v,))
+                g.fitness = Fitness((v,))
             return values
 
         epoch = evaluate.switches
@@ -538,7 +532,7 @@ class Evolution(Strategy):
                 polished, s = local_search(space, evaluate, top, top.fitness.values[0], rng,
                                            rounds=self.memetic_rounds)
                 if polished is not top:
-                    polished.fitness = _Fitness((s,))
+                    polished.fitness = Fitness((s,))
                     pop = self._select([polished] + pop)
             self._keep_own_best(pop)
             hof.update(pop)
@@ -648,7 +642,7 @@ class Evolution(Strategy):
         polished, s = local_search(space, evaluate, top, top.fitness.values[0], rng,
                                    rounds=max(4 * self.memetic_rounds, 1))
         if polished is not top:
-            polished.fitness = _Fitness((s,))
+            polished.fitness = Fitness((s,))
         elite = self._select([polished] + pop, max(2, self.population // 4))
         fill = []
         while len(elite) + len(fill) < self.population:
@@ -864,7 +858,7 @@ def _check_state(state: dict, file, space: Space) -> None:
 
 def _genome_in(d: dict) -> OpGenome:
     g = OpGenome(np.asarray(d["assign"], dtype=np.int64), int(d["m"]), d["s"], d["o"])
-    g.fitness = _Fitness((_num_in(d["f"]),))
+    g.fitness = Fitness((_num_in(d["f"]),))
     return g
 
 
@@ -981,13 +975,7 @@ def _rescore(evaluate: Evaluator, genomes: list[OpGenome]) -> None:
     """Score ``genomes`` again by ``evaluate``'s model whatever the time left
     (see :meth:`~evolution.evaluate.Evaluator.rescore`)."""
     for g, v in zip(genomes, evaluate.rescore(genomes).tolist()):
-        g.fitness = _Fitness((v,))
-
-
-def _tournament(fits: np.ndarray, rng: np.random.Generator, k: int) -> int:
-    """Index of the best of ``k`` uniformly drawn individuals."""
-    idx = rng.integers(len(fits), size=k)
-    return int(idx[np.argmin(fits[idx])])
+        g.fitness = Fitness((v,))
 
 
 def _unique(genomes: list[OpGenome]) -> list[OpGenome]:
@@ -1064,17 +1052,6 @@ class SeedPool:
             learn_seed_seconds(name, problem, _time.perf_counter() - start)
 
 
-def _sub_budget(budget: Budget, share: float) -> Budget:
-    """A budget for one seeding heuristic: ``share`` of what is left."""
-    t = budget.remaining_time
-    e = budget.remaining_evaluations
-    time = None if math.isinf(t) else max(t * share, 1e-3)
-    evals = None if math.isinf(e) else max(int(e * share), 1)
-    if time is None and evals is None:
-        time = 10.0
-    return Budget(time=time, evaluations=evals)
-
-
 def _project(plan: Plan, coarse) -> Plan:
     """A plan over the fine graph -> over the coarse one (each group on the
     devices of its first member)."""
@@ -1106,7 +1083,6 @@ def layout_seeds(space: Space, limit: int = 16,
     count, and powers of two; those over at most ``max_devices`` devices
     if given), devices taken along :func:`device_chain`, each at every
     microbatch count (the population keeps the best)."""
-    from .dtfm import shapes_for
     D, n = space.n_devices, space.n_ops
     chain = device_chain(space)
     shapes = [s for s in shapes_for(D, n) if max_devices is None or s[0] * s[1] <= max_devices]
@@ -1123,41 +1099,6 @@ def layout_seeds(space: Space, limit: int = 16,
             genome.microbatches = m
             out.append(genome)
     return out
-
-
-class _Bar:
-    """A tqdm progress bar over the time (or evaluation) budget with the
-    best objective so far; does nothing unless enabled."""
-
-    def __init__(self, enabled: bool, budget: Budget):
-        self.bar = None
-        if not enabled:
-            return
-        try:
-            from tqdm.auto import tqdm
-        except ImportError:
-            return
-        self.budget = budget
-        total = budget.evaluations if budget.evaluations is not None else budget.time
-        self.by_evals = budget.evaluations is not None
-        self.bar = tqdm(total=total, desc="evolution", unit="eval" if self.by_evals else "s",
-                        leave=False)
-        self._last = 0.0
-
-    def update(self, best: float, gen: int) -> None:
-        if self.bar is None:
-            return
-        now = self.budget.used if self.by_evals else self.budget.elapsed
-        if self.bar.total is not None:
-            now = min(now, self.bar.total)
-        self.bar.update(now - self._last)
-        self._last = now
-        self.bar.set_postfix_str(f"gen {gen} best {best * 1e3:.4g} ms"
-                                 if best < 1e9 else f"gen {gen} infeasible")
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 register_strategy(Evolution)
