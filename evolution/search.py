@@ -441,6 +441,19 @@ class Evolution(Strategy):
 
     def _evolve(self, space: Space, evaluate: Evaluator, seeds: list[OpGenome],
                 rng: np.random.Generator, budget: Budget, progress, bar, state=None):
+        """The generations, DEAP's (mu + lambda) with restarts; returns
+        ``(best, hall of fame, logbook)``::
+
+            pop = populate(seeds)                  (or the checkpoint's)
+            while the budget lasts:
+                if stale for `patience` generations: pop = restart(pop)
+                children = vary(pop)               (tournament, crossover, mutation)
+                pop = select(pop + scored children)
+                every `memetic_every` generations: polish the best
+                record; snapshot; report progress
+                converged, restarts spent: start again from the seeds
+                (time left) or stop
+        """
         toolbox = base.Toolbox()
         toolbox.register("mate", crossover, space, rng=rng)
         toolbox.register("mutate", mutate, space, rng=rng, rate=self.mutation_rate,
@@ -485,14 +498,7 @@ class Evolution(Strategy):
             restarts = 0
             starts = 0
         else:
-            pop = [_genome_in(d) for d in state["population"]]
-            hof.items = [_genome_in(d) for d in state["hall_of_fame"]]
-            hof.keys = [g.fitness for g in reversed(hof.items)]
-            for record in state["logbook"]:
-                logbook.record(**record)
-            best, stale, gen = _num_in(state["best"]), int(state["stale"]), int(state["gen"])
-            restarts = int(state.get("restarts", 0))
-            starts = int(state.get("starts", 0))
+            pop, best, stale, gen, restarts, starts = _resumed(state, hof, logbook)
         self._run["restarts"] = restarts
         self._run["starts"] = starts
         champions = self._run.setdefault("champions", [])
@@ -512,28 +518,12 @@ class Evolution(Strategy):
                 if pop[0].fitness.values[0] < best * (1 - 1e-6):
                     best = pop[0].fitness.values[0]
                 pop = resync(pop)
-            fits = np.array([g.fitness.values[0] for g in pop])
-            children = []
-            while len(children) < self.offspring:
-                a = pop[toolbox.select(fits)].copy()
-                b = pop[toolbox.select(fits)].copy()
-                if rng.random() < self.cx:
-                    a, b = toolbox.mate(a, b)
-                children.append(toolbox.mutate(a))
-                if len(children) < self.offspring:
-                    children.append(toolbox.mutate(b))
-            for c in children:
-                c.origin = c.origin or "evolution"
+            children = self._vary(pop, toolbox, rng)
             score(children)
             children = [c for c in children if np.isfinite(c.fitness.values[0])]
             pop = self._select(pop + children)
             if self.memetic_every and gen % self.memetic_every == 0 and not budget.exhausted():
-                top = pop[0]
-                polished, s = local_search(space, evaluate, top, top.fitness.values[0], rng,
-                                           rounds=self.memetic_rounds)
-                if polished is not top:
-                    polished.fitness = Fitness((s,))
-                    pop = self._select([polished] + pop)
+                pop = self._polish_best(space, evaluate, pop, rng)
             self._keep_own_best(pop)
             hof.update(pop)
             pop = resync(pop)
@@ -564,6 +554,35 @@ class Evolution(Strategy):
                 pop = resync(pop)
                 self._run["restarts"] = restarts
         return hof[0] if len(hof) else pop[0], hof, logbook
+
+    def _vary(self, pop: list[OpGenome], toolbox, rng: np.random.Generator
+              ) -> list[OpGenome]:
+        """``offspring`` children of ``pop`` (sorted, scored): two parents by
+        tournament, crossed over with probability ``cx``, each mutated."""
+        fits = np.array([g.fitness.values[0] for g in pop])
+        children = []
+        while len(children) < self.offspring:
+            a = pop[toolbox.select(fits)].copy()
+            b = pop[toolbox.select(fits)].copy()
+            if rng.random() < self.cx:
+                a, b = toolbox.mate(a, b)
+            children.append(toolbox.mutate(a))
+            if len(children) < self.offspring:
+                children.append(toolbox.mutate(b))
+        for c in children:
+            c.origin = c.origin or "evolution"
+        return children
+
+    def _polish_best(self, space: Space, evaluate: Evaluator, pop: list[OpGenome],
+                     rng: np.random.Generator) -> list[OpGenome]:
+        """``pop`` with its best polished by local search, if that found better."""
+        top = pop[0]
+        polished, s = local_search(space, evaluate, top, top.fitness.values[0], rng,
+                                   rounds=self.memetic_rounds)
+        if polished is top:
+            return pop
+        polished.fitness = Fitness((s,))
+        return self._select([polished] + pop)
 
     def _fresh_start_fits(self, budget: Budget, starts: int) -> bool:
         """Whether a converged search starts again from its seeds: only
@@ -976,6 +995,19 @@ def _rescore(evaluate: Evaluator, genomes: list[OpGenome]) -> None:
     (see :meth:`~evolution.evaluate.Evaluator.rescore`)."""
     for g, v in zip(genomes, evaluate.rescore(genomes).tolist()):
         g.fitness = Fitness((v,))
+
+
+def _resumed(state: dict, hof, logbook) -> tuple:
+    """``(population, best, stale, generation, restarts, starts)`` of a
+    checkpoint's ``state``; its hall of fame and logbook go into ``hof``
+    and ``logbook``."""
+    pop = [_genome_in(d) for d in state["population"]]
+    hof.items = [_genome_in(d) for d in state["hall_of_fame"]]
+    hof.keys = [g.fitness for g in reversed(hof.items)]
+    for record in state["logbook"]:
+        logbook.record(**record)
+    return (pop, _num_in(state["best"]), int(state["stale"]), int(state["gen"]),
+            int(state.get("restarts", 0)), int(state.get("starts", 0)))
 
 
 def _unique(genomes: list[OpGenome]) -> list[OpGenome]:

@@ -19,7 +19,7 @@ KNOWN = {
         " <-> placer.runtime.engine <-> placer.schedule",
     },
     "long_functions": {
-        "evolution.search._evolve", "gnn.features.encode_problem",
+        "gnn.features.encode_problem",
         "gnn.strategies.policy_plans", "placer.bench.learned.bench_learned",
         "placer.cli.build_parser", "placer.cost.analytical.evaluate",
         "placer.cost.event_loop.run_events", "placer.cost.simulator.__init__",
