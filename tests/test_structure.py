@@ -28,7 +28,7 @@ KNOWN = {
     },
 }
 #: private names imported across modules at most this often
-KNOWN_PRIVATE_IMPORTS = 30
+KNOWN_PRIVATE_IMPORTS = 29
 
 
 def _findings():
