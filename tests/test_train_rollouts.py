@@ -22,6 +22,16 @@ def _weights(**where) -> dict:
     return {k: v.clone() for k, v in trainer.policy.state_dict().items()}, trainer.history
 
 
+_HERE: list = []
+
+
+def _in_process():
+    """The in-process run (once per test session: the tests compare with it)."""
+    if not _HERE:
+        _HERE.append(_weights())
+    return _HERE[0]
+
+
 def _same(a, b) -> None:
     (wa, ha), (wb, hb) = a, b
     assert wa.keys() == wb.keys()
@@ -42,7 +52,7 @@ def test_problem_streams_are_their_own():
 def test_rollouts_on_a_local_pool_give_the_in_process_weights():
     faulthandler.dump_traceback_later(240, exit=True)   # a hang fails, not blocks CI
     try:
-        here = _weights()
+        here = _in_process()
         _same(_weights(backend="local", workers=2), here)
     finally:
         faulthandler.cancel_dump_traceback_later()
@@ -61,7 +71,7 @@ def test_rollouts_on_ray_give_the_in_process_weights():
     ray = pytest.importorskip("ray")
     if ray.is_initialized():
         ray.shutdown()
-    here = _weights()
+    here = _in_process()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              logging_level="WARNING")
     faulthandler.dump_traceback_later(240, exit=True)
@@ -79,7 +89,7 @@ def test_rollouts_on_a_two_node_ray_cluster_give_the_in_process_weights(monkeypa
     from placer.bench.raycluster import local_cluster
     if ray.is_initialized():
         ray.shutdown()
-    here = _weights()
+    here = _in_process()
     faulthandler.dump_traceback_later(240, exit=True)
     try:
         with local_cluster(nodes=2, cpus=1) as address:
