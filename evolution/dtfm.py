@@ -57,8 +57,9 @@ from .evaluate import Evaluator, check_workers, resolve_workers
 from .genome import LayoutGenome, OpGenome, Space
 from .memetic import local_search
 from placer.search.common import final_ranker, rank
-from .search import (_Bar, _Fitness, _tournament, device_chain, hold_back, polish_with, reserve,
-                     screen_exactly)
+from placer.search.parallel import ProblemPool, pool_workers
+from .search import device_chain, hold_back, polish_with, reserve, screen_exactly
+from .shared import Fitness, ProgressBar, shapes_for, tournament
 
 if TYPE_CHECKING:
     from placer.cost import CostModel, Problem
@@ -235,25 +236,6 @@ def _two_opt(path: list[int], C: np.ndarray) -> list[int]:
     return path
 
 
-def shapes_for(D: int, n_ops: int) -> list[tuple[int, int]]:
-    """(D_pp, D_dp) candidates with ``D_pp <= n_ops`` and ``D_pp * D_dp <= D``:
-    every factorisation of ``D`` (all devices busy) and, since slow links
-    can make extra replicas or stages cost more than they give, smaller
-    shapes with powers of two (or the largest fitting count) on each axis."""
-    def axis(limit: int) -> list[int]:
-        vals = {1, limit}
-        v = 2
-        while v <= limit:
-            vals.add(v)
-            v *= 2
-        return sorted(x for x in vals if 1 <= x <= limit)
-    out = {(D // dp, dp) for dp in range(1, D + 1) if D % dp == 0 and D // dp <= n_ops}
-    for dp in axis(D):
-        for pp in axis(min(n_ops, D // dp)):
-            out.add((pp, dp))
-    return sorted(out)
-
-
 class DTFM(Strategy):
     """Bi-level scheduler of Yuan et al. 2022 (see the module doc).
 
@@ -355,7 +337,7 @@ class DTFM(Strategy):
             "analytical" if self.screen == "auto" else self.screen)
         sched = Scheduler(space, self.order_slack)
         self._space = space
-        bar = _Bar(self.progress_bar, budget)
+        bar = ProgressBar(self.progress_bar, budget)
         n_final = 1 + len(self.seeds) + len(self.initial)
         ranker = final_ranker(self.final, cost_model, budget)
         share = self.final_share if ranker is not cost_model and coarse.members is None \
@@ -379,7 +361,7 @@ class DTFM(Strategy):
                     sched.settle(x)
                 values = evaluate([self.decode(space, x) for x in parts])
                 for x, v in zip(parts, values.tolist()):
-                    x.fitness = _Fitness((v,))
+                    x.fitness = Fitness((v,))
                 return values
 
             # groups of unequal size only when screened by the final model: the
@@ -424,8 +406,10 @@ class DTFM(Strategy):
                 and len(finalists) > 1:
             # the screening model's order is not the final model's: it ranks
             # the finalists (in the screen's order while time lasts)
-            k = rank(ranker, inner, [f[2].to_plan(space, self.name) for f in finalists],
-                     budget)
+            with ProblemPool(inner, self.backend,
+                             pool_workers(self.workers, self.backend)) as pool:
+                k = rank(ranker, inner, [f[2].to_plan(space, self.name) for f in finalists],
+                         budget, pool=pool)
             _, _, genome, best_part = finalists[k]
         if share:
             # the same finish as evolution: local search scored by the final model
@@ -533,7 +517,7 @@ class DTFM(Strategy):
         toolbox.register("mate", transplant, rng=rng, max_groups=max_groups)
         toolbox.register("mutate", lambda x: mutate(space, x, rng, shapes, max_groups,
                                                     self._uniform))
-        toolbox.register("select", _tournament, rng=rng, k=self.tournament)
+        toolbox.register("select", tournament, rng=rng, k=self.tournament)
         logbook = tools.Logbook()
         best = pop[0].fitness.values[0]
         stale = gen = restarts = 0

@@ -14,7 +14,7 @@ import numpy as np
 
 from .evaluate import Evaluator
 from .genome import OpGenome, Space
-from .operators import _boundary_ops
+from .operators import boundary_ops
 
 
 #: chains of boundaries are shifted only in layouts of at most this many
@@ -60,7 +60,7 @@ def neighbourhood(space: Space, g: OpGenome, rng: np.random.Generator,
                 c = g.copy()
                 c.assign[starts[s:t + 1] - 1] = a[starts[s:t + 1]]
                 out.append(c)
-    for i in _boundary_ops(space, a).tolist():
+    for i in boundary_ops(space, a).tolist():
         for j in set(a[space.neighbours(i)].tolist()) - {int(a[i])}:
             c = g.copy()
             c.assign[i] = j

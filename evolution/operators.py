@@ -19,7 +19,7 @@ import numpy as np
 from .genome import OpGenome, Space
 
 
-def _boundary_ops(space: Space, a: np.ndarray) -> np.ndarray:
+def boundary_ops(space: Space, a: np.ndarray) -> np.ndarray:
     """Ops with a graph neighbour in another group."""
     p = space.problem
     if not p.n_edges:
@@ -31,7 +31,7 @@ def _boundary_ops(space: Space, a: np.ndarray) -> np.ndarray:
 def mut_neighbour_op(space: Space, g: OpGenome, rng: np.random.Generator) -> OpGenome:
     """Move one op (preferably on a stage boundary) to a graph neighbour's group."""
     a = g.assign
-    cand = _boundary_ops(space, a)
+    cand = boundary_ops(space, a)
     i = int(rng.choice(cand)) if len(cand) else int(rng.integers(space.n_ops))
     nb = space.neighbours(i)
     if not len(nb):
@@ -218,6 +218,6 @@ def crossover(space: Space, x: OpGenome, y: OpGenome,
     return x, y
 
 
-__all__ = ["MUTATIONS", "crossover", "mutate", "mut_boundary", "mut_near_device",
+__all__ = ["MUTATIONS", "boundary_ops", "crossover", "mutate", "mut_boundary", "mut_near_device",
            "mut_neighbour_op", "mut_replicas", "mut_settings", "mut_split_merge",
            "mut_swap_stages"]

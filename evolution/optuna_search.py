@@ -85,7 +85,7 @@ class OptunaSearch(Strategy):
                seed: int = 0, progress=None) -> Plan:
         import optuna
         from placer.search.common import Coarse
-        from .search import _sub_budget
+        from .shared import sub_budget
 
         coarse = Coarse(problem, 400 if problem.n_ops > 1500 else None)
         inner = coarse.problem
@@ -100,7 +100,7 @@ class OptunaSearch(Strategy):
                 plan = None
                 if name != "none":
                     try:
-                        sub = _sub_budget(budget, 0.05)
+                        sub = sub_budget(budget, 0.05)
                         plan = get_strategy(name).search(inner, screen, sub, seed=seed)
                         budget.charge(sub.used)
                     except PlacerError:
@@ -128,7 +128,7 @@ class OptunaSearch(Strategy):
                            screen=None, final_k=1, final=None, restarts=0,
                            microbatches=m, schedule=schedule,
                            coarsen_above=10 ** 9)
-            sub = _sub_budget(budget, self.trial_share)
+            sub = sub_budget(budget, self.trial_share)
             plan = ga.search(inner, screen, sub, seed=seed + trial.number)
             budget.charge(sub.used)
             value = float(plan.predicted.get("objective", plan.predicted["step_time"]))

@@ -52,11 +52,13 @@ from placer._io import atomic_write_text, load_document
 from placer.search.base import (Budget, Progress, SearchInterrupted, Strategy, get_strategy,
                                 register_strategy)
 from placer.search.common import final_ranker, learn_seed_seconds, rank, seed_seconds
+from placer.search.parallel import ProblemPool, pool_workers
 
 from .evaluate import Evaluator, check_workers, resolve_workers
 from .genome import LayoutGenome, OpGenome, Space
 from .memetic import local_search
 from .operators import crossover, mutate
+from .shared import Fitness, ProgressBar, shapes_for, sub_budget, tournament
 
 if TYPE_CHECKING:
     from placer.cost import CostModel, Problem
@@ -64,13 +66,6 @@ if TYPE_CHECKING:
 #: heuristics whose plans seed the population by default
 DEFAULT_SEEDS = ("even_pipeline", "heft", "m_sct", "pipeline_dp", "m_etf", "partition",
                  "m_topo", "single")
-
-
-class _Fitness(base.Fitness):
-    """deap fitness: one objective, minimised (a plain subclass, so no
-    ``creator`` classes are made at import)."""
-
-    weights = (-1.0,)
 
 
 class Evolution(Strategy):
@@ -218,7 +213,7 @@ class Evolution(Strategy):
                 and self.screen is not None:
             screen = cost_model
         metered = budget.meter(screen)
-        bar = _Bar(self.progress_bar, budget)
+        bar = ProgressBar(self.progress_bar, budget)
         identity = self._identity(problem, budget, seed, space)
         state = self._load_state(identity) if self.resume else None
         # keep evaluations for the final ranking (at least one report) and
@@ -300,7 +295,9 @@ class Evolution(Strategy):
                 and coarse.members is None:
             i = int(np.argmin([g.fitness.values[0] for g in finalists]))
         else:
-            i = rank(ranker, problem, plans, budget)
+            with ProblemPool(problem, self.backend,
+                             pool_workers(self.workers, self.backend)) as pool:
+                i = rank(ranker, problem, plans, budget, pool=pool)
         plan = plans[i]
         if self._final_share(cost_model, coarse) and finalists[i] is not None:
             polished = self._final_polish(space, ranker, budget, finalists[i], rng)
@@ -390,7 +387,7 @@ class Evolution(Strategy):
             try:
                 strategy = get_strategy(name, microbatches=self.microbatches,
                                         schedule=self.schedule)
-                sub = _sub_budget(budget, self.seed_share / max(len(self.seeds), 1))
+                sub = sub_budget(budget, self.seed_share / max(len(self.seeds), 1))
                 start = _time.perf_counter()
                 try:
                     plan = strategy.search(problem, screen, sub, seed=seed)
@@ -444,11 +441,24 @@ class Evolution(Strategy):
 
     def _evolve(self, space: Space, evaluate: Evaluator, seeds: list[OpGenome],
                 rng: np.random.Generator, budget: Budget, progress, bar, state=None):
+        """The generations, DEAP's (mu + lambda) with restarts; returns
+        ``(best, hall of fame, logbook)``::
+
+            pop = populate(seeds)                  (or the checkpoint's)
+            while the budget lasts:
+                if stale for `patience` generations: pop = restart(pop)
+                children = vary(pop)               (tournament, crossover, mutation)
+                pop = select(pop + scored children)
+                every `memetic_every` generations: polish the best
+                record; snapshot; report progress
+                converged, restarts spent: start again from the seeds
+                (time left) or stop
+        """
         toolbox = base.Toolbox()
         toolbox.register("mate", crossover, space, rng=rng)
         toolbox.register("mutate", mutate, space, rng=rng, rate=self.mutation_rate,
                          weights=self.mutation_weights)
-        toolbox.register("select", _tournament, rng=rng, k=self.tournament)
+        toolbox.register("select", tournament, rng=rng, k=self.tournament)
         toolbox.register("evaluate", evaluate)
         hof = tools.HallOfFame(self.final_k, similar=lambda a, b: a.key() == b.key())
         logbook = tools.Logbook()
@@ -457,7 +467,7 @@ class Evolution(Strategy):
         def score(genomes):
             values = toolbox.evaluate(genomes)
             for g, v in zip(genomes, values.tolist()):
-                g.fitness = _Fitness((v,))
+                g.fitness = Fitness((v,))
             return values
 
         epoch = evaluate.switches
@@ -488,14 +498,7 @@ class Evolution(Strategy):
             restarts = 0
             starts = 0
         else:
-            pop = [_genome_in(d) for d in state["population"]]
-            hof.items = [_genome_in(d) for d in state["hall_of_fame"]]
-            hof.keys = [g.fitness for g in reversed(hof.items)]
-            for record in state["logbook"]:
-                logbook.record(**record)
-            best, stale, gen = _num_in(state["best"]), int(state["stale"]), int(state["gen"])
-            restarts = int(state.get("restarts", 0))
-            starts = int(state.get("starts", 0))
+            pop, best, stale, gen, restarts, starts = _resumed(state, hof, logbook)
         self._run["restarts"] = restarts
         self._run["starts"] = starts
         champions = self._run.setdefault("champions", [])
@@ -515,28 +518,12 @@ class Evolution(Strategy):
                 if pop[0].fitness.values[0] < best * (1 - 1e-6):
                     best = pop[0].fitness.values[0]
                 pop = resync(pop)
-            fits = np.array([g.fitness.values[0] for g in pop])
-            children = []
-            while len(children) < self.offspring:
-                a = pop[toolbox.select(fits)].copy()
-                b = pop[toolbox.select(fits)].copy()
-                if rng.random() < self.cx:
-                    a, b = toolbox.mate(a, b)
-                children.append(toolbox.mutate(a))
-                if len(children) < self.offspring:
-                    children.append(toolbox.mutate(b))
-            for c in children:
-                c.origin = c.origin or "evolution"
+            children = self._vary(pop, toolbox, rng)
             score(children)
             children = [c for c in children if np.isfinite(c.fitness.values[0])]
             pop = self._select(pop + children)
             if self.memetic_every and gen % self.memetic_every == 0 and not budget.exhausted():
-                top = pop[0]
-                polished, s = local_search(space, evaluate, top, top.fitness.values[0], rng,
-                                           rounds=self.memetic_rounds)
-                if polished is not top:
-                    polished.fitness = _Fitness((s,))
-                    pop = self._select([polished] + pop)
+                pop = self._polish_best(space, evaluate, pop, rng)
             self._keep_own_best(pop)
             hof.update(pop)
             pop = resync(pop)
@@ -567,6 +554,35 @@ class Evolution(Strategy):
                 pop = resync(pop)
                 self._run["restarts"] = restarts
         return hof[0] if len(hof) else pop[0], hof, logbook
+
+    def _vary(self, pop: list[OpGenome], toolbox, rng: np.random.Generator
+              ) -> list[OpGenome]:
+        """``offspring`` children of ``pop`` (sorted, scored): two parents by
+        tournament, crossed over with probability ``cx``, each mutated."""
+        fits = np.array([g.fitness.values[0] for g in pop])
+        children = []
+        while len(children) < self.offspring:
+            a = pop[toolbox.select(fits)].copy()
+            b = pop[toolbox.select(fits)].copy()
+            if rng.random() < self.cx:
+                a, b = toolbox.mate(a, b)
+            children.append(toolbox.mutate(a))
+            if len(children) < self.offspring:
+                children.append(toolbox.mutate(b))
+        for c in children:
+            c.origin = c.origin or "evolution"
+        return children
+
+    def _polish_best(self, space: Space, evaluate: Evaluator, pop: list[OpGenome],
+                     rng: np.random.Generator) -> list[OpGenome]:
+        """``pop`` with its best polished by local search, if that found better."""
+        top = pop[0]
+        polished, s = local_search(space, evaluate, top, top.fitness.values[0], rng,
+                                   rounds=self.memetic_rounds)
+        if polished is top:
+            return pop
+        polished.fitness = Fitness((s,))
+        return self._select([polished] + pop)
 
     def _fresh_start_fits(self, budget: Budget, starts: int) -> bool:
         """Whether a converged search starts again from its seeds: only
@@ -645,7 +661,7 @@ class Evolution(Strategy):
         polished, s = local_search(space, evaluate, top, top.fitness.values[0], rng,
                                    rounds=max(4 * self.memetic_rounds, 1))
         if polished is not top:
-            polished.fitness = _Fitness((s,))
+            polished.fitness = Fitness((s,))
         elite = self._select([polished] + pop, max(2, self.population // 4))
         fill = []
         while len(elite) + len(fill) < self.population:
@@ -861,7 +877,7 @@ def _check_state(state: dict, file, space: Space) -> None:
 
 def _genome_in(d: dict) -> OpGenome:
     g = OpGenome(np.asarray(d["assign"], dtype=np.int64), int(d["m"]), d["s"], d["o"])
-    g.fitness = _Fitness((_num_in(d["f"]),))
+    g.fitness = Fitness((_num_in(d["f"]),))
     return g
 
 
@@ -978,13 +994,20 @@ def _rescore(evaluate: Evaluator, genomes: list[OpGenome]) -> None:
     """Score ``genomes`` again by ``evaluate``'s model whatever the time left
     (see :meth:`~evolution.evaluate.Evaluator.rescore`)."""
     for g, v in zip(genomes, evaluate.rescore(genomes).tolist()):
-        g.fitness = _Fitness((v,))
+        g.fitness = Fitness((v,))
 
 
-def _tournament(fits: np.ndarray, rng: np.random.Generator, k: int) -> int:
-    """Index of the best of ``k`` uniformly drawn individuals."""
-    idx = rng.integers(len(fits), size=k)
-    return int(idx[np.argmin(fits[idx])])
+def _resumed(state: dict, hof, logbook) -> tuple:
+    """``(population, best, stale, generation, restarts, starts)`` of a
+    checkpoint's ``state``; its hall of fame and logbook go into ``hof``
+    and ``logbook``."""
+    pop = [_genome_in(d) for d in state["population"]]
+    hof.items = [_genome_in(d) for d in state["hall_of_fame"]]
+    hof.keys = [g.fitness for g in reversed(hof.items)]
+    for record in state["logbook"]:
+        logbook.record(**record)
+    return (pop, _num_in(state["best"]), int(state["stale"]), int(state["gen"]),
+            int(state.get("restarts", 0)), int(state.get("starts", 0)))
 
 
 def _unique(genomes: list[OpGenome]) -> list[OpGenome]:
@@ -1061,17 +1084,6 @@ class SeedPool:
             learn_seed_seconds(name, problem, _time.perf_counter() - start)
 
 
-def _sub_budget(budget: Budget, share: float) -> Budget:
-    """A budget for one seeding heuristic: ``share`` of what is left."""
-    t = budget.remaining_time
-    e = budget.remaining_evaluations
-    time = None if math.isinf(t) else max(t * share, 1e-3)
-    evals = None if math.isinf(e) else max(int(e * share), 1)
-    if time is None and evals is None:
-        time = 10.0
-    return Budget(time=time, evaluations=evals)
-
-
 def _project(plan: Plan, coarse) -> Plan:
     """A plan over the fine graph -> over the coarse one (each group on the
     devices of its first member)."""
@@ -1103,7 +1115,6 @@ def layout_seeds(space: Space, limit: int = 16,
     count, and powers of two; those over at most ``max_devices`` devices
     if given), devices taken along :func:`device_chain`, each at every
     microbatch count (the population keeps the best)."""
-    from .dtfm import shapes_for
     D, n = space.n_devices, space.n_ops
     chain = device_chain(space)
     shapes = [s for s in shapes_for(D, n) if max_devices is None or s[0] * s[1] <= max_devices]
@@ -1120,41 +1131,6 @@ def layout_seeds(space: Space, limit: int = 16,
             genome.microbatches = m
             out.append(genome)
     return out
-
-
-class _Bar:
-    """A tqdm progress bar over the time (or evaluation) budget with the
-    best objective so far; does nothing unless enabled."""
-
-    def __init__(self, enabled: bool, budget: Budget):
-        self.bar = None
-        if not enabled:
-            return
-        try:
-            from tqdm.auto import tqdm
-        except ImportError:
-            return
-        self.budget = budget
-        total = budget.evaluations if budget.evaluations is not None else budget.time
-        self.by_evals = budget.evaluations is not None
-        self.bar = tqdm(total=total, desc="evolution", unit="eval" if self.by_evals else "s",
-                        leave=False)
-        self._last = 0.0
-
-    def update(self, best: float, gen: int) -> None:
-        if self.bar is None:
-            return
-        now = self.budget.used if self.by_evals else self.budget.elapsed
-        if self.bar.total is not None:
-            now = min(now, self.bar.total)
-        self.bar.update(now - self._last)
-        self._last = now
-        self.bar.set_postfix_str(f"gen {gen} best {best * 1e3:.4g} ms"
-                                 if best < 1e9 else f"gen {gen} infeasible")
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 register_strategy(Evolution)

@@ -57,7 +57,7 @@ def replica_moves(space, g, rng=None, limit: int | None = None) -> list:
     ops, and what the extra run of the order buys is a higher 1F1B
     in-flight cap, :func:`placer.cost.memory.inflight`: 2.97 and 2.86 s
     against 3.42 s by the simulator)."""
-    from evolution.operators import _boundary_ops
+    from evolution.operators import boundary_ops
     a = g.assign
     n = len(a)
     table = space.table
@@ -75,7 +75,7 @@ def replica_moves(space, g, rng=None, limit: int | None = None) -> list:
                     gid = int(a[starts[other]])
                     ends_[(lo, lo + k, gid)] = None
                     ends_[(hi - k, hi, gid)] = None
-    for i in _boundary_ops(space, a).tolist():
+    for i in boundary_ops(space, a).tolist():
         for j in set(a[space.neighbours(i)].tolist()) - {int(a[i])}:
             if (i, i + 1, int(j)) not in ends_:
                 edges_[(i, i + 1, int(j))] = None

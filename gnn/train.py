@@ -217,26 +217,26 @@ class Trainer:
         return problem, ref
 
     # --- one update ---------------------------------------------------------------
-    def _loss(self, problem, ref_plan, gen, rng, imitate: float) -> tuple[torch.Tensor, dict]:
+    def _loss(self, problem, ref_plan, done: dict, imitate: float
+              ) -> tuple[torch.Tensor, dict]:
+        """The loss of one problem's rollout ``done`` (:func:`rollout`): the
+        log-probabilities of its placements, taken again here with
+        gradients."""
         cfg = self.config
         ref, ref_row = ref_plan
         pg = encode_problem(problem, cfg.max_units)
         n_dec = max(int((pg.tie == np.arange(pg.n_units)).sum()), 1)
         encoded = self.policy.static_scores(pg)
-        choices = microbatch_choices(problem)
-        out = self.policy.sample(pg, cfg.samples, generator=gen, encoded=encoded)
-        acts = out.actions.numpy()
-        times, _, _ = best_times(self.cost, problem, pg.expand(acts), choices)
-        r = reward(times, ref)
-        terms = [(out, r)]
-        if rng.random() < cfg.refine:
-            best = acts[int(np.argmin(times))]
-            ref_out = self.policy.sample(pg, cfg.samples, generator=gen, context=best,
-                                         encoded=encoded)
-            t2, _, _ = best_times(self.cost, problem, pg.expand(ref_out.actions.numpy()),
-                                  choices)
-            terms.append((ref_out, reward(t2, ref)))
-            times = np.concatenate([times, t2])
+        # copies: arrays from Ray arrive read-only
+        out = self.policy.sample(pg, cfg.samples, actions=np.array(done["actions"]),
+                                 encoded=encoded)
+        times = done["times"]
+        terms = [(out, reward(times, ref))]
+        if "context" in done:
+            ref_out = self.policy.sample(pg, cfg.samples, context=done["context"],
+                                         actions=np.array(done["refined"]), encoded=encoded)
+            terms.append((ref_out, reward(done["refined_times"], ref)))
+            times = np.concatenate([times, done["refined_times"]])
         loss = torch.zeros(())
         for dec, rr in terms:
             adv = torch.as_tensor((rr - rr.mean()) / (rr.std() + 0.1), dtype=torch.float32)
@@ -248,7 +248,7 @@ class Trainer:
             teacher = self.policy.sample(pg, 1, actions=ref_row[first][None], encoded=encoded)
             loss = loss - imitate * teacher.log_prob.mean() / n_dec
         best_r = float(reward(np.array([times.min()]), ref)[0])
-        return loss, {"reward": float(r.mean()), "best": best_r,
+        return loss, {"reward": float(terms[0][1].mean()), "best": best_r,
                       "entropy": float(out.entropy.detach().mean()) / n_dec}
 
     def step(self) -> dict:
@@ -257,21 +257,26 @@ class Trainer:
 
     def gradients(self) -> dict:
         """The losses and gradients of the next update; changes nothing a
-        checkpoint holds, so it may be abandoned half way (see :meth:`apply`)."""
+        checkpoint holds, so it may be abandoned half way (see :meth:`apply`).
+
+        Problem ``i`` of iteration ``it`` draws from its own streams
+        (:func:`problem_streams`); its sampled rollout runs on the workers
+        when :attr:`backend`/:attr:`workers` ask for them, the gradients
+        here: the update is the same wherever the rollouts ran."""
         cfg = self.config
         it = self.iteration
-        rng = np.random.default_rng([cfg.seed, it])
-        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + it)
         stage = self.stage(it)
         self.policy.train()
         self.optimizer.zero_grad()
-        rows = []
-        total = torch.zeros(())
         imitate = max(0.0, 1.0 - it / max(cfg.imitation * cfg.iterations, 1e-9)) \
             if cfg.imitation > 0 else 0.0
-        for _ in range(cfg.problems):
-            problem, ref = self.draw(rng, stage)
-            loss, row = self._loss(problem, ref, gen, rng, imitate)
+        drawn = [self.draw(problem_streams(cfg.seed, it, i)[0], stage)
+                 for i in range(cfg.problems)]
+        jobs = [(problem, cfg.seed, it, i) for i, (problem, _) in enumerate(drawn)]
+        rows = []
+        total = torch.zeros(())
+        for (problem, ref), done in zip(drawn, self._rollouts(jobs)):
+            loss, row = self._loss(problem, ref, done, imitate)
             total = total + loss / cfg.problems
             row.update(graph=problem.graph.name, cluster=problem.cluster.name)
             rows.append(row)
@@ -282,6 +287,42 @@ class Trainer:
                 "best": float(np.mean([r["best"] for r in rows])),
                 "entropy": float(np.mean([r["entropy"] for r in rows])),
                 "graphs": " ".join(sorted({r["graph"] for r in rows}))}
+
+    #: where the sampled rollouts run (see :mod:`placer.executors`): set by :func:`train`
+    backend: str = "local"
+    workers: int = 0
+
+    def _rollouts(self, jobs: list) -> list[dict]:
+        """:func:`rollout` of each ``(problem, seed, iteration, index)``, in
+        order: on the executor, else here."""
+        cfg = self.config
+        run = functools.partial(rollout, self.policy, samples=cfg.samples, refine=cfg.refine,
+                                max_units=cfg.max_units)
+        remote = self.workers > 1 or self.backend != "local"
+        if not remote:
+            # one torch thread, as on the workers: the same sums, the same samples
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                return [run(job) for job in jobs]
+            finally:
+                torch.set_num_threads(threads)
+        if getattr(self, "_executor", None) is None:
+            from placer.executors import make_executor
+            # not forked: this process ran torch, whose threads a fork can hang
+            from placer.executors import cluster_cpus
+            self._executor = make_executor(self.backend,
+                                           self.workers or cluster_cpus(self.backend),
+                                           _one_thread, fork=False)
+        futures = [self._executor.submit(run, job) for job in jobs]
+        return [f.result() for f in futures]
+
+    def close(self) -> None:
+        """Stop the rollouts' workers, if any."""
+        executor = getattr(self, "_executor", None)
+        if executor is not None:
+            executor.shutdown()
+            self._executor = None
 
     def apply(self, row: dict) -> dict:
         """Take the optimizer step :meth:`gradients` prepared; returns ``row``."""
@@ -451,6 +492,50 @@ class _StopSignals:
             raise _Stop(self.signum)
 
 
+def problem_streams(seed: int, iteration: int, index: int
+                    ) -> tuple[np.random.Generator, np.random.Generator, torch.Generator]:
+    """The random streams of problem ``index`` of ``iteration``: drawing the
+    problem, deciding its refinement, sampling its placements. Each problem
+    has its own, so results never depend on where, or beside which others,
+    its rollout runs."""
+    draw, roll, sample = np.random.SeedSequence([seed, iteration, index]).spawn(3)
+    torch_seed = int(sample.generate_state(1, np.uint64)[0]) & ((1 << 63) - 1)
+    return (np.random.default_rng(draw), np.random.default_rng(roll),
+            torch.Generator().manual_seed(torch_seed))
+
+
+def rollout(policy: PlacementPolicy, job: tuple, *, samples: int, refine: float,
+            max_units: int) -> dict:
+    """One problem's sampled rollout, without gradients: ``samples``
+    placements of ``job = (problem, seed, iteration, index)`` and their
+    step times by the analytical model at their best microbatch count
+    (``actions``, ``times``), and, with probability ``refine``, as many
+    refinements of the best (``context``, ``refined``, ``refined_times``)."""
+    problem, seed, iteration, index = job
+    _, roll, gen = problem_streams(seed, iteration, index)
+    cost = get_cost_model("analytical")
+    pg = encode_problem(problem, max_units)
+    choices = microbatch_choices(problem)
+    with torch.no_grad():
+        encoded = policy.static_scores(pg)
+        acts = policy.sample(pg, samples, generator=gen, encoded=encoded).actions.numpy()
+        times, _, _ = best_times(cost, problem, pg.expand(acts), choices)
+        out = {"actions": acts, "times": times}
+        if roll.random() < refine:
+            best = acts[int(np.argmin(times))]
+            more = policy.sample(pg, samples, generator=gen, context=best,
+                                 encoded=encoded).actions.numpy()
+            t2, _, _ = best_times(cost, problem, pg.expand(more), choices)
+            out.update(context=best, refined=more, refined_times=t2)
+    return out
+
+
+def _one_thread() -> None:
+    """A rollout worker's initializer: one torch thread (the workers are
+    the parallelism)."""
+    torch.set_num_threads(1)
+
+
 def evaluate_policy(policy: PlacementPolicy, problems, *, samples: int = 8, seed: int = 0,
                     max_units: int = 128, cost_model="analytical", backend: str = "local",
                     workers: int = 0) -> list[dict]:
@@ -504,8 +589,10 @@ def train(config: TrainConfig, out=None, *, resume: bool = False, progress: bool
     iteration that spends it and saves a checkpoint that ``resume`` continues.
     Ctrl-C or SIGTERM (caught on the main thread) saves the last completed
     iteration the same way and raises :class:`TrainingInterrupted`.
-    ``backend`` and ``workers``: where validation's per-problem episodes
-    run (see :func:`evaluate_policy`); the run is the same wherever."""
+    ``backend`` and ``workers``: where the iterations' sampled rollouts
+    (``workers`` > 1, or any on Ray) and validation's per-problem episodes
+    (Ray only, see :func:`evaluate_policy`) run; the run is the same
+    wherever."""
     if resume:
         if out is None:
             raise StrategyError("resume needs the checkpoint to continue", field="out")
@@ -527,6 +614,7 @@ def train(config: TrainConfig, out=None, *, resume: bool = False, progress: bool
                        unit="it", file=sys.stderr, dynamic_ncols=True)
         except ImportError:
             bar = None
+    trainer.backend, trainer.workers = backend, int(workers or 0)
     t0 = time.perf_counter()
     with _StopSignals() as signals:
         try:
@@ -539,6 +627,7 @@ def train(config: TrainConfig, out=None, *, resume: bool = False, progress: bool
             raise TrainingInterrupted(stop.signum, trainer.iteration,
                                       None if out is None else str(out)) from None
         finally:
+            trainer.close()
             if bar is not None:
                 bar.close()
     return trainer
@@ -716,7 +805,7 @@ def build_parser(prog: str = "train_policy.py") -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true")
     add_time_budget(p, "training (stops after the running iteration, saving a checkpoint "
                     "that --resume continues)")
-    add_backend(p, "validation's per-problem episodes")
+    add_backend(p, "the sampled rollouts and validation's per-problem episodes")
     add_json(p)
     return p
 

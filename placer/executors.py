@@ -82,7 +82,7 @@ def connect(spec: str, field: str = "backend"):
                  configure_logging=True)
     except ImportError as exc:      # ray:// without Ray Client's grpcio
         raise StrategyError(f"{spec} needs Ray Client ({exc})", field=field,
-                            fix="pip install 'ray[client]'") from None
+                            fix=RAY_EXTRA + " (it brings Ray Client's grpcio)") from None
     except (ConnectionError, RuntimeError, ValueError) as exc:
         where = address or os.environ.get("RAY_ADDRESS") or "this machine"
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -122,10 +122,10 @@ class Executor:
     backend = LOCAL
 
     def __init__(self, workers: int, initializer: Callable | None = None,
-                 initargs: tuple = ()):
+                 initargs: tuple = (), fork: bool = True):
         import multiprocessing
         self.workers = max(1, int(workers))
-        ctx = multiprocessing.get_context(_start_method())
+        ctx = multiprocessing.get_context(_start_method(fork))
         self._pool = ProcessPoolExecutor(self.workers, mp_context=ctx,
                                          initializer=initializer, initargs=initargs)
 
@@ -144,11 +144,14 @@ class Executor:
         self.shutdown()
 
 
-def _start_method() -> str:
-    """fork, the quickest, unless this process holds a Ray connection (its
-    threads do not survive a fork: the children hang) or is on Windows."""
+def _start_method(fork: bool = True) -> str:
+    """fork, the quickest, unless not wanted (a process that ran torch's
+    thread pool: the children can hang), this process holds a Ray
+    connection (its threads do not survive a fork either) or is on Windows."""
     if os.name == "nt":
         return "spawn"
+    if not fork:
+        return "forkserver"
     ray = sys.modules.get("ray")
     if ray is not None and getattr(ray, "is_initialized", lambda: False)():
         return "forkserver"
@@ -223,11 +226,13 @@ class RayExecutor(Executor):
 
 
 def make_executor(backend: str, workers: int, initializer: Callable | None = None,
-                  initargs: tuple = ()) -> Executor:
-    """An :class:`Executor` of ``workers`` processes on ``backend``."""
+                  initargs: tuple = (), fork: bool = True) -> Executor:
+    """An :class:`Executor` of ``workers`` processes on ``backend``
+    (``fork=False``: a local pool's workers are not forked from this
+    process, which may have run torch)."""
     check_backend(backend)
     if is_local(backend):
-        return Executor(workers, initializer, initargs)
+        return Executor(workers, initializer, initargs, fork)
     return RayExecutor(backend, workers, initializer, initargs)
 
 

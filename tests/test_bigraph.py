@@ -233,9 +233,9 @@ def test_coarsened_evolution_ranks_its_starts_by_its_final_model(monkeypatch):
     import placer.search.common as common
     seen = []
 
-    def recording_rank(model, problem, plans, budget=None):
+    def recording_rank(model, problem, plans, budget=None, pool=None):
         seen.append((model.name, list(plans)))
-        return real(model, problem, plans, budget)
+        return real(model, problem, plans, budget, pool=pool)
     real = common.rank
     monkeypatch.setattr(common, "rank", recording_rank)
     g = placer.datasets.graph("random_dag-n1200-w8-s0")

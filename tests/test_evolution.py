@@ -150,7 +150,8 @@ def test_initial_plans_join_the_population_without_displacing_its_own_seeds(prob
     """The first population holds the best ``population`` of the search's
     own seeds (heuristics, layouts) and every initial plan besides, even
     initial plans better than all of them (a policy's, hybrid's)."""
-    from evolution.search import Evolution, _Fitness
+    from evolution.search import Evolution
+    from evolution.shared import Fitness
     evo = get_strategy("evolution", population=4)
     rng = np.random.default_rng(0)
     own = [OpGenome(np.full(problem.n_ops, d), 1, "1f1b", origin=f"h{d}") for d in range(6)]
@@ -159,7 +160,7 @@ def test_initial_plans_join_the_population_without_displacing_its_own_seeds(prob
 
     def score(genomes):
         for g in genomes:   # the initial plans best, then h0 < h1 < ...
-            g.fitness = _Fitness((-1.0 if g.origin == "initial" else float(g.origin[1:]),))
+            g.fitness = Fitness((-1.0 if g.origin == "initial" else float(g.origin[1:]),))
 
     pop = Evolution._populate(evo, own + given, score, rng, None)
     assert sorted(g.origin for g in pop) == ["h0", "h1", "h2", "h3"] + ["initial"] * 3
@@ -170,12 +171,13 @@ def test_given_slots_bound_the_descendants_of_plans_handed_in(problem):
     """Under ``given_slots`` selection keeps the ``population`` best of the
     search's own lineages and at most that many of the plans handed in
     (and their descendants), even when those are better than all its own."""
-    from evolution.search import Evolution, _Fitness
+    from evolution.search import Evolution
+    from evolution.shared import Fitness
     own = [OpGenome(np.full(problem.n_ops, d), 1, "1f1b", origin=f"h{d}") for d in range(6)]
     given = [OpGenome(np.arange(problem.n_ops) % (2 + d), 1, "1f1b", origin="initial")
              for d in range(5)]
     for g in own + given:
-        g.fitness = _Fitness((-1.0 if g.origin == "initial" else float(g.origin[1:]),))
+        g.fitness = Fitness((-1.0 if g.origin == "initial" else float(g.origin[1:]),))
     capped = get_strategy("evolution", population=4, given_slots=2)
     picked = Evolution._select(capped, own + given)
     assert sorted(g.origin for g in picked) == ["h0", "h1", "h2", "h3"] + ["initial"] * 2

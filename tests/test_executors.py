@@ -120,6 +120,15 @@ def test_ray_in_process_gives_the_local_plan(local_ray):
         faulthandler.cancel_dump_traceback_later()
 
 
+def test_ray_in_process_coarse_path_gives_the_local_plan(local_ray):
+    """The coarse path's rankings and refinement on one Ray worker."""
+    faulthandler.dump_traceback_later(240, exit=True)
+    try:
+        assert _coarse_plan(backend="ray", workers=1) == _coarse_plan(workers=0)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
 @pytest.mark.slow
 def test_two_node_ray_cluster_gives_the_local_plan(ray_cluster):
     """A real two-node cluster: work lands on both nodes, and evolution and
@@ -143,6 +152,7 @@ def _on_the_cluster():
     for method, plan in expected.items():
         assert _plan(method, backend="auto", workers=1) == plan
         assert _plan(method, backend="auto", workers=2) == plan
+    assert _coarse_plan(backend="auto", workers=2) == _coarse_plan(workers=0)
     # the evaluator really scores on the cluster, in order
     from evolution.evaluate import Evaluator
     from evolution.genome import LayoutGenome, Space
@@ -161,3 +171,110 @@ def _on_the_cluster():
         there = ev(genomes)
         assert type(ev._pool).__name__ == "RayExecutor"
     np.testing.assert_array_equal(here, there)
+
+
+# --- one problem's work on workers (placer.search.parallel) ---------------------------
+
+def _coarse_plan(**options):
+    """Evolution through the coarse path (an evaluation budget)."""
+    g = placer.datasets.graph("layered-n300-w8-s1")
+    plan = placer.optimize(g, placer.Cluster.preset("two-sites"), "evolution", seed=3,
+                           time_budget=None, evaluations=300, coarsen=40, **options)
+    coarsened = dict(plan.extra["search"]["coarsened"])
+    del coarsened["seconds"]            # the coarsening's wall time
+    return (plan.placement, plan.microbatches, plan.schedule, plan.predicted["step_time"],
+            coarsened)
+
+
+def _counting(monkeypatch) -> list:
+    """Names of the functions sent to a ProblemPool's workers, as they go."""
+    from placer.search import parallel
+    sent: list = []
+    submit = parallel.ProblemPool.submit
+
+    def counted(self, fn, *args):
+        sent.append(fn.__name__)
+        return submit(self, fn, *args)
+    monkeypatch.setattr(parallel.ProblemPool, "submit", counted)
+    return sent
+
+
+def test_refine_on_a_pool_makes_the_in_process_moves(monkeypatch):
+    from placer.cost import Problem, get_cost_model
+    from placer.search.base import Budget
+    from placer.search.parallel import ProblemPool
+    from placer.search.refine import refine
+    g = placer.datasets.graph("layered-n300-w8-s1")
+    c = placer.Cluster.preset("two-sites")
+    problem = Problem(g, c)
+    start = placer.optimize(g, c, "m_topo", coarsen=None, time_budget=None)
+
+    def run(pool):
+        budget = Budget(None, 200)
+        metered = budget.meter(get_cost_model("analytical"))
+        plan, value, kept, first = refine(problem, start, metered, budget, pool=pool)
+        best = metered.best_for(problem)[1].objective
+        return plan.placement, value, kept, first, budget.used, best
+
+    here = run(None)
+    sent = _counting(monkeypatch)
+    with ProblemPool(problem, "local", 2) as pool:
+        assert run(pool) == here
+    assert here[2] >= 3 and here[1] < here[3]           # moves were kept
+    assert sent.count("step_times_held") > 2 * here[2]  # the batches went to the pool
+
+
+def test_coarsened_search_on_a_pool_gives_the_in_process_plan(monkeypatch):
+    """The coarse path forced: the finalists' and the starts' rankings and
+    the refinement's batches on 2 workers give the in-process plan."""
+    here = _coarse_plan(workers=0)
+    sent = _counting(monkeypatch)
+    assert _coarse_plan(workers=2) == here
+    assert here[4]["ranked_by"] == "simulator"          # the starts' ranking decided
+    assert sent.count("estimate_held") >= 8 and "step_times_held" in sent
+    assert sent.count("seed_held") == 3                 # heft, pipeline_dp, even_pipeline
+
+
+def test_rank_on_a_pool_under_a_time_limit():
+    from placer.cost import Problem, get_cost_model
+    from placer.search.base import Budget
+    from placer.search.common import rank
+    from placer.search.parallel import ProblemPool
+    g = placer.datasets.graph("layered-n300-w8-s1")
+    c = placer.Cluster.preset("two-sites")
+    problem = Problem(g, c)
+    plans = [placer.optimize(g, c, m, coarsen=None, time_budget=None)
+             for m in ("m_topo", "even_pipeline", "heft")]
+    sim = get_cost_model("simulator")
+    best = int(np.argmin([sim.estimate(problem, p).objective for p in plans]))
+    with ProblemPool(problem, "local", 2) as pool:
+        for budget in (Budget(None, None), Budget(60.0, None)):
+            metered = budget.meter(sim)
+            assert rank(metered, problem, plans, budget, pool=pool) == best
+            assert budget.used == len(plans)
+            assert metered.best_for(problem)[1].objective == min(
+                sim.estimate(problem, p).objective for p in plans)
+        spent = Budget(1e-9, None)      # no time left: the first plan, unscored
+        assert rank(spent.meter(sim), problem, plans, spent, pool=pool) == 0
+
+
+@pytest.mark.slow
+def test_ray_client_gives_the_local_plan(monkeypatch):
+    """``ray://HOST:PORT``: a head started with a Ray Client server port; an
+    evolution search through it finds the local pool's plan."""
+    ray = pytest.importorskip("ray")
+    pytest.importorskip("grpc", reason="Ray Client needs grpcio (placer[ray])")
+    from placer.bench.raycluster import free_port, local_cluster
+    if ray.is_initialized():
+        ray.shutdown()
+    expected = _plan("evolution", workers=2)
+    port = free_port()
+    faulthandler.dump_traceback_later(240, exit=True)   # a hang fails, not blocks CI
+    try:
+        with local_cluster(nodes=1, cpus=2,
+                           head_args=("--ray-client-server-port", str(port))):
+            monkeypatch.delenv("RAY_ADDRESS", raising=False)
+            assert _plan("evolution", backend=f"ray://127.0.0.1:{port}", workers=2) \
+                == expected
+    finally:
+        faulthandler.cancel_dump_traceback_later()

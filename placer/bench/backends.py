@@ -5,11 +5,19 @@ speed-up per worker added, and that the plan is the same everywhere.
 
 runs evolution (an evaluation budget, so the plan is fixed by the seed) on
 one graph and cluster: in this process (the local backend with one worker),
-then on a two-node Ray cluster started here (``ray start``, one CPU per
-node; see :mod:`placer.bench.raycluster`) with one worker and with two.
-The screening model is the simulator, whose estimates are costly enough
-for workers to pay; the searches' serial parts (seeding heuristics, the
-final ranking on the full graph) run in the driver whatever the backend.
+on a local pool of two, then on a two-node Ray cluster started here
+(``ray start``, one CPU per node; see :mod:`placer.bench.raycluster`) with
+one worker and with two; each search in a fresh process, whose peak memory
+(the driver's) is reported with the seconds at which its phases began.
+By default the screening model is the simulator, whose estimates are
+costly enough for workers to pay. On a graph over 20,000 ops
+(``--screen default``) the search is coarsened: the workers then take the
+rankings by the simulator and the refinement's batches on the whole graph
+(:mod:`placer.search.parallel`); the seeding heuristics and the genetic
+algorithm's driver run in the driver whatever the backend.
+
+    python -m placer.bench.backends --graph layered-n100000-w8-s0 --screen default \
+        --evaluations 1000 --runs local1 pool2 ray1 ray2 -o backends-100k.json
 """
 
 from __future__ import annotations
@@ -25,17 +33,35 @@ import time
 from .._io import atomic_write_text
 
 
-def _search(graph, cluster, evaluations: int, seed: int, **options) -> dict:
+def _search(graph: str, cluster: str, evaluations: int, seed: int, screen: str, coarsen,
+            backend: str, workers: int, queue) -> None:
+    """One search in a fresh process (its peak memory is its own): its
+    row, with the seconds at which each phase began, onto ``queue``."""
+    import resource
     import placer
+    from placer.cost.warmup import warm_up
+    warm_up()
+    g = placer.datasets.graph(graph)
+    c = placer.Cluster.preset(cluster)
+    phases: list = []
     t0 = time.perf_counter()
-    plan = placer.optimize(graph, cluster, "evolution", seed=seed, time_budget=None,
-                           evaluations=evaluations, screen="simulator", **options)
+
+    def progress(event) -> None:
+        if event.message and "generation" not in event.message:
+            phases.append([round(time.perf_counter() - t0, 1), event.message])
+    options = {} if screen == "default" else {"screen": screen}
+    plan = placer.optimize(g, c, "evolution", seed=seed, time_budget=None,
+                           evaluations=evaluations, backend=backend, workers=workers,
+                           progress=progress, coarsen=coarsen, **options)
     wall = time.perf_counter() - t0
     digest = hashlib.sha256(json.dumps(sorted(plan.placement.items())).encode()).hexdigest()
-    return {"seconds": round(wall, 2), "step_time": plan.predicted["step_time"],
-            "microbatches": plan.microbatches, "schedule": plan.schedule,
-            "placement_sha256": digest,
-            "evaluations": plan.predicted["search"].get("evaluations")}
+    queue.put({"seconds": round(wall, 2), "step_time": plan.predicted["step_time"],
+               "microbatches": plan.microbatches, "schedule": plan.schedule,
+               "placement_sha256": digest,
+               "evaluations": plan.predicted["search"].get("evaluations"),
+               "driver_peak_rss_gb": round(
+                   resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2),
+               "phases": phases})
 
 
 #: the runs: label, backend (``ray`` runs on the two-node cluster), workers
@@ -47,25 +73,31 @@ RUNS = {"local1": ("local, 1 worker (in process)", "local", 1),
 
 def bench_backends(graph: str = "random_dag-n20000-w8-s0", cluster: str = "dtfm-worldwide",
                    evaluations: int = 240, seed: int = 0,
-                   runs: tuple = ("local1", "ray1", "ray2"), log=print) -> list[dict]:
-    """Run the searches ``runs`` (keys of :data:`RUNS`; see the module doc);
-    returns their rows."""
-    import placer
-    from placer.cost.warmup import warm_up
-    from placer.executors import connect
+                   runs: tuple = ("local1", "ray1", "ray2"), log=print,
+                   screen: str = "simulator", coarsen="auto") -> list[dict]:
+    """Run the searches ``runs`` (keys of :data:`RUNS`; see the module doc),
+    each in a fresh process; returns their rows. ``screen``: evolution's
+    screening model (``"default"``: its own choice); ``coarsen``: as
+    :func:`placer.optimize`'s."""
+    import multiprocessing as mp
     from .raycluster import local_cluster
-    warm_up()
-    g = placer.datasets.graph(graph)
-    c = placer.Cluster.preset(cluster)
     rows = []
+    ctx = mp.get_context("spawn")
 
     def run(key: str) -> None:
         label, backend, workers = RUNS[key]
         row = {"run": key, "label": label, "backend": backend, "workers": workers,
-               "load_before": os.getloadavg(),
-               **_search(g, c, evaluations, seed, backend=backend, workers=workers)}
+               "load_before": os.getloadavg()}
+        queue = ctx.Queue()
+        proc = ctx.Process(target=_search, args=(graph, cluster, evaluations, seed, screen,
+                                                 coarsen, backend, workers, queue))
+        proc.start()
+        row.update(queue.get())
+        proc.join()
+        row["load_after"] = os.getloadavg()
         rows.append(row)
-        log(f"{label}: {row['seconds']} s, step {row['step_time']:.6g} s", flush=True)
+        log(f"{label}: {row['seconds']} s, step {row['step_time']:.6g} s, driver "
+            f"{row['driver_peak_rss_gb']} GB", flush=True)
 
     for key in runs:
         if RUNS[key][1] == "local":
@@ -75,7 +107,6 @@ def bench_backends(graph: str = "random_dag-n20000-w8-s0", cluster: str = "dtfm-
         with local_cluster(nodes=2, cpus=1) as address:
             os.environ["RAY_ADDRESS"] = address
             try:
-                connect("auto")
                 for key in remote:
                     run(key)
             finally:
@@ -109,10 +140,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cluster", default="dtfm-worldwide")
     p.add_argument("--evaluations", type=int, default=240)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--coarsen", default="auto", type=lambda v: v if v == "auto" else int(v),
+                   help="coarsen the graph to this many groups first (auto: above "
+                        "20,000 ops)")
+    p.add_argument("--screen", default="simulator", choices=["simulator", "default"],
+                   help="evolution's screening model (default: its own choice, the "
+                        "analytical model on big graphs)")
     p.add_argument("--runs", nargs="+", choices=list(RUNS), default=["local1", "ray1", "ray2"])
     args = p.parse_args(argv)
     setup = {"graph": args.graph, "cluster": args.cluster, "evaluations": args.evaluations,
-             "seed": args.seed, "method": "evolution", "screen": "simulator"}
+             "seed": args.seed, "method": "evolution", "screen": args.screen,
+             "coarsen": args.coarsen}
     doc = {**setup, "runs": []}
     if os.path.exists(args.output):
         with open(args.output) as f:
@@ -120,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         if {k: old.get(k) for k in setup} == setup:
             doc["runs"] = [r for r in old["runs"] if r["run"] not in args.runs]
     doc["runs"] += bench_backends(args.graph, args.cluster, args.evaluations, args.seed,
-                                  tuple(args.runs))
+                                  tuple(args.runs), screen=args.screen,
+                                  coarsen=args.coarsen)
     doc["runs"].sort(key=lambda r: list(RUNS).index(r["run"]))
     doc.update(cpus=os.cpu_count(), machine=platform.platform(),
                python=sys.version.split()[0])

@@ -83,11 +83,12 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def local_cluster(nodes: int = 2, cpus: int = 1, env: dict | None = None,
-                  timeout: float = 120.0) -> Iterator[str]:
+                  timeout: float = 120.0, head_args: tuple = ()) -> Iterator[str]:
     """A head plus ``nodes - 1`` nodes of ``cpus`` CPUs each; yields the
     head's address (for ``RAY_ADDRESS`` or ``ray.init(address=...)``) and
     stops them all on leaving, whatever happened (a driver connected from
-    this process is disconnected first)."""
+    this process is disconnected first). ``head_args``: more options of
+    the head's ``ray start`` (``--ray-client-server-port P``)."""
     tmp = tempfile.mkdtemp(prefix="rayc", dir="/tmp")     # socket paths must be short
     port = free_port()
     common = ["start", "--num-cpus", str(int(cpus)), "--disable-usage-stats"]
@@ -110,7 +111,7 @@ def local_cluster(nodes: int = 2, cpus: int = 1, env: dict | None = None,
 
     try:
         ray_start("--head", "--port", str(port), "--temp-dir", tmp,
-                  "--include-dashboard", "false")
+                  "--include-dashboard", "false", *head_args)
         for _ in range(nodes - 1):
             ray_start("--address", f"127.0.0.1:{port}")
         yield f"127.0.0.1:{port}"

@@ -209,14 +209,25 @@ class MeteredCostModel(CostModel):
         return self._seen(problem, plan, self.inner.estimate(problem, plan))
 
     def estimate_many(self, problem, plans):
+        return self.record(problem, plans, self.inner.estimate_many(problem, plans))
+
+    def record(self, problem, plans, reports) -> list:
+        """``reports`` of ``plans`` by this model, made elsewhere (on worker
+        processes): charged and remembered as :meth:`estimate_many` would."""
         self.budget.charge(len(plans))
-        reports = self.inner.estimate_many(problem, plans)
         return [self._seen(problem, plan, report) for plan, report in zip(plans, reports)]
 
     def step_times(self, problem, assignments, **kwargs):
         rows = np.atleast_2d(np.asarray(assignments))
+        return self.record_rows(problem, rows, self.inner.step_times(problem, rows, **kwargs),
+                                **kwargs)
+
+    def record_rows(self, problem, rows, values, **kwargs) -> np.ndarray:
+        """:meth:`step_times`'s answer from ``values`` of ``rows`` made by
+        this model elsewhere (on worker processes): charged and remembered
+        the same way (NaN reads as ``inf``)."""
         self.budget.charge(len(rows))
-        out = np.asarray(self.inner.step_times(problem, rows, **kwargs), dtype=float)
+        out = np.asarray(values, dtype=float)
         out = np.where(np.isnan(out), np.inf, out)
         self._seen_row(problem, rows, out, kwargs)
         return out

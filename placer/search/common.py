@@ -431,12 +431,23 @@ class SimulationClock:
         ``budget``'s time left (always without a time limit) and it has at
         most :attr:`max_tasks` tasks, else None."""
         import time as _time
-        if cls.tasks(problem, plan) > cls.max_tasks or (
-                budget.time is not None and cls.predict(problem, plan) > budget.remaining_time):
+        if not cls.fits(problem, plan, budget):
             return None
         start = _time.perf_counter()
         report = model.estimate(problem, plan)
-        took = _time.perf_counter() - start
+        cls.learn(problem, plan, _time.perf_counter() - start)
+        return report
+
+    @classmethod
+    def fits(cls, problem: Problem, plan: "Plan", budget: "Budget") -> bool:
+        """Whether :meth:`estimate` would simulate ``plan`` under ``budget``."""
+        return cls.tasks(problem, plan) <= cls.max_tasks and (
+            budget.time is None or cls.predict(problem, plan) <= budget.remaining_time)
+
+    @classmethod
+    def learn(cls, problem: Problem, plan: "Plan", took: float) -> None:
+        """Take ``took`` seconds, one simulation of ``plan`` (here or on a
+        worker), into the rate."""
         tasks = cls.tasks(problem, plan)
         if tasks >= 1e5:        # small runs time the call's overhead, not the work
             measured = took / tasks
@@ -444,7 +455,6 @@ class SimulationClock:
             # halve the rate at most per run (a quiet moment on a busy host)
             cls.rate = measured if not cls._measured else max(measured, cls.rate / 2)
             cls._measured = True
-        return report
 
 
 #: seconds per (op x device) a seeding heuristic takes, placing and
@@ -490,7 +500,8 @@ def final_ranker(name: str | None, cost_model, budget: Budget):
     return budget.meter(get_cost_model(name))
 
 
-def rank(model, problem: "Problem", plans: list["Plan"], budget: Budget | None = None) -> int:
+def rank(model, problem: "Problem", plans: list["Plan"], budget: Budget | None = None,
+         pool=None) -> int:
     """Index of the best of ``plans`` by ``model`` (the first on ties).
 
     With a ``budget`` that has a time limit the plans are scored one by one
@@ -500,9 +511,17 @@ def rank(model, problem: "Problem", plans: list["Plan"], budget: Budget | None =
     first plan is then kept unscored if none fits): a final ranking by a
     slow model (the simulator on a big graph and cluster can take seconds
     per plan) must not overrun the search's time budget. Without one, all
-    are scored."""
+    are scored.
+
+    With an active ``pool`` (:class:`placer.search.parallel.ProblemPool` of
+    ``problem``) the plans are scored on its workers at once: the same
+    index without a time limit; with one, the plans up to the first the
+    simulator is predicted not to fit, those not finished when the time
+    runs out left out."""
     if len(plans) == 1:
         return 0
+    if pool is not None and pool.active:
+        return _rank_on(pool, model, problem, plans, budget)
     if budget is None or budget.time is None:
         reports = model.estimate_many(problem, plans)
         return int(np.argmin([r.objective for r in reports]))
@@ -522,3 +541,32 @@ def rank(model, problem: "Problem", plans: list["Plan"], budget: Budget | None =
         values.append(report.objective)
         longest = max(longest, _time.perf_counter() - start)
     return int(np.argmin(values)) if values else 0
+
+
+def _rank_on(pool, model, problem: "Problem", plans: list["Plan"], budget: Budget | None) -> int:
+    """:func:`rank` with the estimates on ``pool``'s workers."""
+    from concurrent.futures import TimeoutError as FutureTimeout
+    simulating = getattr(model, "name", None) == "simulator"
+    timed = budget is not None and budget.time is not None
+    if timed and simulating:
+        fit = 0
+        while fit < len(plans) and SimulationClock.fits(problem, plans[fit], budget):
+            fit += 1
+        plans = plans[:fit]
+    futures = pool.estimate_futures(model.name, plans)
+    done: list = []
+    for plan, future in zip(plans, futures):
+        try:
+            done.append(future.result(timeout=budget.remaining_time if timed else None))
+        except FutureTimeout:
+            break
+    for future in futures[len(done):]:
+        future.cancel()
+    if simulating and timed:        # as rank learns the simulator's speed: when timed
+        for plan, (_, took) in zip(plans, done):
+            SimulationClock.learn(problem, plan, took)
+    reports = [r for r, _ in done]
+    record = getattr(model, "record", None)
+    if record is not None:          # a metered model: charged as if scored here
+        reports = record(problem, plans[:len(reports)], reports)
+    return int(np.argmin([r.objective for r in reports])) if reports else 0

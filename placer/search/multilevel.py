@@ -27,6 +27,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from .base import Budget, Progress, SearchInterrupted
+from .parallel import ProblemPool, pool_workers
 
 if TYPE_CHECKING:
     from ..cost import Problem
@@ -109,25 +110,30 @@ def search_coarsened(strategy, problem: "Problem", metered, budget: Budget, seed
     final = None if final == metered.name else final
     held = _ranking_reserve(problem, [p for _o, p, _r in found], budget) if final else 0.0
     sub = _share(budget, 1.0 - held) if held else budget
-    try:
-        plan, value, kept, first = refine(problem, plan, sub.meter(metered.inner) if held
-                                          else metered, sub,
-                                          progress=lambda v, msg: say(msg, v))
-    finally:
-        if held:
-            budget.charge(sub.used)
-    ranked_by = None
-    if final:
-        # the strategy ranks its finalists by ``final`` (evolution: the
-        # simulator); the starts compete with the refined plan the same way
-        from .common import final_ranker, rank
-        starts = [plan] + [p for _o, p, _r in found if p is not plan]
-        say(f"ranking {len(starts)} plans by the {final}")
-        i = rank(final_ranker(final, metered.inner, budget), problem, starts, budget)
-        if i:
-            ranked_by = final
-            plan = starts[i]
-            value = metered.estimate(problem, plan).objective
+    # the whole graph's batches and rankings on the strategy's workers, if any
+    with ProblemPool(problem, getattr(strategy, "backend", "local"),
+                     pool_workers(getattr(strategy, "workers", 0),
+                                  getattr(strategy, "backend", "local"))) as pool:
+        try:
+            plan, value, kept, first = refine(problem, plan, sub.meter(metered.inner) if held
+                                              else metered, sub,
+                                              progress=lambda v, msg: say(msg, v), pool=pool)
+        finally:
+            if held:
+                budget.charge(sub.used)
+        ranked_by = None
+        if final:
+            # the strategy ranks its finalists by ``final`` (evolution: the
+            # simulator); the starts compete with the refined plan the same way
+            from .common import final_ranker, rank
+            starts = [plan] + [p for _o, p, _r in found if p is not plan]
+            say(f"ranking {len(starts)} plans by the {final}")
+            i = rank(final_ranker(final, metered.inner, budget), problem, starts, budget,
+                     pool=pool)
+            if i:
+                ranked_by = final
+                plan = starts[i]
+                value = metered.estimate(problem, plan).objective
     plan.predicted = {"objective": value, "step_time": value, "model": metered.name,
                       "coarse": dict(result.predicted)}
     plan.extra["search"] = {**plan.extra.get("search", {}),
@@ -145,34 +151,64 @@ def search_coarsened(strategy, problem: "Problem", metered, budget: Budget, seed
 def _fine_seeds(strategy, problem, metered, budget: Budget, seed: int, say) -> list:
     """``[(name, plan, report)]`` of :data:`FINE_SEEDS` run on the whole
     graph, each only where predicted (:func:`~placer.search.common.seed_seconds`)
-    to finish within :data:`FINE_SEED_SHARE` of the time left; their plans
-    compete with the coarse search's as the start of the refinement."""
-    from ..errors import PlacerError
-    from .base import get_strategy
+    to finish within :data:`FINE_SEED_SHARE` of the time left, and with a
+    :data:`FINE_SEED_SHARE` share of the evaluations left at the start;
+    their plans compete with the coarse search's as the start of the
+    refinement. On the strategy's workers, if any, they run at once, their
+    results taken in order as if they had run one after another."""
     from .common import learn_seed_seconds, seed_seconds
     out = []
     deadline = budget.elapsed + budget.remaining_time * FINE_SEED_SHARE
-    for heuristic in FINE_SEEDS:
-        left = deadline - budget.elapsed
-        if budget.exhausted() or seed_seconds(heuristic, problem) > left:
-            continue
-        say(f"{heuristic} on all {problem.n_ops} ops")
-        evals = budget.remaining_evaluations
-        sub = Budget(time=None if math.isinf(left) else max(left, 1e-3),
-                     evaluations=None if math.isinf(evals) else
-                     max(1, int(evals * FINE_SEED_SHARE / len(FINE_SEEDS))))
-        start = _time.perf_counter()
-        try:
-            plan = get_strategy(heuristic, microbatches=strategy.microbatches,
-                                schedule=strategy.schedule).search(
-                problem, sub.meter(metered.inner), sub, seed=seed)
-        except PlacerError:
-            continue
-        finally:
-            budget.charge(sub.used)
-            learn_seed_seconds(heuristic, problem, _time.perf_counter() - start)
-        out.append((heuristic, plan, metered.estimate(problem, plan)))
+    evals = budget.remaining_evaluations
+    cap = None if math.isinf(evals) else max(1, int(evals * FINE_SEED_SHARE / len(FINE_SEEDS)))
+    options = (strategy.microbatches, strategy.schedule)
+    backend = getattr(strategy, "backend", "local")
+    with ProblemPool(problem, backend, pool_workers(getattr(strategy, "workers", 0),
+                                                    backend)) as pool:
+        ahead = {}
+        if pool.active and not budget.exhausted():
+            left = deadline - budget.elapsed
+            ahead = {h: pool.submit(seed_held, h, options, left, cap, seed, metered.name)
+                     for h in FINE_SEEDS if seed_seconds(h, problem) <= left}
+        for heuristic in FINE_SEEDS:
+            left = deadline - budget.elapsed
+            if budget.exhausted() or (heuristic not in ahead if pool.active else
+                                      seed_seconds(heuristic, problem) > left):
+                continue
+            say(f"{heuristic} on all {problem.n_ops} ops")
+            if pool.active:
+                plan, used, seconds = ahead[heuristic].result()
+            else:
+                plan, used, seconds = run_seed(problem, heuristic, options, left, cap, seed,
+                                               metered.inner)
+            budget.charge(used)
+            learn_seed_seconds(heuristic, problem, seconds)
+            if plan is not None:
+                out.append((heuristic, plan, metered.estimate(problem, plan)))
     return out
+
+
+def run_seed(problem, heuristic: str, options: tuple, left: float, cap, seed: int, model):
+    """``(plan or None, evaluations used, seconds)`` of seeding heuristic
+    ``heuristic`` (``options``: microbatches, schedule) on ``problem``
+    within ``left`` seconds and ``cap`` evaluations, scored by ``model``."""
+    from ..errors import PlacerError
+    from .base import get_strategy
+    sub = Budget(time=None if math.isinf(left) else max(left, 1e-3), evaluations=cap)
+    start = _time.perf_counter()
+    try:
+        plan = get_strategy(heuristic, microbatches=options[0], schedule=options[1]).search(
+            problem, sub.meter(model), sub, seed=seed)
+    except PlacerError:
+        plan = None
+    return plan, sub.used, _time.perf_counter() - start
+
+
+def seed_held(heuristic: str, options: tuple, left: float, cap, seed: int, model: str):
+    """:func:`run_seed` on a worker's held problem (:mod:`placer.search.parallel`),
+    ``model`` named."""
+    from .parallel import held_model, held_problem
+    return run_seed(held_problem(), heuristic, options, left, cap, seed, held_model(model))
 
 
 #: at most this share of the time left is kept from the refinement for

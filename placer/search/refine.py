@@ -23,7 +23,7 @@ DEPTHS = (1, 4, 16, 64)
 
 
 def refine(problem, plan, cost_model, budget, *, pairs: int = 6, batch: int = 8,
-           depths=DEPTHS, progress=None):
+           depths=DEPTHS, progress=None, pool=None):
     """``plan`` improved by boundary moves scored by ``cost_model`` (its
     ``step_times``; metered, so the moves are charged to ``budget``) while
     ``budget`` lasts; returns ``(plan, objective, moves kept, objective of
@@ -33,7 +33,10 @@ def refine(problem, plan, cost_model, budget, *, pairs: int = 6, batch: int = 8,
     ``pairs`` pairs of device groups get moves each round (half by load
     imbalance, half by the bytes crossing them), at every depth of
     ``depths``; they are scored ``batch`` at a time, the time checked
-    between batches."""
+    between batches. With an active ``pool``
+    (:class:`placer.search.parallel.ProblemPool` of ``problem``) each batch
+    is scored on its workers, split between them: the same moves and plan
+    (``cost_model`` must then be a registered model, metered)."""
     compiled = problem.compile(plan)
     a = compiled.op_group.astype(np.int64)
     table = list(compiled.groups)
@@ -42,6 +45,11 @@ def refine(problem, plan, cost_model, budget, *, pairs: int = 6, batch: int = 8,
     m, s = plan.microbatches, plan.schedule
 
     def score(rows: np.ndarray) -> np.ndarray:
+        if pool is not None and pool.active:
+            values = pool.step_times(cost_model.name, rows, groups=groups, microbatches=m,
+                                     schedule=s)
+            return cost_model.record_rows(problem, rows, values, groups=groups,
+                                          microbatches=m, schedule=s)
         return np.asarray(cost_model.step_times(problem, rows, groups=groups,
                                                 microbatches=m, schedule=s), dtype=float)
 
