@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -101,6 +102,42 @@ def _log_ratio(x, ref):
     return np.log(np.maximum(x, 1e-30) / max(float(ref), 1e-30))
 
 
+class _Units(NamedTuple):
+    """Per-unit sums: compute (FLOPs), output bytes, op count, memory need."""
+    work: np.ndarray
+    outs: np.ndarray
+    count: np.ndarray
+    need: np.ndarray
+
+
+class _Flows(NamedTuple):
+    """Unit-level flow edges: tensors crossing runs, bytes summed per pair."""
+    src: np.ndarray
+    dst: np.ndarray
+    bytes: np.ndarray
+
+
+class _Paths(NamedTuple):
+    """Depth and critical-path levels of each unit on the unit DAG."""
+    depth: np.ndarray
+    top: np.ndarray     # longest compute path ending before the unit
+    bottom: np.ndarray  # longest compute path from the unit to a sink, inclusive
+    cp: float           # the critical path's length
+
+
+class _Scales(NamedTuple):
+    """The cluster's links and the reference scales the features divide by."""
+    bw: np.ndarray
+    lat: np.ndarray
+    off: np.ndarray     # off-diagonal mask (every ordered pair of devices)
+    mean_rate: float
+    mean_bw: float
+    mean_lat: float
+    total_work: float
+    total_need: float
+    mean_unit_time: float
+
+
 def encode_problem(problem, max_units: int = 128, placement: np.ndarray | None = None,
                    activation_factor: float = 1.0) -> ProblemGraph:
     """Encode ``problem`` (at most ``max_units`` decision units).
@@ -112,18 +149,55 @@ def encode_problem(problem, max_units: int = 128, placement: np.ndarray | None =
     unit_of = chunk_units(problem, max_units)
     U = int(unit_of.max()) + 1 if len(unit_of) else 0
     D = problem.n_devices
+    units = _unit_sums(problem, unit_of, U, activation_factor)
+    flows = _unit_flows(problem, unit_of, U)
+    paths = _critical_paths(units.work, flows, U)
+    scales = _scales(problem, units, U)
+    x_op = _op_features(problem, units, flows, paths, scales, U)
+    x_dev = _dev_features(problem, scales, D)
+    x_flow = _flow_features(flows, scales, U)
+    li, lj = np.nonzero(scales.off)
+    x_link = _link_features(problem, scales, li, lj)
+    cu = np.repeat(np.arange(U), D)
+    cd = np.tile(np.arange(D), U)
+    x_cand = _cand_features(problem, units, scales, cu, cd, placement, U, D)
+
+    data = HeteroData()
+    f = lambda a: torch.as_tensor(np.asarray(a, dtype=np.float32))  # noqa: E731
+    i = lambda a, b: torch.as_tensor(np.stack([a, b]).astype(np.int64))  # noqa: E731
+    data["op"].x = f(x_op)
+    data["dev"].x = f(x_dev)
+    data["op", "flow", "op"].edge_index = i(flows.src, flows.dst)
+    data["op", "flow", "op"].edge_attr = f(x_flow)
+    data["dev", "link", "dev"].edge_index = i(li, lj)
+    data["dev", "link", "dev"].edge_attr = f(x_link)
+    data["op", "cand", "dev"].edge_index = i(cu, cd)
+    data["op", "cand", "dev"].edge_attr = f(x_cand)
+    data["dev", "rcand", "op"].edge_index = i(cd, cu)
+    data["dev", "rcand", "op"].edge_attr = f(x_cand)
+
+    inv_bw = 1.0 / scales.bw
+    np.fill_diagonal(inv_bw, 0.0)
+    return ProblemGraph(data, U, D, unit_of, _colocation_ties(problem, unit_of, U), units.need,
+                        problem.memory.astype(float), units.work, problem.rate.astype(float),
+                        flows.src, flows.dst, flows.bytes, inv_bw, scales.lat,
+                        _unit_max(unit_of, problem.workspace_bytes, U))
+
+
+def _unit_sums(problem, unit_of: np.ndarray, U: int, activation_factor: float) -> _Units:
     training = bool(problem.training)
     work_op = problem.flops + (problem.bwd_flops if training else 0.0)
     state_factor = 1.0 + ((problem.gradient_bytes_per_param + problem.optimizer_bytes_per_param)
                           if training else 0.0)
-
     work = np.bincount(unit_of, work_op, minlength=U)
     params = np.bincount(unit_of, problem.param_bytes, minlength=U) * state_factor
     outs = np.bincount(unit_of, problem.output_bytes, minlength=U)
     count = np.bincount(unit_of, minlength=U).astype(float)
     need = params + activation_factor * outs * (1.0 if training else 0.0)
+    return _Units(work, outs, count, need)
 
-    # unit-level flow edges (tensors crossing runs)
+
+def _unit_flows(problem, unit_of: np.ndarray, U: int) -> _Flows:
     us, ud = unit_of[problem.edge_src], unit_of[problem.edge_dst]
     cross = us != ud
     key = us[cross] * max(U, 1) + ud[cross]
@@ -131,41 +205,55 @@ def encode_problem(problem, max_units: int = 128, placement: np.ndarray | None =
     fbytes = np.bincount(inv, problem.edge_bytes[cross], minlength=len(uniq)) \
         if len(uniq) else np.zeros(0)
     fsrc, fdst = (uniq // max(U, 1)).astype(np.int64), (uniq % max(U, 1)).astype(np.int64)
+    return _Flows(fsrc, fdst, fbytes)
 
-    # depths and critical-path levels on the unit DAG (units are topologically ordered)
+
+def _critical_paths(work: np.ndarray, flows: _Flows, U: int) -> _Paths:
+    # units are topologically ordered, so sweeping edges by destination (then
+    # by source, backwards) visits every unit after all its predecessors
+    fsrc, fdst = flows.src, flows.dst
     order = np.argsort(fdst, kind="stable")
     depth = np.zeros(U)
-    top = np.zeros(U)       # longest compute path ending before the unit
+    top = np.zeros(U)
     for s, d in zip(fsrc[order].tolist(), fdst[order].tolist()):
         depth[d] = max(depth[d], depth[s] + 1)
         top[d] = max(top[d], top[s] + work[s])
-    bottom = work.copy()    # longest compute path from the unit to a sink, inclusive
+    bottom = work.copy()
     order_r = np.argsort(-fsrc, kind="stable")
     for s, d in zip(fsrc[order_r].tolist(), fdst[order_r].tolist()):
         bottom[s] = max(bottom[s], work[s] + bottom[d])
     cp = max(float((top + bottom).max()) if U else 1.0, 1e-30)
+    return _Paths(depth, top, bottom, cp)
 
-    rate, memory = problem.rate, problem.memory
-    mean_rate = float(rate.mean())
+
+def _scales(problem, units: _Units, U: int) -> _Scales:
+    D = problem.n_devices
+    mean_rate = float(problem.rate.mean())
     bw = np.array(problem.bandwidth, dtype=float)
     off = ~np.eye(D, dtype=bool)
     mean_bw = float(bw[off].mean()) if D > 1 else 1e12
     lat = np.array(problem.latency, dtype=float)
     mean_lat = float(lat[off].mean()) if D > 1 else 0.0
-    total_work = max(float(work.sum()), 1e-30)
-    total_need = max(float(need.sum()), 1.0)
+    total_work = max(float(units.work.sum()), 1e-30)
+    total_need = max(float(units.need.sum()), 1.0)
     mean_unit_time = total_work / U / mean_rate
-    in_bytes = np.bincount(fdst, fbytes, minlength=U)
-    out_bytes = np.bincount(fsrc, fbytes, minlength=U)
-    indeg = np.bincount(fdst, minlength=U)
-    outdeg = np.bincount(fsrc, minlength=U)
+    return _Scales(bw, lat, off, mean_rate, mean_bw, mean_lat, total_work, total_need,
+                   mean_unit_time)
+
+
+def _op_features(problem, units: _Units, flows: _Flows, paths: _Paths, scales: _Scales,
+                 U: int) -> np.ndarray:
+    work, need, outs, fbytes = units.work, units.need, units.outs, flows.bytes
+    memory, total_work, total_need = problem.memory, scales.total_work, scales.total_need
+    top, bottom, cp = paths.top, paths.bottom, paths.cp
+    indeg = np.bincount(flows.dst, minlength=U)
+    outdeg = np.bincount(flows.src, minlength=U)
     pos = np.arange(U) / max(U - 1, 1)
     on_cp = (np.abs(top + bottom - cp) <= 1e-6 * cp).astype(float)
     # global intensities: how slow links are next to compute, how tight memory is
-    comm_ratio = math.log10(max((fbytes.mean() if len(fbytes) else 1.0) / mean_bw
-                                + mean_lat, 1e-12) / max(mean_unit_time, 1e-12))
+    comm_ratio = math.log10(max((fbytes.mean() if len(fbytes) else 1.0) / scales.mean_bw
+                                + scales.mean_lat, 1e-12) / max(scales.mean_unit_time, 1e-12))
     mem_ratio = math.log(total_need / max(float(memory.sum()), 1.0))
-
     x_op = np.stack([
         _log_ratio(work, total_work / U) / 4,
         work / total_work * min(U, 64) / 8,
@@ -173,7 +261,7 @@ def encode_problem(problem, max_units: int = 128, placement: np.ndarray | None =
         need / total_need * min(U, 64) / 8,
         np.log1p(outs / max(float(outs.mean()), 1.0)),
         pos,
-        depth / max(float(depth.max()), 1.0),
+        paths.depth / max(float(paths.depth.max()), 1.0),
         top / cp,
         bottom / cp,
         on_cp,
@@ -184,10 +272,15 @@ def encode_problem(problem, max_units: int = 128, placement: np.ndarray | None =
         np.full(U, math.log(U) / 5),
         np.full(U, comm_ratio / 3),
         np.full(U, mem_ratio / 3),
-        np.log1p(count) / 3,
+        np.log1p(units.count) / 3,
     ], axis=1)
     assert x_op.shape[1] == OP_FEATURES
+    return x_op
 
+
+def _dev_features(problem, scales: _Scales, D: int) -> np.ndarray:
+    rate, memory, bw, lat, off = problem.rate, problem.memory, scales.bw, scales.lat, scales.off
+    mean_bw, total_work = scales.mean_bw, scales.total_work
     site = problem.site.astype(float)
     n_sites = max(int(problem.site.max()) + 1, 1)
     site_size = np.bincount(problem.site, minlength=n_sites)[problem.site]
@@ -198,9 +291,9 @@ def encode_problem(problem, max_units: int = 128, placement: np.ndarray | None =
     mean_lat_d = np.nanmean(lat_out, axis=1) if D > 1 else np.zeros(D)
     x_dev = np.stack([
         rate / float(rate.max()),
-        _log_ratio(rate, mean_rate),
+        _log_ratio(rate, scales.mean_rate),
         memory / float(memory.mean()),
-        np.log1p(memory / (total_need / D)) / 2,
+        np.log1p(memory / (scales.total_need / D)) / 2,
         _log_ratio(mean_bw_d, bw[off].max() if D > 1 else mean_bw) / 4,
         np.log10(mean_lat_d + 1e-6) / 3 + 1,
         site_size / D,
@@ -213,48 +306,48 @@ def encode_problem(problem, max_units: int = 128, placement: np.ndarray | None =
         total_work / rate / max(total_work / rate.sum(), 1e-30) / D,
     ], axis=1)
     assert x_dev.shape[1] == DEV_FEATURES
+    return x_dev
 
-    x_flow = np.stack([
+
+def _flow_features(flows: _Flows, scales: _Scales, U: int) -> np.ndarray:
+    fsrc, fdst, fbytes = flows
+    if not len(fsrc):
+        return np.zeros((0, FLOW_FEATURES))
+    return np.stack([
         np.log1p(fbytes / max(float(fbytes.mean()) if len(fbytes) else 1.0, 1.0)),
-        np.log1p(fbytes / mean_bw / max(mean_unit_time, 1e-12)) / 3,
+        np.log1p(fbytes / scales.mean_bw / max(scales.mean_unit_time, 1e-12)) / 3,
         (fdst - fsrc) / max(U, 1),
-    ], axis=1) if len(fsrc) else np.zeros((0, FLOW_FEATURES))
+    ], axis=1)
 
-    li, lj = np.nonzero(off)
-    x_link = np.stack([
-        _log_ratio(bw[li, lj], bw[off].max()) / 4,
+
+def _link_features(problem, scales: _Scales, li: np.ndarray, lj: np.ndarray) -> np.ndarray:
+    bw, lat = scales.bw, scales.lat
+    if not len(li):
+        return np.zeros((0, LINK_FEATURES))
+    return np.stack([
+        _log_ratio(bw[li, lj], bw[scales.off].max()) / 4,
         np.log10(lat[li, lj] + 1e-6) / 3 + 1,
         (problem.site[li] == problem.site[lj]).astype(float),
-        np.log1p(mean_unit_time / (lat[li, lj] + 1.0 / bw[li, lj] * 1e6)) / 4,
-    ], axis=1) if len(li) else np.zeros((0, LINK_FEATURES))
+        np.log1p(scales.mean_unit_time / (lat[li, lj] + 1.0 / bw[li, lj] * 1e6)) / 4,
+    ], axis=1)
 
-    cu = np.repeat(np.arange(U), D)
-    cd = np.tile(np.arange(D), U)
-    rel_time = work[cu] / rate[cd] / max(mean_unit_time, 1e-30)
+
+def _cand_features(problem, units: _Units, scales: _Scales, cu: np.ndarray, cd: np.ndarray,
+                   placement: np.ndarray | None, U: int, D: int) -> np.ndarray:
+    need, memory = units.need, problem.memory
+    rel_time = units.work[cu] / problem.rate[cd] / max(scales.mean_unit_time, 1e-30)
     current = np.zeros(U * D)
     if placement is not None:
         current[np.arange(U) * D + np.asarray(placement, dtype=np.int64)] = 1.0
-    x_cand = np.stack([
+    return np.stack([
         np.log1p(rel_time) / 2,
         np.minimum(need[cu] / memory[cd], 4.0),
         np.log1p(need[cu] / memory[cd] * U),
         current,
     ], axis=1)
 
-    data = HeteroData()
-    f = lambda a: torch.as_tensor(np.asarray(a, dtype=np.float32))  # noqa: E731
-    i = lambda a, b: torch.as_tensor(np.stack([a, b]).astype(np.int64))  # noqa: E731
-    data["op"].x = f(x_op)
-    data["dev"].x = f(x_dev)
-    data["op", "flow", "op"].edge_index = i(fsrc, fdst)
-    data["op", "flow", "op"].edge_attr = f(x_flow)
-    data["dev", "link", "dev"].edge_index = i(li, lj)
-    data["dev", "link", "dev"].edge_attr = f(x_link)
-    data["op", "cand", "dev"].edge_index = i(cu, cd)
-    data["op", "cand", "dev"].edge_attr = f(x_cand)
-    data["dev", "rcand", "op"].edge_index = i(cd, cu)
-    data["dev", "rcand", "op"].edge_attr = f(x_cand)
 
+def _colocation_ties(problem, unit_of: np.ndarray, U: int) -> np.ndarray:
     tie = np.arange(U, dtype=np.int64)
     labels: dict[str, int] = {}
     for op_index, op_id in enumerate(problem.ids):
@@ -268,12 +361,7 @@ def encode_problem(problem, max_units: int = 128, placement: np.ndarray | None =
             labels[label] = u
     for u in range(U):
         tie[u] = _find(tie, u)
-
-    inv_bw = 1.0 / bw
-    np.fill_diagonal(inv_bw, 0.0)
-    return ProblemGraph(data, U, D, unit_of, tie, need, memory.astype(float),
-                        work, rate.astype(float), fsrc, fdst, fbytes, inv_bw, lat,
-                        _unit_max(unit_of, problem.workspace_bytes, U))
+    return tie
 
 
 def _unit_max(unit_of: np.ndarray, values: np.ndarray, U: int) -> np.ndarray:
