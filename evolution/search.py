@@ -46,7 +46,6 @@ from deap import base, tools
 
 from placer.cost import get_cost_model
 from placer.errors import PlacerError, StrategyError
-from placer.executors import check_backend
 from placer.plan import Plan
 from placer._io import atomic_write_text, load_document
 from placer.search.base import (Budget, Progress, SearchInterrupted, Strategy, get_strategy,
@@ -54,8 +53,9 @@ from placer.search.base import (Budget, Progress, SearchInterrupted, Strategy, g
 from placer.search.common import final_ranker, learn_seed_seconds, rank, seed_seconds
 from placer.search.parallel import ProblemPool, pool_workers
 
-from .evaluate import Evaluator, check_workers, resolve_workers
+from .evaluate import Evaluator, resolve_workers
 from .genome import LayoutGenome, OpGenome, Space
+from .config import DEFAULT_SEEDS, FIELDS, EvolutionConfig, with_config_keywords
 from .memetic import local_search
 from .operators import crossover, mutate
 from .shared import Fitness, ProgressBar, shapes_for, sub_budget, tournament
@@ -63,140 +63,43 @@ from .shared import Fitness, ProgressBar, shapes_for, sub_budget, tournament
 if TYPE_CHECKING:
     from placer.cost import CostModel, Problem
 
-#: heuristics whose plans seed the population by default
-DEFAULT_SEEDS = ("even_pipeline", "heft", "m_sct", "pipeline_dp", "m_etf", "partition",
-                 "m_topo", "single")
-
 
 class Evolution(Strategy):
     """Memetic GA over op-level placements (see the module doc).
 
-    Options (constructor keywords, besides :class:`Strategy`'s ``initial``,
-    ``microbatches`` and ``schedule``):
+    Options: the fields of :class:`~evolution.config.EvolutionConfig`
+    (population, operators, seeds, memetic steps, restarts, screening and
+    final models, workers, coarsening, checkpoints), as keywords or whole
+    as ``config=`` (keywords then change single fields); besides
+    :class:`Strategy`'s ``initial``, ``microbatches`` and ``schedule``, the
+    plans handed in:
 
-    - ``population`` (48), ``offspring`` (48 per generation),
-      ``tournament`` (3), ``crossover`` (probability, 0.6),
-      ``mutation_rate`` (mean operators per child, 1.5);
-    - ``seeds``: heuristic names whose plans seed the population, and
-      ``seed_share`` of the budget they may use (0.3);
-    - ``memetic_every`` (5 generations; 0 turns it off), ``memetic_rounds``;
-    - ``patience`` (25 generations without improvement), ``generations``
-      (a cap, None: none); ``restarts`` (4): after ``patience`` stale
-      generations, while budget is left, polish the best by local search to
-      convergence, keep the best quarter and refill the population with
-      heavy mutants of it (3x ``mutation_rate``), this many times;
-      ``fresh_starts`` (3): once converged after those restarts, under a
-      time budget with time left, start again from the seeds (the hall of
-      fame kept), this many times;
-    - ``screen``: cost model name for the inner loop (``"auto"``: the
-      analytical model, or the simulator itself when a time budget (and no
-      evaluation budget) leaves room for :data:`EXACT_SCREEN_EVALS` of its
-      estimates; None uses the
-      given cost model); ``final_k`` (4) best distinct plans
-      re-ranked, with each seed heuristic's best plan, by ``final`` (cost
-      model name, ``"simulator"``; None: the given cost model), whose
-      choice the given cost model then reports; ``final_share`` (0.15) of
-      the time and evaluation budget is kept for a local search of the
-      winner scored by ``final`` (not on coarsened graphs);
-    - ``workers`` (``"auto"``): processes for scoring batches; ``"auto"``
-      uses the usable CPUs (up to 4) when the screening model is the
-      simulator under a time budget (see :func:`~evolution.evaluate.auto_workers`),
-      else none (on a Ray ``backend``: the cluster's CPUs); plans never
-      depend on it, only how many fit in the time;
-    - ``backend`` (``"local"``): where those workers run: ``"local"``
-      processes, or a Ray cluster (``"ray"``, ``"auto"``,
-      ``"ray://HOST:PORT"``; see :mod:`placer.executors`); plans never
-      depend on it either;
-    - ``coarsen_above`` (1500) / ``coarsen_to`` (400) ops;
     - ``initial_plans``: an alias of ``initial``;
     - ``candidates``: plans that join the first population like ``initial``
       (the best of them also competes in the final ranking) without
       ``initial``'s guarantee, so ``finalize`` neither re-scores them nor
-      keeps evaluations for that (``hybrid`` hands its policy plans over so);
-    - ``given_slots`` (None: no limit): at most this many genomes descended
-      from the ``initial`` plans and ``candidates`` stay in the population
-      (0: they only compete in the final ranking); the search's own seeds'
-      descendants keep their ``population`` slots, so plans handed in can
-      add to the search but not take its population over (their basin,
-      when better by the screening model, is not always better by the
-      final one); the best of those own descendants joins the final ranking;
-    - ``progress_bar``: draw a tqdm bar with the best step time so far;
-    - ``checkpoint`` (a file path), ``checkpoint_every`` (60 s) and
-      ``resume``: save the search state / continue it (see the module doc).
+      keeps evaluations for that (``hybrid`` hands its policy plans over so;
+      ``given_slots`` bounds the descendants of both).
+
+    >>> Evolution(population=16).config == Evolution(config=EvolutionConfig(population=16)).config
+    True
     """
 
     name = "evolution"
 
-    def __init__(self, *, population: int = 48, offspring: int | None = None,
-                 tournament: int = 3, crossover: float = 0.6, mutation_rate: float = 1.5,
-                 mutation_weights: dict | None = None,
-                 seeds: Sequence[str] | None = DEFAULT_SEEDS, seed_share: float = 0.3,
-                 memetic_every: int = 5, memetic_rounds: int = 3, patience: int = 25,
-                 restarts: int = 4, fresh_starts: int = 3,
-                 generations: int | None = None, screen: str | None = "auto",
-                 final_k: int = 12, final: str | None = "simulator",
-                 final_share: float = 0.15, workers: int | str = "auto",
-                 backend: str = "local", coarsen_above: int = 1500,
-                 coarsen_to: int = 400, layouts: bool = True,
+    @with_config_keywords
+    def __init__(self, *, config: EvolutionConfig | None = None,
                  initial_plans: Plan | Sequence[Plan] | None = None,
-                 candidates: Plan | Sequence[Plan] | None = None,
-                 given_slots: int | None = None,
-                 progress_bar: bool = False, checkpoint: str | os.PathLike | None = None,
-                 checkpoint_every: float = 60.0, resume: bool = False, **common):
+                 candidates: Plan | Sequence[Plan] | None = None, **options):
+        own = {k: options.pop(k) for k in FIELDS if k in options}
         if initial_plans is not None:
             extra = [initial_plans] if isinstance(initial_plans, Plan) else list(initial_plans)
-            init = common.pop("initial", None) or []
-            common["initial"] = ([init] if isinstance(init, Plan) else list(init)) + extra
-        super().__init__(**common)
-        checks = {"population": (population, 2), "tournament": (tournament, 1),
-                  "patience": (patience, 1), "final_k": (final_k, 1),
-                  "coarsen_to": (coarsen_to, 2)}
-        for label, (value, low) in checks.items():
-            if int(value) != value or value < low:
-                raise StrategyError(f"{label} must be a whole number >= {low}, got {value!r}",
-                                    field=label)
-        for label, value in (("crossover", crossover), ("seed_share", seed_share)):
-            if not 0 <= value <= 1:
-                raise StrategyError(f"{label} must be in [0, 1], got {value!r}", field=label)
-        if given_slots is not None and (int(given_slots) != given_slots or given_slots < 0):
-            raise StrategyError(f"given_slots must be a whole number >= 0 or None, got "
-                                f"{given_slots!r}", field="given_slots")
-        self.given_slots = None if given_slots is None else int(given_slots)
+            init = options.pop("initial", None) or []
+            options["initial"] = ([init] if isinstance(init, Plan) else list(init)) + extra
+        super().__init__(**options)
+        self.config = EvolutionConfig(**own) if config is None else config.replace(**own)
         self.candidates: list[Plan] = [candidates] if isinstance(candidates, Plan) \
             else list(candidates or [])
-        self.population = int(population)
-        self.offspring = int(offspring or population)
-        self.tournament = int(tournament)
-        self.cx = float(crossover)
-        self.mutation_rate = float(mutation_rate)
-        self.mutation_weights = dict(mutation_weights or {})
-        self.seeds = list(seeds or [])
-        self.seed_share = float(seed_share)
-        self.memetic_every = int(memetic_every)
-        self.memetic_rounds = int(memetic_rounds)
-        self.patience = int(patience)
-        self.restarts = int(restarts)
-        self.fresh_starts = int(fresh_starts)
-        self.generations = None if generations is None else int(generations)
-        self.screen = screen
-        self.final_k = int(final_k)
-        self.final = final
-        if not 0 <= final_share < 1:
-            raise StrategyError(f"final_share must be in [0, 1), got {final_share!r}",
-                                field="final_share")
-        self.final_share = float(final_share)
-        self.workers = check_workers(workers)
-        self.backend = check_backend(backend)
-        self.coarsen_above = int(coarsen_above)
-        self.coarsen_to = int(coarsen_to)
-        self.layouts = bool(layouts)
-        self.progress_bar = bool(progress_bar)
-        if resume and checkpoint is None:
-            raise StrategyError("resume needs a checkpoint file", field="resume",
-                                fix="pass checkpoint=PATH (CLI: --checkpoint PATH)")
-        self.checkpoint = None if checkpoint is None else os.fspath(checkpoint)
-        self.checkpoint_every = float(checkpoint_every)
-        self.resume = bool(resume)
         self._run: dict | None = None   # the running search's state (checkpoints)
 
     # --- the search ---------------------------------------------------------------
@@ -204,18 +107,18 @@ class Evolution(Strategy):
                seed: int = 0, progress=None) -> Plan:
         from placer.search.common import Coarse
         rng = np.random.default_rng([int(seed), 0x5EED, 7])
-        coarse = Coarse(problem, self.coarsen_to if problem.n_ops > self.coarsen_above
+        coarse = Coarse(problem, self.config.coarsen_to if problem.n_ops > self.config.coarsen_above
                         else None)
         inner = coarse.problem
         space = Space(inner, self.microbatch_choices(inner), self.schedule_choices())
-        screen = cost_model if self.screen is None else get_cost_model(self._screen_name)
+        screen = cost_model if self.config.screen is None else get_cost_model(self._screen_name)
         if getattr(screen, "name", None) == getattr(cost_model, "name", None) \
-                and self.screen is not None:
+                and self.config.screen is not None:
             screen = cost_model
         metered = budget.meter(screen)
-        bar = ProgressBar(self.progress_bar, budget)
+        bar = ProgressBar(self.config.progress_bar, budget)
         identity = self._identity(problem, budget, seed, space)
-        state = self._load_state(identity) if self.resume else None
+        state = self._load_state(identity) if self.config.resume else None
         # keep evaluations for the final ranking (at least one report) and
         # finalize's scoring of the initial plans
         try:
@@ -223,7 +126,7 @@ class Evolution(Strategy):
                     hold_back(budget, self._final_share(cost_model, coarse)
                               or self._rank_share(cost_model, coarse)), \
                     Evaluator(space, metered, budget, workers=self._workers(screen, budget),
-                              backend=self.backend) as evaluate:
+                              backend=self.config.backend) as evaluate:
                 self._run = {"identity": identity, "space": space, "coarse": coarse,
                              "evaluate": evaluate, "rng": rng, "budget": budget,
                              "snap": None, "written": _time.perf_counter()}
@@ -264,7 +167,7 @@ class Evolution(Strategy):
             if g.key() not in seen:
                 seen.add(g.key())
                 finalists.append(g)
-        ranker = final_ranker(self.final, cost_model, budget)
+        ranker = final_ranker(self.config.final, cost_model, budget)
         room = budget.remaining_evaluations - len(self.initial) \
             - (ranker is not cost_model)
         if not math.isinf(room):
@@ -295,8 +198,8 @@ class Evolution(Strategy):
                 and coarse.members is None:
             i = int(np.argmin([g.fitness.values[0] for g in finalists]))
         else:
-            with ProblemPool(problem, self.backend,
-                             pool_workers(self.workers, self.backend)) as pool:
+            with ProblemPool(problem, self.config.backend,
+                             pool_workers(self.config.workers, self.config.backend)) as pool:
                 i = rank(ranker, problem, plans, budget, pool=pool)
         plan = plans[i]
         if self._final_share(cost_model, coarse) and finalists[i] is not None:
@@ -314,26 +217,26 @@ class Evolution(Strategy):
         """Share of the budget kept for polishing the winner with the final
         ranking model (0 when that is the screening model or the graph was
         coarsened)."""
-        if coarse.members is not None or self.final is None or \
-                self.final == getattr(cost_model, "name", None) or self.final == self._screen_name:
+        if coarse.members is not None or self.config.final is None or \
+                self.config.final == getattr(cost_model, "name", None) or self.config.final == self._screen_name:
             return 0.0
-        return self.final_share
+        return self.config.final_share
 
     def _workers(self, screen, budget: Budget, evaluate: Evaluator | None = None) -> int:
-        return resolve_workers(self.workers, self.backend, screen, budget,
+        return resolve_workers(self.config.workers, self.config.backend, screen, budget,
                                getattr(evaluate, "seconds_per_estimate", None))
 
     @property
     def _screen_name(self) -> str | None:
-        return "analytical" if self.screen == "auto" else self.screen
+        return "analytical" if self.config.screen == "auto" else self.config.screen
 
     def _screen_exactly(self, space: Space, evaluate: Evaluator, screen, seeds: list,
                         budget: Budget):
         """See :func:`screen_exactly` (timed on the first seeds)."""
-        if self.screen != "auto" or not seeds:
+        if self.config.screen != "auto" or not seeds:
             return screen
         plans = [g.to_plan(space, self.name) for g in seeds[:3]]
-        return screen_exactly(space.problem, evaluate, screen, plans, budget, self.final,
+        return screen_exactly(space.problem, evaluate, screen, plans, budget, self.config.final,
                               fallback=True)
 
     def _rank_share(self, cost_model, coarse=None) -> float:
@@ -343,7 +246,7 @@ class Evolution(Strategy):
         heuristics run on the whole graph and all scored there, at least
         :data:`COARSE_RANK_SHARE`."""
         floor = COARSE_RANK_SHARE if coarse is not None and coarse.members is not None else 0.0
-        if self.final is None or self.final == getattr(cost_model, "name", None):
+        if self.config.final is None or self.config.final == getattr(cost_model, "name", None):
             return floor
         return max(RANK_SHARE, floor)
 
@@ -374,7 +277,7 @@ class Evolution(Strategy):
         while the budget lasts, each only if predicted to finish in the
         time left (:func:`seed_seconds`) (on a 10,000-op graph they take seconds each,
         most of it coarsening, which once made a 10 s search take 60 s)."""
-        names = [s for s in self.seeds if s != self.name]
+        names = [s for s in self.config.seeds if s != self.name]
         if first in names:
             names.remove(first)
             names.insert(0, first)
@@ -387,7 +290,7 @@ class Evolution(Strategy):
             try:
                 strategy = get_strategy(name, microbatches=self.microbatches,
                                         schedule=self.schedule)
-                sub = sub_budget(budget, self.seed_share / max(len(self.seeds), 1))
+                sub = sub_budget(budget, self.config.seed_share / max(len(self.config.seeds), 1))
                 start = _time.perf_counter()
                 try:
                     plan = strategy.search(problem, screen, sub, seed=seed)
@@ -411,8 +314,8 @@ class Evolution(Strategy):
         """Genomes of the heuristic plans, the balanced layouts and ``initial``."""
         out: list[OpGenome] = []
         inner = space.problem
-        names = [s for s in self.seeds if s != self.name]
-        pool = SeedPool(budget, self.seed_share, len(names))
+        names = [s for s in self.config.seeds if s != self.name]
+        pool = SeedPool(budget, self.config.seed_share, len(names))
         for name in names:
             if budget.exhausted():
                 break
@@ -424,7 +327,7 @@ class Evolution(Strategy):
                 out.append(OpGenome.from_plan(space, plan, origin=name))
             except (KeyError, PlacerError):
                 continue
-        if self.layouts or not (out or self.initial or self.candidates):
+        if self.config.layouts or not (out or self.initial or self.candidates):
             out.extend(layout_seeds(space))
         # the plans handed in last: one equal to a seed of the search's own
         # counts as that seed (``_unique`` keeps the first)
@@ -456,11 +359,11 @@ class Evolution(Strategy):
         """
         toolbox = base.Toolbox()
         toolbox.register("mate", crossover, space, rng=rng)
-        toolbox.register("mutate", mutate, space, rng=rng, rate=self.mutation_rate,
-                         weights=self.mutation_weights)
-        toolbox.register("select", tournament, rng=rng, k=self.tournament)
+        toolbox.register("mutate", mutate, space, rng=rng, rate=self.config.mutation_rate,
+                         weights=self.config.mutation_weights)
+        toolbox.register("select", tournament, rng=rng, k=self.config.tournament)
         toolbox.register("evaluate", evaluate)
-        hof = tools.HallOfFame(self.final_k, similar=lambda a, b: a.key() == b.key())
+        hof = tools.HallOfFame(self.config.final_k, similar=lambda a, b: a.key() == b.key())
         logbook = tools.Logbook()
         logbook.header = ["gen", "evals", "best", "median"]
 
@@ -504,12 +407,12 @@ class Evolution(Strategy):
         champions = self._run.setdefault("champions", [])
         self._snapshot(pop, hof, logbook, best, stale, gen)
         self._emit(progress, budget, best, gen, bar)
-        while not budget.exhausted() and not (state is not None and stale >= self.patience
-                                              and restarts >= self.restarts):
+        while not budget.exhausted() and not (state is not None and stale >= self.config.patience
+                                              and restarts >= self.config.restarts):
             gen += 1
-            if self.generations is not None and gen > self.generations:
+            if self.config.generations is not None and gen > self.config.generations:
                 break
-            if stale >= self.patience:      # converged: restart around the best
+            if stale >= self.config.patience:      # converged: restart around the best
                 restarts += 1
                 self._run["restarts"] = restarts
                 pop = self._restart(space, evaluate, pop, score, rng)
@@ -522,7 +425,7 @@ class Evolution(Strategy):
             score(children)
             children = [c for c in children if np.isfinite(c.fitness.values[0])]
             pop = self._select(pop + children)
-            if self.memetic_every and gen % self.memetic_every == 0 and not budget.exhausted():
+            if self.config.memetic_every and gen % self.config.memetic_every == 0 and not budget.exhausted():
                 pop = self._polish_best(space, evaluate, pop, rng)
             self._keep_own_best(pop)
             hof.update(pop)
@@ -536,7 +439,7 @@ class Evolution(Strategy):
                 stale += 1
             self._snapshot(pop, hof, logbook, best, stale, gen)
             self._emit(progress, budget, min(best, hof[0].fitness.values[0]), gen, bar)
-            if stale >= self.patience and restarts >= self.restarts:
+            if stale >= self.config.patience and restarts >= self.config.restarts:
                 if not self._fresh_start_fits(budget, starts):
                     break
                 # converged with time to spare: another run from the seeds
@@ -561,13 +464,13 @@ class Evolution(Strategy):
         tournament, crossed over with probability ``cx``, each mutated."""
         fits = np.array([g.fitness.values[0] for g in pop])
         children = []
-        while len(children) < self.offspring:
+        while len(children) < self.config.n_offspring:
             a = pop[toolbox.select(fits)].copy()
             b = pop[toolbox.select(fits)].copy()
-            if rng.random() < self.cx:
+            if rng.random() < self.config.crossover:
                 a, b = toolbox.mate(a, b)
             children.append(toolbox.mutate(a))
-            if len(children) < self.offspring:
+            if len(children) < self.config.n_offspring:
                 children.append(toolbox.mutate(b))
         for c in children:
             c.origin = c.origin or "evolution"
@@ -578,7 +481,7 @@ class Evolution(Strategy):
         """``pop`` with its best polished by local search, if that found better."""
         top = pop[0]
         polished, s = local_search(space, evaluate, top, top.fitness.values[0], rng,
-                                   rounds=self.memetic_rounds)
+                                   rounds=self.config.memetic_rounds)
         if polished is top:
             return pop
         polished.fitness = Fitness((s,))
@@ -590,7 +493,7 @@ class Evolution(Strategy):
         converged"), at most ``fresh_starts`` times, and while at least a
         tenth of the time is left (a run cut short by the budget still
         explores; its best joins the final ranking)."""
-        if budget.time is None or starts >= self.fresh_starts or budget.exhausted():
+        if budget.time is None or starts >= self.config.fresh_starts or budget.exhausted():
             return False
         return budget.remaining_time >= 0.1 * budget.time
 
@@ -607,10 +510,10 @@ class Evolution(Strategy):
         # under ``given_slots`` the mutants come from the search's own seeds
         # alone: its own part of the population is the one it has without
         # the plans handed in
-        parents = pop if self.given_slots is None else \
+        parents = pop if self.config.given_slots is None else \
             [g for g in pop if g.origin != "initial"] or pop
         fill = []
-        while len(parents) + len(fill) < self.population and parents:
+        while len(parents) + len(fill) < self.config.population and parents:
             parent = parents[int(rng.integers(len(parents)))]
             fill.append(toolbox.mutate(parent.copy()))
         if fill:
@@ -618,22 +521,22 @@ class Evolution(Strategy):
             pop = _unique(pop + fill)
         if self._switches() != epoch:       # the seeds were scored by the model replaced
             _rescore(self._run["evaluate"], pop)
-        own = _best([g for g in pop if g.origin != "initial"], self.population)
+        own = _best([g for g in pop if g.origin != "initial"], self.config.population)
         given = [g for g in pop if g.origin == "initial" and np.isfinite(g.fitness.values[0])]
-        if self.given_slots is not None:
-            given = _best(given, self.given_slots)
+        if self.config.given_slots is not None:
+            given = _best(given, self.config.given_slots)
         return _best(own + given, len(own) + len(given))
 
     def _select(self, genomes: list, k: int | None = None) -> list:
         """The ``k`` (``population``) best distinct of ``genomes``; with
         ``given_slots`` the descendants of the plans handed in hold at most
         that many places besides the ``k`` best of the search's own."""
-        k = self.population if k is None else k
+        k = self.config.population if k is None else k
         genomes = _unique(genomes)
-        if self.given_slots is None:
+        if self.config.given_slots is None:
             return _best(genomes, k)
         own = _best([g for g in genomes if g.origin != "initial"], k)
-        given = _best([g for g in genomes if g.origin == "initial"], min(self.given_slots, k))
+        given = _best([g for g in genomes if g.origin == "initial"], min(self.config.given_slots, k))
         return _best(own + given, len(own) + len(given))
 
     def _switches(self) -> int:
@@ -644,7 +547,7 @@ class Evolution(Strategy):
         """With plans handed in under ``given_slots``, remember the best of the
         search's own descendants for the final ranking (the hall of fame may
         hold only the others' when the screening model prefers them)."""
-        if self.given_slots is None or self._run is None:
+        if self.config.given_slots is None or self._run is None:
             return
         own = [g for g in pop if g.origin != "initial"]
         if own:
@@ -659,15 +562,15 @@ class Evolution(Strategy):
         epoch = evaluate.switches
         top = pop[0]
         polished, s = local_search(space, evaluate, top, top.fitness.values[0], rng,
-                                   rounds=max(4 * self.memetic_rounds, 1))
+                                   rounds=max(4 * self.config.memetic_rounds, 1))
         if polished is not top:
             polished.fitness = Fitness((s,))
-        elite = self._select([polished] + pop, max(2, self.population // 4))
+        elite = self._select([polished] + pop, max(2, self.config.population // 4))
         fill = []
-        while len(elite) + len(fill) < self.population:
+        while len(elite) + len(fill) < self.config.population:
             parent = elite[int(rng.integers(len(elite)))].copy()
-            fill.append(mutate(space, parent, rng, rate=3 * self.mutation_rate,
-                               weights=self.mutation_weights))
+            fill.append(mutate(space, parent, rng, rate=3 * self.config.mutation_rate,
+                               weights=self.config.mutation_weights))
         score(fill)
         if evaluate.switches != epoch:      # the elite was scored by the model replaced
             _rescore(evaluate, elite)
@@ -677,10 +580,14 @@ class Evolution(Strategy):
     def _identity(self, problem: "Problem", budget: Budget, seed: int, space: Space) -> str:
         """What a checkpoint must match to be resumed: graph, cluster, seed,
         budget, options (a sha256)."""
-        options = {k: v for k, v in sorted(vars(self).items())
-                   if k not in ("checkpoint", "checkpoint_every", "resume", "_run",
-                                "progress_bar", "initial", "candidates", "workers",
-                                "backend")}
+        # named and typed as the options were before EvolutionConfig, so that
+        # checkpoints written by earlier versions still resume
+        options = {k: v for k, v in self.config.to_dict().items()
+                   if k not in ("checkpoint", "checkpoint_every", "resume", "progress_bar",
+                                "workers", "backend")}
+        options.update(cx=options.pop("crossover"), offspring=self.config.n_offspring,
+                       microbatches=self.microbatches, schedule=self.schedule)
+        options = dict(sorted(options.items()))
         data = {"graph": problem.graph.fingerprint(), "cluster": problem.cluster.fingerprint(),
                 "seed": int(seed), "evaluations": budget.evaluations, "time": budget.time,
                 "options": repr(options),
@@ -693,7 +600,7 @@ class Evolution(Strategy):
         """Remember the state at the end of a generation (cheap: references
         and lengths of append-only tables); write it if it is time."""
         run = self._run
-        if run is None or self.checkpoint is None:
+        if run is None or self.config.checkpoint is None:
             return
         run["snap"] = {"population": list(pop), "hall_of_fame": list(hof.items),
                        "restarts": run.get("restarts", 0), "starts": run.get("starts", 0),
@@ -702,13 +609,13 @@ class Evolution(Strategy):
                        "cache": len(run["evaluate"].cache),
                        "groups": len(run["space"].table), "used": run["budget"].used,
                        "elapsed": run["budget"].elapsed}
-        if _time.perf_counter() - run["written"] >= self.checkpoint_every:
+        if _time.perf_counter() - run["written"] >= self.config.checkpoint_every:
             self._write_state()
 
     def _write_state(self) -> bool:
         """Write the last snapshot to the checkpoint file (atomically)."""
         run = self._run
-        if run is None or run.get("snap") is None or self.checkpoint is None:
+        if run is None or run.get("snap") is None or self.config.checkpoint is None:
             return False
         snap = run["snap"]
         cache = run["evaluate"].cache
@@ -727,7 +634,7 @@ class Evolution(Strategy):
                 "cache": entries,
                 "best_plan": self._expand(run["space"], run["coarse"],
                                           snap["population"][0]).to_dict()}
-        atomic_write_text(self.checkpoint, json.dumps(data, default=_json_default) + "\n")
+        atomic_write_text(self.config.checkpoint, json.dumps(data, default=_json_default) + "\n")
         run["written"] = _time.perf_counter()
         return True
 
@@ -740,13 +647,13 @@ class Evolution(Strategy):
         saved = self._write_state()
         plan = self._expand(run["space"], run["coarse"], snap["population"][0])
         plan.extra["search"] = {"generations": snap["gen"], "interrupted": True}
-        return SearchInterrupted(plan, self.checkpoint if saved else None,
+        return SearchInterrupted(plan, self.config.checkpoint if saved else None,
                                  f"interrupted after generation {snap['gen']}")
 
     def _load_state(self, identity: str) -> dict | None:
         """The checkpoint's state, None if there is no file yet."""
         from placer.errors import FormatError
-        path = self.checkpoint
+        path = self.config.checkpoint
         if path is None or not os.path.exists(path):
             return None
         data = load_document(path, FormatError)
@@ -764,7 +671,7 @@ class Evolution(Strategy):
     def _restore(self, state: dict, space: Space, evaluate: Evaluator,
                  rng: np.random.Generator, budget: Budget) -> list[OpGenome]:
         """Put the checkpointed tables back; returns the seed genomes."""
-        _check_state(state, self.checkpoint, space)
+        _check_state(state, self.config.checkpoint, space)
         for devices in state["groups"]:
             space.table.id(devices)
         for key, value in state["cache"]:
