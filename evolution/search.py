@@ -102,6 +102,20 @@ class Evolution(Strategy):
             else list(candidates or [])
         self._run: dict | None = None   # the running search's state (checkpoints)
 
+    def __getattr__(self, name: str):
+        # the options read as attributes too (``strategy.final``, ``.workers``,
+        # ``.backend``, as placer.search.multilevel reads any strategy's)
+        config = self.__dict__.get("config")
+        if config is not None and name in FIELDS:
+            return getattr(config, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in FIELDS:
+            raise AttributeError(f"{name} is an option of the frozen config: build the "
+                                 f"strategy with it ({type(self).__name__}({name}=...))")
+        super().__setattr__(name, value)
+
     # --- the search ---------------------------------------------------------------
     def search(self, problem: "Problem", cost_model: "CostModel", budget: Budget,
                seed: int = 0, progress=None) -> Plan:

@@ -86,3 +86,14 @@ def test_the_constructor_shows_every_option_as_a_keyword():
     assert accepts["population"].default == 48 and accepts["backend"].default == "local"
     with pytest.raises(StrategyError, match="unexpected keyword argument 'populaton'"):
         get_strategy("evolution", populaton=8)
+
+
+def test_options_read_as_attributes_but_not_set():
+    """Other modules read a strategy's ``final``, ``workers`` and ``backend``
+    (placer.search.multilevel); setting one would not reach the config."""
+    evo = get_strategy("evolution", final=None, workers=0, population=8)
+    assert (evo.final, evo.workers, evo.backend, evo.population) == (None, 0, "local", 8)
+    with pytest.raises(AttributeError, match="frozen config"):
+        evo.population = 4
+    with pytest.raises(AttributeError):
+        evo.no_such_option
