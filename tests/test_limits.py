@@ -17,6 +17,7 @@ import pytest
 import placer
 from placer import Cluster, Graph, Plan, _io
 from placer.cli import main
+from placer.search.base import SearchInterrupted
 from placer.errors import (ClusterError, FormatError, GraphError, PlacerError, PlanError,
                            StrategyError, UnknownKeyWarning)
 
@@ -352,7 +353,7 @@ def test_damaged_search_checkpoint_is_one_line(tmp_path, field, change):
     def stop(event):
         if event.message == "generation 1":
             raise KeyboardInterrupt
-    with pytest.raises(placer.search.base.SearchInterrupted):
+    with pytest.raises(SearchInterrupted):
         placer.optimize(graph, cluster, checkpoint=state, progress=stop, **SEARCH)
     data = json.loads(state.read_text())
     if change is None:
