@@ -12,7 +12,6 @@ KNOWN = {
     "import_cycles": set(),
     "long_functions": {
         "gnn.features.encode_problem",
-        "placer.cost.analytical.evaluate",
         "placer.cost.event_loop.run_events",
     },
 }
