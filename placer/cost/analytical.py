@@ -102,7 +102,7 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     # per-slot sums from prefix sums at run boundaries
     sl = _slots(gt, rn, D, G, pre["cum"][rn.run_end] - pre["cum"][rn.run_start])
 
-    cp = _compute(p, A, groups, gt, pre, rn, sl, m)
+    cp = _compute(p, A, groups, gt, pre, rn, sl, m, per_mb)
     x = _crossings(p, groups, gt, pre, rn, per_mb)
     cf, cb = cp.cf, cp.cb
     if x.msg is not None:
@@ -127,7 +127,7 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     lp = np.where(sl.total(5) > 0, sl.total(3), 0.0)      # exactly 0 without parameters
     if training and G > D:
         step = _allreduce_step(p, gt, pre, rn, sl, cp, lp, m, fl, phases, step)
-    peak = _memory(p, gt, pre, rn, sl, lk, fr, held_1f1b, lp, m, gpipe)
+    peak = _memory(p, gt, pre, rn, sl, cp.s_inv, lk, fr, held_1f1b, lp, m, per_mb, gpipe)
 
     out = _Batch()
     out.step, out.peak, out.comp, out.links, out.nic_out, out.nic_in = \
@@ -186,17 +186,20 @@ class _Compute(NamedTuple):
     seconds per microbatch; per slot its backward FLOPs ``lb`` and, with
     measured times, its backward seconds per device class ``t_b`` and its
     slowest member's class ``s_slow``; per plan what the loss adds to the
-    fill (None without a loss)."""
+    fill (None without a loss); per slot one over its group's size
+    ``s_inv`` and over its plan's microbatches ``s_per_mb``."""
     cf: np.ndarray
     cb: np.ndarray
     lb: np.ndarray
     t_b: "np.ndarray | None"
     s_slow: "np.ndarray | None"
     loss_fill: "np.ndarray | None"
+    s_inv: np.ndarray
+    s_per_mb: np.ndarray
 
 
 def _compute(p: Problem, A, groups, gt: dict, pre: dict, rn: _Runs, sl: "_Slots",
-             m: np.ndarray) -> _Compute:
+             m: np.ndarray, per_mb: np.ndarray) -> _Compute:
     """Each device's compute per microbatch: its slots' work over its rate
     (or their measured seconds), shared by the group's replicas, with the
     launch overheads, fixed parts paid whole, the recomputed forward and
@@ -208,7 +211,7 @@ def _compute(p: Problem, A, groups, gt: dict, pre: dict, rn: _Runs, sl: "_Slots"
     s_inv = 1.0 / gt["size"][sl.group]
     count = sl.total(0)
     lf = sl.total(1)
-    s_per_mb = (1.0 / m[:, None])[sl.row, 0]
+    s_per_mb = per_mb[sl.row, 0]
     e_inv_rate = s_inv[e_slot] / p.rate[e_cell % D]
     launches = sl.per_device(count) * p.op_overhead
     if p.task_overhead:
@@ -250,7 +253,7 @@ def _compute(p: Problem, A, groups, gt: dict, pre: dict, rn: _Runs, sl: "_Slots"
     if training and p.has_loss and times is None:
         d_f, d_b, loss_fill = _loss_shift(p, A, groups, m)
         cf, cb = cf + d_f, cb + d_b
-    return _Compute(cf, cb, lb, t_b, s_slow, loss_fill)
+    return _Compute(cf, cb, lb, t_b, s_slow, loss_fill, s_inv, s_per_mb)
 
 
 class _Crossings(NamedTuple):
@@ -477,7 +480,7 @@ def _allreduce_step(p: Problem, gt: dict, pre: dict, rn: _Runs, sl: "_Slots", cp
     ar = np.where((lp > 0) & (s_group >= D), ar, 0.0)
     if not ar.any():
         return step
-    s_per_mb = (1.0 / m[:, None])[s_row, 0]
+    s_per_mb = cp.s_per_mb
     if p.times is None:
         bgt = cp.lb * s_per_mb / size[s_group] * slow[s_group]
     else:
@@ -498,14 +501,13 @@ def _allreduce_step(p: Problem, gt: dict, pre: dict, rn: _Runs, sl: "_Slots", cp
     return np.maximum(step, step + late)
 
 
-def _memory(p: Problem, gt: dict, pre: dict, rn: _Runs, sl: "_Slots", lk: dict, fr: _FirstRuns,
-            held_1f1b, lp, m, gpipe) -> np.ndarray:
+def _memory(p: Problem, gt: dict, pre: dict, rn: _Runs, sl: "_Slots", s_inv, lk: dict,
+            fr: _FirstRuns, held_1f1b, lp, m, per_mb, gpipe) -> np.ndarray:
     """Each (plan, device)'s peak memory, the simulator's formula: its
     parameters ``lp``, activations, received tensors, largest workspace
     and the microbatches it holds."""
-    size = gt["size"][sl.group]
     params = sl.per_device(lp)
-    acts = sl.per_device(sl.total(4) * (1.0 / size))
+    acts = sl.per_device(sl.total(4) * s_inv)
     # largest workspace per slot: range maxima over its runs
     run_start, run_end = rn.run_start, rn.run_end
     lg = pre["log2"][run_end - run_start]
@@ -513,8 +515,8 @@ def _memory(p: Problem, gt: dict, pre: dict, rn: _Runs, sl: "_Slots", lk: dict, 
     run_ws = np.maximum(table[lg, run_start], table[lg, run_end - (1 << lg)])
     ws_slot = np.zeros(len(sl.row))
     np.maximum.at(ws_slot, sl.run_slot, run_ws)
-    ws = sl.per_device(ws_slot / size, np.maximum)
-    ws *= 1.0 / m[:, None]
+    ws = sl.per_device(ws_slot / gt["size"][sl.group], np.maximum)
+    ws *= per_mb
     held_gp = inflight(p, fr.run_first, rn.runs[:, None], fr.used, m[:, None], "gpipe")
     held = np.where(gpipe[:, None], held_gp, held_1f1b)
     return peak_memory(p, params, acts, lk["recv"], ws, held, m[:, None])
