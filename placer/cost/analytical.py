@@ -259,7 +259,8 @@ def _compute(p: Problem, A, groups, gt: dict, pre: dict, rn: _Runs, sl: "_Slots"
 class _Crossings(NamedTuple):
     """The tensors crossing between groups, one per (plan, source op,
     destination group), by plan row: latency ``x_lat`` and link seconds
-    ``x_w`` (per microbatch times m), source and destination runs and ops;
+    ``x_w`` of the whole batch (over m per microbatch), source and
+    destination runs and ops;
     the bytes they put on links between single devices (``k_single``:
     ``row * D * D + link``, ``w_single``) and on data-parallel groups'
     links (``k_dp``, ``w_dp``); each (plan, device)'s seconds per microbatch
