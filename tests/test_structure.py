@@ -11,7 +11,6 @@ ROOT = Path(__file__).resolve().parent.parent
 KNOWN = {
     "import_cycles": set(),
     "long_functions": {
-        "placer.cost.analytical.evaluate",
         "placer.cost.event_loop.run_events",
     },
 }

@@ -45,7 +45,7 @@ work grows with a plan's runs and cut edges, not with its ops.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import numpy as np
 
@@ -72,7 +72,21 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     topological order on one group) and *slots* (the groups a plan uses):
     per-group sums are differences of prefix sums at run ends, the largest
     workspace a range maximum, so the work per plan grows with its runs and
-    its cut edges, not its ops nor the size of the group table."""
+    its cut edges, not its ops nor the size of the group table.
+
+    In phases, per microbatch unless said::
+
+        runs, slots  = the plans cut where their group changes
+        cf, cb       = each device's forward and backward compute (_compute)
+        crossings    = tensors between groups: latency, link loads (_crossings)
+        cf, cb      += each device's time its messages cost
+        links        = per (plan, link) loads (_links)
+        beta         = the most loaded resource (_beta)
+        fill         = the longest path over the runs (_fill), >= any device's compute
+        beta         = max(beta, a capped device's round trip / cap) under 1F1B
+        step         = (m - 1) * beta + fill, + the all-reduces' tail (_allreduce_step)
+        peak         = the simulator's memory formula (_memory)
+    """
     A = np.asarray(A)
     B, n = A.shape
     D = p.n_devices
@@ -80,11 +94,74 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     m = np.broadcast_to(np.asarray(m, dtype=float), (B,))
     gpipe = np.broadcast_to(np.asarray(gpipe, dtype=bool), (B,))
     training = p.training
+    phases = 2.0 if training else 1.0
+    per_mb = 1.0 / m[:, None]
     gt = _group_table(p, groups)
-    size, slow = gt["size"], gt["slow"]
     pre = _precomputed(p)
+    rn = _runs(A, G)
+    # per-slot sums from prefix sums at run boundaries
+    sl = _slots(gt, rn, D, G, pre["cum"][rn.run_end] - pre["cum"][rn.run_start])
 
-    # --- runs: (row, first op, end op, group), in row-major order ------------
+    cp = _compute(p, A, groups, gt, pre, rn, sl, m, per_mb)
+    x = _crossings(p, groups, gt, pre, rn, per_mb)
+    cf, cb = cp.cf, cp.cb
+    if x.msg is not None:
+        cf = cf + x.msg
+        if training:
+            cb = cb + x.msg
+    comp = cf + cb
+    lk = _links(p, B, pre["speed"], per_mb[:, 0], x.k_single, x.w_single, x.k_dp, x.w_dp)
+    bt = _beta(lk, cf, cb, comp, gpipe, training)
+
+    fl = _fill(p, gt, pre, rn, x, m, per_mb, G, phases)
+    fill = fl.fill if cp.loss_fill is None else fl.fill + cp.loss_fill
+    # every op of a microbatch runs, so it takes at least any device's share
+    fill = np.maximum(fill, comp.max(axis=1))
+    fr = _first_runs(rn, sl.first_d)
+    held_1f1b = inflight(p, fr.run_first, rn.runs[:, None], fr.used, m[:, None], "1f1b")
+    beta = bt.beta
+    if training:
+        beta = _round_trip_bound(rn, fr, held_1f1b, m, gpipe, beta, fill, fl.start)
+    step = (m - 1) * beta + fill
+
+    lp = np.where(sl.total(5) > 0, sl.total(3), 0.0)      # exactly 0 without parameters
+    if training and G > D:
+        step = _allreduce_step(p, gt, pre, rn, sl, cp, lp, m, fl, phases, step)
+    peak = _memory(p, gt, pre, rn, sl, cp.s_inv, lk, fr, held_1f1b, lp, m, per_mb, gpipe)
+
+    out = _Batch()
+    out.step, out.peak, out.comp, out.links, out.nic_out, out.nic_in = \
+        step, peak, comp, lk, bt.nic_out, bt.nic_in
+    out.m, out.used, out.beta, out.phases = m, fr.used, beta, phases
+    _objective(p, out)
+    return out
+
+
+class _Runs(NamedTuple):
+    """The plans' runs, row-major: ``small`` the plans' group ids in a small
+    integer type; each group switch's row ``hr`` and the position before it
+    ``hc`` and its sort key ``skey``; per plan its run count and first run;
+    per run its row, first op, end op and group."""
+    small: np.ndarray
+    hr: np.ndarray
+    hc: np.ndarray
+    skey: np.ndarray
+    runs: np.ndarray
+    row_first: np.ndarray
+    run_row: np.ndarray
+    run_start: np.ndarray
+    run_end: np.ndarray
+    run_group: np.ndarray
+
+    def run_of(self, row, pos):
+        """Global run index of op ``pos`` of plan ``row``."""
+        n = self.small.shape[1]
+        return np.searchsorted(self.skey, row * n + pos, side="right") + row
+
+
+def _runs(A: np.ndarray, G: int) -> _Runs:
+    """The runs of plans ``A`` (B, n) of ids into a table of ``G`` groups."""
+    B, n = A.shape
     # small ids move less memory in the B x n and B x E passes below
     id_type = np.int16 if G < 2 ** 15 else np.int32
     small = A if A.dtype == id_type else A.astype(id_type)
@@ -100,44 +177,55 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     run_end[:-1] = run_start[1:]
     run_end[row_first + runs - 1] = n
     run_group = small.ravel()[run_row * n + run_start].astype(np.int64)
-    sl = _slots(gt, B, D, G, n, run_row * G + run_group, run_start)
-    run_slot, s_row, s_group, e_slot, e_cell = \
-        sl["run_slot"], sl["row"], sl["group"], sl["e_slot"], sl["e_cell"]
-    U = len(s_row)
-    s_inv = 1.0 / size[s_group]
+    return _Runs(small, hr, hc, hr * n + hc + 1, runs, row_first, run_row, run_start, run_end,
+                 run_group)
 
-    # per-slot sums from prefix sums at run boundaries
-    seg = pre["cum"][run_end] - pre["cum"][run_start]
 
-    def ssum(col):
-        return np.bincount(run_slot, seg[:, col], minlength=U)
+class _Compute(NamedTuple):
+    """Each (plan, device)'s forward ``cf`` and backward ``cb`` compute
+    seconds per microbatch; per slot its backward FLOPs ``lb`` and, with
+    measured times, its backward seconds per device class ``t_b`` and its
+    slowest member's class ``s_slow``; per plan what the loss adds to the
+    fill (None without a loss); per slot one over its group's size
+    ``s_inv`` and over its plan's microbatches ``s_per_mb``."""
+    cf: np.ndarray
+    cb: np.ndarray
+    lb: np.ndarray
+    t_b: "np.ndarray | None"
+    s_slow: "np.ndarray | None"
+    loss_fill: "np.ndarray | None"
+    s_inv: np.ndarray
+    s_per_mb: np.ndarray
 
-    def per_device(values, reduce=None):
-        """(B, D) sums (or maxima) over each device's slots of ``values``."""
-        if reduce is None:
-            return np.bincount(e_cell, values[e_slot], minlength=B * D).reshape(B, D)
-        out = np.zeros(B * D)
-        reduce.at(out, e_cell, values[e_slot])
-        return out.reshape(B, D)
 
-    count = ssum(0)
-    lf = ssum(1)
-    per_mb = 1.0 / m[:, None]
-    s_per_mb = per_mb[s_row, 0]
+def _compute(p: Problem, A, groups, gt: dict, pre: dict, rn: _Runs, sl: "_Slots",
+             m: np.ndarray, per_mb: np.ndarray) -> _Compute:
+    """Each device's compute per microbatch: its slots' work over its rate
+    (or their measured seconds), shared by the group's replicas, with the
+    launch overheads, fixed parts paid whole, the recomputed forward and
+    the loss on its group's first device."""
+    B, D = sl.first_d.shape
+    training = p.training
+    U = len(sl.row)
+    e_slot, e_cell = sl.e_slot, sl.e_cell
+    s_inv = 1.0 / gt["size"][sl.group]
+    count = sl.total(0)
+    lf = sl.total(1)
+    s_per_mb = per_mb[sl.row, 0]
     e_inv_rate = s_inv[e_slot] / p.rate[e_cell % D]
-    ovh = p.op_overhead
-    launches = per_device(count) * ovh
+    launches = sl.per_device(count) * p.op_overhead
     if p.task_overhead:
         # each run is one task of a runtime (see Problem's task_overhead)
-        launches = launches + per_device(
-            np.bincount(run_slot, minlength=U).astype(float)) * p.task_overhead
+        launches = launches + sl.per_device(
+            np.bincount(sl.run_slot, minlength=U).astype(float)) * p.task_overhead
 
     times = p.times
+    t_f = t_b = s_slow = None
     if times is not None:
         # measured seconds per device class instead of FLOPs / rate
         e_cls = times.cls[e_cell % D]
-        s_slow = gt["slow_cls"][s_group]
-        t_f, t_b = _slot_times(pre["times_cum"], run_start, run_end, run_slot, U)
+        s_slow = gt["slow_cls"][sl.group]
+        t_f, t_b = _slot_times(pre["times_cum"], rn.run_start, rn.run_end, sl.run_slot, U)
 
     if p.has_fixed:
         # an op's fixed part is paid whole by each microbatch and replica
@@ -152,12 +240,10 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
             scaled = scaled + fixed[e_slot] * e_whole
         return np.bincount(e_cell, scaled, minlength=B * D).reshape(B, D) + launches
 
-    cf = compute_time(lf, t_f if times is not None else None,
-                      ssum(6) if p.has_fixed else None)
+    cf = compute_time(lf, t_f, sl.total(6) if p.has_fixed else None)
     if training:
-        lb = ssum(2)
-        cb = compute_time(lb, t_b if times is not None else None,
-                          ssum(7) if p.has_fixed else None)
+        lb = sl.total(2)
+        cb = compute_time(lb, t_b, sl.total(7) if p.has_fixed else None)
         if p.recompute:
             cb = cb + cf
     else:
@@ -167,28 +253,49 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     if training and p.has_loss and times is None:
         d_f, d_b, loss_fill = _loss_shift(p, A, groups, m)
         cf, cb = cf + d_f, cb + d_b
-    comp = cf + cb
+    return _Compute(cf, cb, lb, t_b, s_slow, loss_fill, s_inv, s_per_mb)
 
-    # --- tensors crossing devices -----------------------------------------
-    speed = pre["speed"]
-    phases = 2.0 if training else 1.0
+
+class _Crossings(NamedTuple):
+    """The tensors crossing between groups, one per (plan, source op,
+    destination group), by plan row: latency ``x_lat`` and link seconds
+    ``x_w`` of the whole batch (over m per microbatch), source and
+    destination runs and ops;
+    the bytes they put on links between single devices (``k_single``:
+    ``row * D * D + link``, ``w_single``) and on data-parallel groups'
+    links (``k_dp``, ``w_dp``); each (plan, device)'s seconds per microbatch
+    and phase its messages cost it (None when messages cost none)."""
+    x_lat: np.ndarray
+    x_w: np.ndarray
+    r_src: np.ndarray
+    r_dst: np.ndarray
+    x_from: np.ndarray
+    x_to: np.ndarray
+    k_single: np.ndarray
+    w_single: np.ndarray
+    k_dp: np.ndarray
+    w_dp: np.ndarray
+    msg: "np.ndarray | None"
+
+
+def _crossings(p: Problem, groups, gt: dict, pre: dict, rn: _Runs,
+               per_mb: np.ndarray) -> _Crossings:
+    """The tensors crossing between the plans' groups (see :class:`_Crossings`)."""
+    B, n = rn.small.shape
+    D = p.n_devices
+    G = len(groups)
     x_lat = np.zeros(0)
     x_w = np.zeros(0)
     k_single = k_dp = np.zeros(0, dtype=np.int64)
     w_single = w_dp = np.zeros(0)
-    skey = hr * n + hc + 1                  # switch keys, sorted
-
-    def run_of(row, pos):
-        """Global run index of op ``pos`` of plan ``row``."""
-        return np.searchsorted(skey, row * n + pos, side="right") + row
-
     r_src = r_dst = x_from = x_to = np.zeros(0, dtype=np.int64)
+    msg = None
     if p.n_edges:
         src, dst, eb = _edges_by_source(p)
-        rows, cut, r_src, r_dst = _crossing_edges(pre, small, hr, hc, src, dst, run_group,
-                                                  run_of)
+        rows, cut, r_src, r_dst = _crossing_edges(pre, rn.small, rn.hr, rn.hc, src, dst,
+                                                  rn.run_group, rn.run_of)
         if len(rows):
-            cv = run_group[r_dst]
+            cv = rn.run_group[r_dst]
             # an op's output goes once to each destination group; edges are
             # sorted by source, so repeats sit together
             key_e = (rows * n + src[cut]) * G + cv
@@ -201,7 +308,7 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
             else:
                 keep = unique_ints(key_e, index=True)[1]
             rows, cv, r_src, r_dst = rows[keep], cv[keep], r_src[keep], r_dst[keep]
-            cu = run_group[r_src]
+            cu = rn.run_group[r_src]
             nb = eb[cut[keep]]
             x_from, x_to = src[cut[keep]], dst[cut[keep]]
             single = (cu < D) & (cv < D)
@@ -234,145 +341,191 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
                 each = p.message_overhead + nb * per_mb[rows, 0] / p.message_copy_rate
                 msg = np.zeros((B, D))
                 np.add.at(msg, rows, (member[cu] + member[cv]) * each[:, None])
-                cf = cf + msg
-                if training:
-                    cb = cb + msg
-                comp = cf + cb
                 x_lat = x_lat + 2 * each
             k_single = rows[single] * (D * D) + link
             w_single = nb[single]
-    lk = _links(p, B, speed, per_mb[:, 0], k_single, w_single, k_dp, w_dp)
+    return _Crossings(x_lat, x_w, r_src, r_dst, x_from, x_to, k_single, w_single, k_dp, w_dp,
+                      msg)
+
+
+class _Beta(NamedTuple):
+    """Per plan the bottleneck ``beta`` (seconds per microbatch); per (plan,
+    device) its interface's time out and in per microbatch, gradients
+    included."""
+    beta: np.ndarray
+    nic_out: np.ndarray
+    nic_in: np.ndarray
+
+
+def _beta(lk: dict, cf, cb, comp, gpipe, training: bool) -> _Beta:
+    """The most loaded resource: a device's compute, a link or an interface.
+    Gradients of a->b tensors travel b->a: under 1F1B each link carries
+    both directions' loads at once; GPipe runs all forwards, then all
+    backwards, so each phase has its own bottleneck."""
     fwd_out, fwd_in = lk["out"], lk["in"]
-    # gradients of a->b tensors travel b->a: under 1F1B each link carries
-    # both directions' loads at once; GPipe runs all forwards, then all
-    # backwards, so each phase has its own bottleneck
     beta_f = np.maximum.reduce([cf.max(axis=1), lk["max"], fwd_out.max(axis=1),
                                 fwd_in.max(axis=1)])
-    if training:
-        nic_out, nic_in = fwd_out + fwd_in, fwd_in + fwd_out
-        beta = np.maximum.reduce([comp.max(axis=1), lk["both_max"],
-                                  nic_out.max(axis=1), nic_in.max(axis=1)])
-        beta_b = np.maximum.reduce([cb.max(axis=1), lk["max"],
-                                    fwd_out.max(axis=1), fwd_in.max(axis=1)])
-        beta = np.where(gpipe, beta_f + beta_b, beta)
-    else:
-        nic_out, nic_in = fwd_out, fwd_in
-        beta = beta_f
-    # --- fill: one microbatch through the pipeline (forward and backward) ----
-    # The longest path over the plan's runs (see _run_paths). A group runs
-    # its ops one after another, so a run takes its ops' whole work on its
-    # group (both phases, with their launch overheads); a tensor leaves when
-    # the op producing it ends and is needed when the op taking it starts
-    # (prefixes of the runs' work), and adds its latency and the run's
-    # incoming transfers their times (twice each when training), so
-    # parallel branches on other devices overlap.
+    if not training:
+        return _Beta(beta_f, fwd_out, fwd_in)
+    nic_out, nic_in = fwd_out + fwd_in, fwd_in + fwd_out
+    beta = np.maximum.reduce([comp.max(axis=1), lk["both_max"],
+                              nic_out.max(axis=1), nic_in.max(axis=1)])
+    beta_b = np.maximum.reduce([cb.max(axis=1), lk["max"],
+                                fwd_out.max(axis=1), fwd_in.max(axis=1)])
+    return _Beta(np.where(gpipe, beta_f + beta_b, beta), nic_out, nic_in)
+
+
+class _Fill(NamedTuple):
+    """Per plan the longest path of one microbatch over its runs (the loss
+    and the devices' compute not yet counted); per run when it starts on
+    that path and its work ``run_w``."""
+    fill: np.ndarray
+    start: np.ndarray
+    run_w: np.ndarray
+
+
+def _fill(p: Problem, gt: dict, pre: dict, rn: _Runs, x: _Crossings, m, per_mb, G: int,
+          phases: float) -> _Fill:
+    """One microbatch through the pipeline (forward and backward): the
+    longest path over the plan's runs (see :func:`_run_paths`). A group
+    runs its ops one after another, so a run takes its ops' whole work on
+    its group (both phases, with their launch overheads); a tensor leaves
+    when the op producing it ends and is needed when the op taking it
+    starts (prefixes of the runs' work), and adds its latency and the run's
+    incoming transfers their times (twice each when training), so parallel
+    branches on other devices overlap."""
+    size, slow = gt["size"], gt["slow"]
+    run_group, run_row, run_start, run_end = rn.run_group, rn.run_row, rn.run_start, rn.run_end
+    B, R = len(rn.runs), len(run_row)
     serial = pre["serial_cum"]             # (n + 1, device classes or 1)
-    if times is None:
+    if p.times is None:
         scale = (slow / size)[run_group] / m[run_row]
         run_cls = np.zeros(R, dtype=np.int64)
     else:
         scale = 1.0 / size[run_group] / m[run_row]
         run_cls = gt["slow_cls"][run_group].astype(np.int64)
-    per_op = ovh * phases
+    per_op = p.op_overhead * phases
     run_w = ((serial[run_end, run_cls] - serial[run_start, run_cls]) * scale
              + (run_end - run_start) * per_op)
     if p.task_overhead:
         run_w = run_w + p.task_overhead * phases     # a runtime task per run and phase
     if p.has_fixed:
         # the fixed parts of a run's ops, paid whole (both phases)
-        fixed_cum = pre["cum"][:, 6] + (pre["cum"][:, 7] if training else 0.0)
+        fixed_cum = pre["cum"][:, 6] + (pre["cum"][:, 7] if p.training else 0.0)
         run_whole = slow[run_group] * (1.0 - 1.0 / size[run_group] / m[run_row])
         run_w = run_w + (fixed_cum[run_end] - fixed_cum[run_start]) * run_whole
-    fill = run_w[row_first]                 # plans of one run
+    fill = run_w[rn.row_first]              # plans of one run
     start = np.zeros(R)                     # when each run may start
-    if len(hr):
+    if len(rn.hr):
         from .analytical_loops import crossing_costs
-        inflow = phases * np.bincount(r_dst, x_w, minlength=R) * per_mb[run_row, 0]
-        lat_e = phases * x_lat
+        inflow = phases * np.bincount(x.r_dst, x.x_w, minlength=R) * per_mb[run_row, 0]
+        lat_e = phases * x.x_lat
         if p.task_overhead:
             lat_e = lat_e + p.task_overhead * phases   # the source run's task starts first
-        cost_e = crossing_costs(serial, run_cls, scale, run_start, x_from, x_to, r_src, r_dst,
-                                lat_e, per_op)
+        cost_e = crossing_costs(serial, run_cls, scale, run_start, x.x_from, x.x_to, x.r_src,
+                                x.r_dst, lat_e, per_op)
         if p.has_fixed:
             # the fixed parts of the ops before a tensor leaves and before
             # it is needed, as in run_w
-            cost_e = cost_e + (fixed_cum[x_from + 1] - fixed_cum[run_start[r_src]]) \
-                * run_whole[r_src] - (fixed_cum[x_to] - fixed_cum[run_start[r_dst]]) \
-                * run_whole[r_dst]
-        end, start = _run_paths(run_group, row_first, runs, run_w, r_src, r_dst, cost_e, G,
-                                inflow)
+            cost_e = cost_e + (fixed_cum[x.x_from + 1] - fixed_cum[run_start[x.r_src]]) \
+                * run_whole[x.r_src] - (fixed_cum[x.x_to] - fixed_cum[run_start[x.r_dst]]) \
+                * run_whole[x.r_dst]
+        end, start = _run_paths(run_group, rn.row_first, rn.runs, run_w, x.r_src, x.r_dst,
+                                cost_e, G, inflow)
         fill = np.zeros(B)
         np.maximum.at(fill, run_row, end)
-    if loss_fill is not None:
-        fill = fill + loss_fill
-    # every op of a microbatch runs, so it takes at least any device's share
-    fill = np.maximum(fill, comp.max(axis=1))
-    # --- first op of each device (ops are in topological order) --------------
-    first_d = sl["first_d"]
-    used = first_d < n
-    run_first = run_of(np.arange(B)[:, None], np.minimum(first_d, n - 1)) - row_first[:, None]
-    runs = runs[:, None]
-    local = np.arange(R) - row_first[run_row]   # each run's place in its plan
-    held_1f1b = inflight(p, run_first, runs, used, m[:, None], "1f1b")
-    if training:
-        # 1F1B: a device keeps at most cap microbatches between its forward and
-        # backward, so when cap < m its round trip (the fill less the part
-        # before its first run, both ways) is shared by at most cap of them
-        g_first = np.minimum(row_first[:, None] + run_first, R - 1)
-        before = start[g_first]
-        capped = used & (held_1f1b < m[:, None])
-        trip = np.where(capped, (fill[:, None] - before) / np.maximum(held_1f1b, 1.0), 0.0)
-        beta = np.where(gpipe, beta, np.maximum(beta, trip.max(axis=1)))
-    step = (m - 1) * beta + fill
+    return _Fill(fill, start, run_w)
 
-    # --- all-reduce of data-parallel groups ----------------------------------
-    lp = ssum(3)
-    lp = np.where(ssum(5) > 0, lp, 0.0)      # exactly 0 without parameters
-    if training and G > D:
-        coef = gt["coef"][s_group]
-        buckets = np.maximum(np.ceil(lp / p.bucket_bytes), 1.0)
-        ar = np.minimum(coef[:, 0] * buckets + coef[:, 1] * lp,
-                        coef[:, 2] * buckets + coef[:, 3] * lp)
-        ar = np.where((lp > 0) & (s_group >= D), ar, 0.0)
-        if ar.any():
-            if times is None:
-                bgt = lb * s_per_mb / size[s_group] * slow[s_group]
-            else:
-                bgt = t_b[np.arange(U), s_slow] * s_per_mb / size[s_group]
-            # after a group's last backward, the last microbatch's backward
-            # still drains through the runs before the group's first one: the
-            # backward share of their work on the path to it and one way of
-            # its transfers (the path counts them both ways)
-            fr = sl["first_run"]
-            work = _row_prefix(B, runs, run_row, local, run_w)[s_row, local[fr]]
-            before = start[fr]
-            work = np.minimum(work, before)
-            last = -(pre["bwd_share"] * work + (before - work) / phases)
-            # its buckets are ready one by one over its own last backward
-            first = last - bgt * (buckets - 1) / buckets
-            late = _allreduce_late(B, s_row, e_slot, e_cell, ar, buckets, first, last)
-            step = np.maximum(step, step + late)
 
-    # --- memory -------------------------------------------------------------------
-    params = per_device(lp)
-    acts = per_device(ssum(4) * s_inv)
-    recv = lk["recv"]
+class _FirstRuns(NamedTuple):
+    """Per (plan, device): whether it runs any op, and the place in its plan
+    of the run holding its first op (ops are in topological order)."""
+    used: np.ndarray
+    run_first: np.ndarray
+
+
+def _first_runs(rn: _Runs, first_d: np.ndarray) -> _FirstRuns:
+    """Each device's first run from its first op ``first_d`` (n: unused)."""
+    B, n = rn.small.shape
+    run_first = rn.run_of(np.arange(B)[:, None], np.minimum(first_d, n - 1)) \
+        - rn.row_first[:, None]
+    return _FirstRuns(first_d < n, run_first)
+
+
+def _round_trip_bound(rn: _Runs, fr: _FirstRuns, held, m, gpipe, beta, fill,
+                      start) -> np.ndarray:
+    """``beta`` at least each capped device's round trip over its cap: under
+    1F1B a device keeps at most ``held`` microbatches between its forward
+    and backward, so when that is below m its round trip (the fill less the
+    part before its first run, both ways) is shared by at most that many."""
+    g_first = np.minimum(rn.row_first[:, None] + fr.run_first, len(rn.run_row) - 1)
+    before = start[g_first]
+    capped = fr.used & (held < m[:, None])
+    trip = np.where(capped, (fill[:, None] - before) / np.maximum(held, 1.0), 0.0)
+    return np.where(gpipe, beta, np.maximum(beta, trip.max(axis=1)))
+
+
+def _allreduce_step(p: Problem, gt: dict, pre: dict, rn: _Runs, sl: "_Slots", cp: _Compute,
+                    lp: np.ndarray, m, fl: _Fill, phases: float, step) -> np.ndarray:
+    """The step times with the data-parallel groups' all-reduces of their
+    slots' parameter bytes ``lp`` (see the module doc and
+    :func:`_allreduce_late`)."""
+    B = len(rn.runs)
+    size, slow = gt["size"], gt["slow"]
+    s_row, s_group = sl.row, sl.group
+    D = sl.first_d.shape[1]
+    coef = gt["coef"][s_group]
+    buckets = np.maximum(np.ceil(lp / p.bucket_bytes), 1.0)
+    ar = np.minimum(coef[:, 0] * buckets + coef[:, 1] * lp,
+                    coef[:, 2] * buckets + coef[:, 3] * lp)
+    ar = np.where((lp > 0) & (s_group >= D), ar, 0.0)
+    if not ar.any():
+        return step
+    s_per_mb = cp.s_per_mb
+    if p.times is None:
+        bgt = cp.lb * s_per_mb / size[s_group] * slow[s_group]
+    else:
+        bgt = cp.t_b[np.arange(len(s_row)), cp.s_slow] * s_per_mb / size[s_group]
+    # after a group's last backward, the last microbatch's backward
+    # still drains through the runs before the group's first one: the
+    # backward share of their work on the path to it and one way of
+    # its transfers (the path counts them both ways)
+    fr = sl.first_run
+    local = np.arange(len(rn.run_row)) - rn.row_first[rn.run_row]   # each run's place in its plan
+    work = _row_prefix(B, rn.runs, rn.run_row, local, fl.run_w)[s_row, local[fr]]
+    before = fl.start[fr]
+    work = np.minimum(work, before)
+    last = -(pre["bwd_share"] * work + (before - work) / phases)
+    # its buckets are ready one by one over its own last backward
+    first = last - bgt * (buckets - 1) / buckets
+    late = _allreduce_late(B, s_row, sl.e_slot, sl.e_cell, ar, buckets, first, last)
+    return np.maximum(step, step + late)
+
+
+def _memory(p: Problem, gt: dict, pre: dict, rn: _Runs, sl: "_Slots", s_inv, lk: dict,
+            fr: _FirstRuns, held_1f1b, lp, m, per_mb, gpipe) -> np.ndarray:
+    """Each (plan, device)'s peak memory, the simulator's formula: its
+    parameters ``lp``, activations, received tensors, largest workspace
+    and the microbatches it holds."""
+    params = sl.per_device(lp)
+    acts = sl.per_device(sl.total(4) * s_inv)
     # largest workspace per slot: range maxima over its runs
+    run_start, run_end = rn.run_start, rn.run_end
     lg = pre["log2"][run_end - run_start]
     table = pre["sparse_max"]
     run_ws = np.maximum(table[lg, run_start], table[lg, run_end - (1 << lg)])
-    ws_slot = np.zeros(U)
-    np.maximum.at(ws_slot, run_slot, run_ws)
-    ws = per_device(ws_slot / size[s_group], np.maximum)
+    ws_slot = np.zeros(len(sl.row))
+    np.maximum.at(ws_slot, sl.run_slot, run_ws)
+    ws = sl.per_device(ws_slot / gt["size"][sl.group], np.maximum)
     ws *= per_mb
-    held_gp = inflight(p, run_first, runs, used, m[:, None], "gpipe")
+    held_gp = inflight(p, fr.run_first, rn.runs[:, None], fr.used, m[:, None], "gpipe")
     held = np.where(gpipe[:, None], held_gp, held_1f1b)
-    peak = peak_memory(p, params, acts, recv, ws, held, m[:, None])
+    return peak_memory(p, params, acts, lk["recv"], ws, held, m[:, None])
 
-    out = _Batch()
-    out.step, out.peak, out.comp, out.links, out.nic_out, out.nic_in = \
-        step, peak, comp, lk, nic_out, nic_in
-    out.m, out.used, out.beta, out.phases = m, used, beta, phases
+
+def _objective(p: Problem, out: _Batch) -> None:
+    """Set ``out``'s memory excess, feasibility and objective."""
+    peak, step = out.peak, out.step
     excess = peak - p.memory[None, :]
     out.excess = excess
     ratio = (excess / p.memory[None, :]).max(axis=1)
@@ -384,7 +537,6 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     else:
         obj = (peak / p.memory[None, :]).max(axis=1)
     out.objective = np.where(out.feasible, obj, infeasible_objective(ratio, step))
-    return out
 
 
 def _loss_shift(p: Problem, A: np.ndarray, groups, m: np.ndarray):
@@ -538,23 +690,51 @@ def _slot_times(times_cum, run_start, run_end, run_slot, U: int):
     return out
 
 
-def _slots(gt: dict, B: int, D: int, G: int, n: int, run_key: np.ndarray,
-           run_start: np.ndarray) -> dict:
-    """The *slots*, (plan, group) pairs that runs use (``run_key = row * G +
-    group``): each run's slot, each slot's row, group and first run; one
-    entry per (slot, member device) with its cell ``row * D + device``; and
-    the first op of each (plan, device), ``n`` where unused."""
-    keys, first_run, run_slot = unique_ints(run_key, index=True, inverse=True)
+class _Slots(NamedTuple):
+    """The *slots*, (plan, group) pairs that runs use: each run's slot, each
+    slot's row, group and first run; one entry per (slot, member device)
+    with its cell ``row * D + device``; the first op of each (plan, device)
+    (B, D), ``n`` where unused; ``seg`` the per-op columns of
+    :func:`_precomputed` summed over each run."""
+    run_slot: np.ndarray
+    row: np.ndarray
+    group: np.ndarray
+    first_run: np.ndarray
+    e_slot: np.ndarray
+    e_cell: np.ndarray
+    first_d: np.ndarray
+    seg: np.ndarray
+
+    def total(self, col: int) -> np.ndarray:
+        """Column ``col`` of ``seg`` summed per slot."""
+        return np.bincount(self.run_slot, self.seg[:, col], minlength=len(self.row))
+
+    def per_device(self, values, reduce=None) -> np.ndarray:
+        """(B, D) sums (or maxima) over each device's slots of ``values``."""
+        B, D = self.first_d.shape
+        if reduce is None:
+            return np.bincount(self.e_cell, values[self.e_slot],
+                               minlength=B * D).reshape(B, D)
+        out = np.zeros(B * D)
+        reduce.at(out, self.e_cell, values[self.e_slot])
+        return out.reshape(B, D)
+
+
+def _slots(gt: dict, rn: _Runs, D: int, G: int, seg: np.ndarray) -> _Slots:
+    """The slots of runs ``rn`` over a table of ``G`` groups (see
+    :class:`_Slots`)."""
+    B, n = rn.small.shape
+    keys, first_run, run_slot = unique_ints(rn.run_row * G + rn.run_group, index=True,
+                                            inverse=True)
     row, group = np.divmod(keys, G)
-    first = run_start[first_run]          # a plan's runs are in topological order
+    first = rn.run_start[first_run]       # a plan's runs are in topological order
     members = gt["pad"][group]
     ok = members < D
     e_slot = np.broadcast_to(np.arange(len(keys))[:, None], members.shape)[ok]
     e_cell = (row[:, None] * D + members)[ok]
     first_d = np.full(B * D, n, dtype=np.int64)
     np.minimum.at(first_d, e_cell, first[e_slot])
-    return {"run_slot": run_slot, "row": row, "group": group, "first_run": first_run,
-            "e_slot": e_slot, "e_cell": e_cell, "first_d": first_d.reshape(B, D)}
+    return _Slots(run_slot, row, group, first_run, e_slot, e_cell, first_d.reshape(B, D), seg)
 
 
 def _pair_lookup(p: Problem, groups, gt: dict, codes: np.ndarray) -> dict:

@@ -108,7 +108,7 @@ def crossing_costs(serial, run_cls, scale, run_start, x_from, x_to, r_src, r_dst
     source run's start, relative to its destination run's start: the source
     run's work up to and including ``x_from``, plus ``lat``, less the
     destination run's work before ``x_to`` (see
-    :func:`placer.cost.analytical.evaluate`). ``serial``: prefix sums of the
+    :func:`placer.cost.analytical._fill`). ``serial``: prefix sums of the
     ops' work per device class; a run's work is its class's column times
     its ``scale``, plus ``per_op`` per op."""
     E = len(r_src)
