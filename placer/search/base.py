@@ -219,8 +219,30 @@ class MeteredCostModel(CostModel):
 
     def step_times(self, problem, assignments, **kwargs):
         rows = np.atleast_2d(np.asarray(assignments))
+        if self.budget.time is not None and \
+                type(self.inner).step_times is CostModel.step_times:
+            return self._rows_in_time(problem, rows, kwargs)
         return self.record_rows(problem, rows, self.inner.step_times(problem, rows, **kwargs),
                                 **kwargs)
+
+    def _rows_in_time(self, problem, rows, kwargs) -> np.ndarray:
+        """:meth:`step_times` of a model without an array path (it scores a
+        batch plan by plan) under a time budget: rows are scored one at a
+        time until the time is spent, the rest read as
+        ``inf`` and are not charged; a slow model's batch would otherwise
+        run past the budget's end. As :meth:`Budget.allow`, one row is
+        scored when nothing has been yet."""
+        counts = np.broadcast_to(np.asarray(kwargs.get("microbatches", 1)), (len(rows),))
+        out = np.full(len(rows), np.inf)
+        done = 0
+        while done < len(rows) and (not self.budget.out_of_time()
+                                     or (done == 0 and self.budget.used == 0)):
+            out[done] = self.inner.step_times(
+                problem, rows[done:done + 1], **{**kwargs, "microbatches": int(counts[done])})[0]
+            done += 1
+        scored = {**kwargs, "microbatches": counts[:done]}
+        out[:done] = self.record_rows(problem, rows[:done], out[:done], **scored)
+        return out
 
     def record_rows(self, problem, rows, values, **kwargs) -> np.ndarray:
         """:meth:`step_times`'s answer from ``values`` of ``rows`` made by
