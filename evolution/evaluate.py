@@ -23,30 +23,14 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from placer.cost import get_cost_model
 from placer.executors import LOCAL, Executor, check_backend, cluster_cpus, is_local, \
     make_executor
+from placer.search.parallel import hold, step_times_held
 
 from .genome import OpGenome, Space
 
 if TYPE_CHECKING:
     from placer.cost import CostModel, Problem
-
-# per-process state of pool workers (set by _init_worker)
-_WORKER: dict = {}
-
-
-def _init_worker(problem, model_name: str) -> None:
-    _WORKER["problem"] = problem
-    _WORKER["model"] = get_cost_model(model_name)
-    # one BLAS thread per worker: the workers are the parallelism
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-
-def _score_chunk(A: np.ndarray, groups: list, microbatches: int, schedule: str) -> np.ndarray:
-    return _WORKER["model"].step_times(_WORKER["problem"], A, groups=groups,
-                                       microbatches=microbatches, schedule=schedule)
-
 
 def compact(A: np.ndarray, space: Space) -> tuple[np.ndarray, list[tuple]]:
     """Renumber the data-parallel group ids used in ``A`` to ``D, D+1, ...``
@@ -97,7 +81,6 @@ class Evaluator:
         self._count = 0         # and how many
         self._give_way = False  # the call under way found the model too slow
         self._pool: Executor | None = None
-        self._pool_model = ""
 
     def use(self, model: "CostModel", *, seconds: float | None = None,
             fallback: "CostModel | None" = None) -> None:
@@ -274,7 +257,8 @@ class Evaluator:
         pending = []
         for j, (A, m, schedule) in enumerate(jobs):
             A, groups = compact(A, self.space)
-            pending += [(j, i, pool.submit(_score_chunk, A[i:i + size], groups, m, schedule))
+            pending += [(j, i, pool.submit(step_times_held, self.model.name, A[i:i + size],
+                                           groups, m, schedule))
                         for i in range(0, len(A), size)]
         out = [np.full(len(A), np.nan) for A, _, _ in jobs]
         start, done = _time.perf_counter(), 0
@@ -302,12 +286,10 @@ class Evaluator:
         return self.workers > 1 or (self.workers == 1 and not is_local(self.backend))
 
     def _get_pool(self) -> Executor:
-        if self._pool is not None and self._pool_model != self.model.name:
-            self.close()            # the model changed (screening switched to exact)
+        # the workers hold the problem; each builds a model the first time
+        # a call names it (screening may switch to the exact model)
         if self._pool is None:
-            self._pool_model = self.model.name
-            self._pool = make_executor(self.backend, self.workers, _init_worker,
-                                       (self.problem, self.model.name))
+            self._pool = make_executor(self.backend, self.workers, hold, (self.problem,))
         return self._pool
 
 

@@ -50,6 +50,7 @@ from .common import (LOSS_REDUCTIONS, MeasuredReport, RunResult, build_optimizer
                      default_device_map, optimizer_state_bytes, default_loss, join_outputs,
                      predict, prepare, sink_device)
 from .status import STATUS, inject_fault
+from .transport import gather_to_first
 
 #: names usable as ``engine=`` in :func:`placer.run` and :func:`placer.launch`
 ENGINES = ("builtin", "pipelining")
@@ -521,11 +522,8 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     mine_out = {"device": me, "replica": replica, "outputs": loss.step(len(mb_rows))[0],
                 "gradients": grads, "parameters": engine.state(),
                 "peak": _peak(engine, me, tdev, opt, True)}
-    gathered = [None] * world if rank == 0 else None
-    STATUS.set("gather results")
-    with STATUS.wait(None, "the results gather"):
-        dist.gather_object(mine_out, gathered, dst=0)
-    if rank != 0:
+    gathered = gather_to_first(mine_out)
+    if gathered is None:
         return None
     outputs, merged_grads, params_all = {}, {}, {}
     for part in gathered:

@@ -29,7 +29,7 @@ from .common import (RUNTIME_OPTIONS, MeasuredReport, build_optimizer, default_l
                      join_outputs, predict, prepare, sink_device)
 from .status import STATUS, inject_fault
 from .steps import Measured, Step, run_steps, timed_step
-from .transport import DistTransport, start_step
+from .transport import DistTransport, gather_to_first, start_step
 from .waiting import (TRANSPORT_THREADS, KeepAwake, busy_poll_default, demote_threads,
                       quick_handover, wait_work)
 
@@ -86,7 +86,6 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
                                    problem_options=problem_options, seed=seed,
                                    calibrate=calibrate)
     torch.manual_seed(seed)
-    rank, world = dist.get_rank(), dist.get_world_size()
     setup = _set_up(model, plan, example_inputs, graph=graph, cluster=cluster, device=device,
                     training=training, busy_poll=busy_poll, p2p_tag0=p2p_tag0)
     hook = (RankCalibration(model, example_inputs, setup, loss_fn, targets)
@@ -106,11 +105,8 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     measured = _measured_steps(setup, engine, opt, steps, warmup, training, targets, hook)
     mine = _rank_figures(setup, engine, opt, measured, training)
     calibration = hook.combine() if hook is not None else None
-    gathered = [None] * world if rank == 0 else None
-    STATUS.set("gather results")
-    with STATUS.wait(None, "the results gather"):
-        dist.gather_object(mine, gathered, dst=0)
-    if rank != 0:
+    gathered = gather_to_first(mine)
+    if gathered is None:
         return None
     prediction = _prediction(setup, cluster, problem_options, calibration,
                              hook.reference if hook is not None else None)

@@ -256,3 +256,13 @@ def start_step(engine, spin: bool) -> tuple[float, float]:
         # Engine.post_receives) while this rank sleeps, not in the step
         time.sleep(NOTICE_WAIT)
     return time.perf_counter() - posted, time.process_time() - cpu_post
+
+
+def gather_to_first(mine: Any) -> "list | None":
+    """Every rank's ``mine``, gathered on rank 0 (a list by rank); None on
+    the other ranks. The wait is reported as the results gather."""
+    gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    STATUS.set("gather results")
+    with STATUS.wait(None, "the results gather"):
+        dist.gather_object(mine, gathered, dst=0)
+    return gathered
