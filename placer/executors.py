@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable, Iterable
@@ -78,8 +79,18 @@ def connect(spec: str, field: str = "backend"):
         return ray
     address = None if spec == "ray" else spec
     try:
-        ray.init(address=address, logging_level="WARNING", log_to_driver=False,
-                 configure_logging=True)
+        try:
+            ray.init(address=address, logging_level="WARNING", log_to_driver=False,
+                     configure_logging=True)
+        except ConnectionError as exc:
+            # Ray Client's server starts one server per client and may fail
+            # the first start under load ("Initialization failure from
+            # server"); a second try then succeeds. Unreachable hosts fail as before.
+            if "Initialization failure" not in str(exc):
+                raise
+            time.sleep(2.0)
+            ray.init(address=address, logging_level="WARNING", log_to_driver=False,
+                     configure_logging=True)
     except ImportError as exc:      # ray:// without Ray Client's grpcio
         raise StrategyError(f"{spec} needs Ray Client ({exc})", field=field,
                             fix=RAY_EXTRA + " (it brings Ray Client's grpcio)") from None
