@@ -58,7 +58,7 @@ class EvolutionConfig:
     #: mean number of mutation operators per child
     mutation_rate: float = 1.5
     #: relative weight of each mutation operator by name (missing names keep
-    #: :data:`evolution.operators.MUTATIONS`' weights)
+    #: :data:`placer.space.moves.MUTATIONS`' weights)
     mutation_weights: dict | None = None
     #: heuristic names whose plans seed the population
     seeds: Sequence[str] | None = DEFAULT_SEEDS

@@ -54,8 +54,7 @@ from placer.search.base import (Budget, Progress, Strategy, get_strategy,
 from .dtfm_partition import (MAX_CHUNKS, Partition, by_model, islands, mutate, neighbours,
                              partition_of, transplant)
 from .evaluate import Evaluator, check_workers, resolve_workers
-from .genome import LayoutGenome, OpGenome, Space
-from .memetic import local_search
+from placer.space import LayoutGenome, OpGenome, Space, local_search
 from placer.search.common import final_ranker, rank
 from placer.search.parallel import ProblemPool, pool_workers
 from .search import device_chain, hold_back, polish_with, reserve, screen_exactly

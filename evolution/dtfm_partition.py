@@ -25,7 +25,7 @@ import numpy as np
 if TYPE_CHECKING:
     from placer.plan import Plan
 
-    from .genome import Space
+    from placer.space import Space
 
 
 @dataclass

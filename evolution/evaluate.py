@@ -27,7 +27,7 @@ from placer.executors import LOCAL, Executor, check_backend, cluster_cpus, is_lo
     make_executor
 from placer.search.parallel import hold, step_times_held
 
-from .genome import OpGenome, Space
+from placer.space import OpGenome, Space
 
 if TYPE_CHECKING:
     from placer.cost import CostModel, Problem

@@ -32,7 +32,7 @@ from placer.errors import PlacerError, StrategyError
 from placer.plan import Plan
 from placer.search.base import Budget, Progress, Strategy, get_strategy, register_strategy
 
-from .genome import LayoutGenome, Space
+from placer.space import LayoutGenome, Space
 from .search import Evolution, device_chain, reserve
 
 if TYPE_CHECKING:

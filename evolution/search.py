@@ -5,10 +5,10 @@ pipeline_dp, ...), balanced stage/replica layouts of several shapes and any
 ``initial`` plans (e.g. an RL policy's samples, as ``hybrid`` does), and is
 filled with mutants of them. Each generation breeds offspring by tournament
 selection, segment crossover and topology-aware mutation
-(:mod:`evolution.operators`), scores them in one batch with the *screening*
+(:mod:`placer.space.moves`), scores them in one batch with the *screening*
 cost model (analytical by default; optionally on worker processes), keeps
 the best distinct genomes (mu + lambda, elitist) and polishes the best with
-a local search (:mod:`evolution.memetic`). It stops when the budget is spent
+a local search (:mod:`placer.space.local`). It stops when the budget is spent
 or after ``patience`` generations without improvement. The best few
 distinct plans and the best seed of each heuristic are then ranked by the
 cost model the search was given (the simulator in ``placer.optimize``), so
@@ -54,10 +54,8 @@ from placer.search.common import final_ranker, learn_seed_seconds, rank, seed_se
 from placer.search.parallel import ProblemPool, pool_workers
 
 from .evaluate import Evaluator, resolve_workers
-from .genome import LayoutGenome, OpGenome, Space
+from placer.space import LayoutGenome, OpGenome, Space, crossover, local_search, mutate
 from .config import DEFAULT_SEEDS, FIELDS, EvolutionConfig, with_config_keywords
-from .memetic import local_search
-from .operators import crossover, mutate
 from .shared import Fitness, ProgressBar, shapes_for, sub_budget, tournament
 
 if TYPE_CHECKING:

@@ -65,7 +65,7 @@ def refine(problem: Problem, cost_model, budget: Budget, starts: list, *, policy
     ``fixed``: the strategy's fixed ``microbatches`` and ``schedule``, for
     the heuristics whose plans join the starts (:func:`_heuristics`)."""
     from evolution.evaluate import Evaluator
-    from evolution.genome import Space
+    from placer.space import Space
     from evolution.search import EXACT_SCREEN_EVALS, hold_back, polish_with, reserve, screen_exactly
     from placer.search.common import Coarse, final_ranker
     coarse = Coarse(problem, COARSEN_TO if problem.n_ops > COARSEN_ABOVE else None)
@@ -221,7 +221,7 @@ COARSEN_TO = 400
 def _genome(space, coarse, plan, origin: str):
     """``plan`` (over the whole graph) as a genome of ``space`` (over the
     coarse graph: each coarse op on the devices most of its ops are on)."""
-    from evolution.genome import OpGenome
+    from placer.space import OpGenome
     if coarse.members is None:
         return OpGenome.from_plan(space, plan, origin)
     problem = coarse.fine
@@ -239,7 +239,7 @@ def _layouts(space) -> list:
     """The simple reference plans and evolution's balanced layouts as
     genomes (one-shot ``rl`` scored them too, but kept only its best few):
     starts of other shapes for the descents."""
-    from evolution.genome import OpGenome
+    from placer.space import OpGenome
     from .candidates import baseline_rows
     pipes, layouts, stages = baseline_rows(space.problem, space)
     ms = space.microbatch_choices
@@ -321,7 +321,7 @@ class _Search:
     def descend(self, g, value: float, origin: str = "anytime"):
         """Steepest descent from ``g`` (scored ``value``) to a local optimum
         or the end of the budget; returns ``(genome, value)``."""
-        from evolution.memetic import neighbourhood
+        from placer.space import neighbourhood
         from .candidates import replica_moves
         while not self.spent():
             cands = neighbourhood(self.space, g, self.rng, self.limit)
@@ -355,7 +355,7 @@ class _Search:
     def run(self, policy, problem, *, samples, batch, max_units) -> None:
         """Descend from the best starts, then kick and descend, with fresh
         decodings by the policy now and then, until the budget ends."""
-        from evolution.operators import mutate
+        from placer.space import mutate
         for value, g in self.starts():
             if self.spent():
                 return
@@ -406,7 +406,7 @@ class _Decoder:
         """``samples`` fresh samples at ``temperature`` and ``batch`` refinements
         of ``current`` (single-device ops only: the policy places each op on
         one device), at ``current``'s microbatches and schedule."""
-        from evolution.genome import OpGenome
+        from placer.space import OpGenome
         from .candidates import OneThread, unit_row
         D = space.n_devices
         out = []

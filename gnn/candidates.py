@@ -38,7 +38,7 @@ REPLICA_SPANS = (1, 2)
 
 
 def replica_moves(space, g, rng=None, limit: int | None = None) -> list:
-    """Neighbours of ``g`` (an :class:`evolution.genome.OpGenome`) that make
+    """Neighbours of ``g`` (an :class:`placer.space.OpGenome`) that make
     an op, or a short run of ops, data-parallel over its own devices and
     those of an adjacent stage: for each run of equal groups along the
     order, its first and last ``k`` ops (``k`` in :data:`REPLICA_SPANS`)
@@ -57,7 +57,7 @@ def replica_moves(space, g, rng=None, limit: int | None = None) -> list:
     ops, and what the extra run of the order buys is a higher 1F1B
     in-flight cap, :func:`placer.cost.memory.inflight`: 2.97 and 2.86 s
     against 3.42 s by the simulator)."""
-    from evolution.operators import boundary_ops
+    from placer.space import boundary_ops
     a = g.assign
     n = len(a)
     table = space.table

@@ -140,11 +140,11 @@ class Candidate(NamedTuple):
 
 
 def _space(problem, choices, schedules):
-    """evolution's :class:`~evolution.genome.Space` of ``problem`` (its group
+    """evolution's :class:`~placer.space.Space` of ``problem`` (its group
     table numbers data-parallel sets, its operators polish plans), or None
     when the evolution package is not installed."""
     try:
-        from evolution.genome import Space
+        from placer.space import Space
     except ImportError:
         return None
     return Space(problem, choices, schedules)
@@ -491,8 +491,7 @@ def _polish(space, cost_model, problem, budget: Budget, start: tuple, rng, round
     plan of each improving round (one per distinct row), the same kind of
     tuple, source ``"polished"``, last (best by ``cost_model``) first."""
     from evolution.evaluate import compact
-    from evolution.genome import OpGenome
-    from evolution.memetic import neighbourhood
+    from placer.space import OpGenome, neighbourhood
     t, row, m, sched, _ = start
     # the model's cost grows with rows x ops: big graphs get fewer neighbours
     limit = max(8, min(limit, POLISH_WORK // max(problem.n_ops, 1)))

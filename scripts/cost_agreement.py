@@ -40,8 +40,7 @@ def kendall_tau(a: np.ndarray, b: np.ndarray) -> float:
 
 def neighbourhoods(problem: Problem, starts: int = 4, seed: int = 0):
     """Yield ``(start, neighbours)`` genomes around rl's best candidates."""
-    from evolution.genome import OpGenome
-    from evolution.memetic import neighbourhood
+    from placer.space import OpGenome, neighbourhood
     from gnn.strategies import _choices, _policy, _space, policy_plans, replica_moves
     space = _space(problem, _choices(problem), ("1f1b",))
     found = policy_plans(_policy(None), problem, get_cost_model("analytical"), Budget(),

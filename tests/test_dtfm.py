@@ -10,7 +10,7 @@ from placer.search import Budget, get_strategy
 from evolution.dtfm import (Scheduler, even_allocation, partition_of, scale_batch, shapes_for,
                             tsp_path)
 from evolution.dtfm_partition import Partition, mutate, transplant
-from evolution.genome import Space
+from placer.space import Space
 
 
 def test_tsp_path_exact_and_heuristic():

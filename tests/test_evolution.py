@@ -9,8 +9,7 @@ from placer.graph import Graph, Op, Edge
 from placer.search import Budget, get_strategy
 
 from evolution.evaluate import Evaluator
-from evolution.genome import LayoutGenome, OpGenome, Space
-from evolution.operators import MUTATIONS, crossover, mutate
+from placer.space import MUTATIONS, LayoutGenome, OpGenome, Space, crossover, mutate
 
 
 @pytest.fixture(scope="module")
@@ -273,7 +272,7 @@ def test_screens_with_the_simulator_when_it_fits_the_time(monkeypatch):
 def test_neighbourhood_shifts_chains_of_boundaries(problem):
     # stage 0 gains one op and stage 2 gives one up while stage 1 keeps its
     # size: two boundaries move together, which no single shift does
-    from evolution.memetic import neighbourhood
+    from placer.space import neighbourhood
     space = Space(problem)
     g = LayoutGenome([10, 20], [(0,), (1,), (2,)]).decode(space)
     sizes = {tuple(np.bincount(c.assign, minlength=3)[:3].tolist())

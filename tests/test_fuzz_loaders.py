@@ -202,7 +202,7 @@ def test_hostile_files_fail_cleanly(folder, kind, data):
 def checkpoint(folder):
     """A real search checkpoint of GRAPH on CLUSTER and what reading it needs."""
     import placer
-    from evolution.genome import Space
+    from placer.space import Space
     from placer.cost import Problem
     from placer.search.base import SearchInterrupted
     from placer.search.base import get_strategy

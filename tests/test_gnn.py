@@ -635,8 +635,7 @@ def test_replica_moves_widen_run_ends_over_adjacent_stages():
     moe@edge-wireless) is among them; colocation is kept (the tied head
     follows the embedding, never widened alone); evolution's memetic
     neighbourhood has no such plan."""
-    from evolution.genome import OpGenome
-    from evolution.memetic import neighbourhood
+    from placer.space import OpGenome, neighbourhood
     from gnn.candidates import replica_moves
     from gnn.strategies import _space
     problem = _tied_pipeline_problem()

@@ -10,11 +10,12 @@ improves (or after ``rounds``).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
-from .evaluate import Evaluator
 from .genome import OpGenome, Space
-from .operators import boundary_ops
+from .moves import boundary_ops
 
 
 #: chains of boundaries are shifted only in layouts of at most this many
@@ -87,10 +88,12 @@ def neighbourhood(space: Space, g: OpGenome, rng: np.random.Generator,
     return out
 
 
-def local_search(space: Space, evaluate: Evaluator, g: OpGenome, score: float,
+def local_search(space: Space, evaluate: Callable, g: OpGenome, score: float,
                  rng: np.random.Generator, *, rounds: int = 4,
                  limit: int = 256) -> tuple[OpGenome, float]:
-    """Improve ``g`` (whose objective is ``score``) by steepest descent."""
+    """Improve ``g`` (whose objective is ``score``) by steepest descent;
+    ``evaluate`` scores a list of genomes and has the search's ``budget``
+    (an :class:`evolution.evaluate.Evaluator`)."""
     best, best_score = g, score
     for _ in range(rounds):
         if evaluate.budget is not None and evaluate.budget.exhausted():

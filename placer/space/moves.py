@@ -1,4 +1,4 @@
-"""Variation operators on :class:`~evolution.genome.OpGenome`, each with an
+"""Variation operators on :class:`~placer.space.genome.OpGenome`, each with an
 explicit ``numpy.random.Generator`` (never the global ``random`` state).
 
 Mutations are topology-aware: ops move to a graph neighbour's devices or to
