@@ -18,13 +18,15 @@ importable from this package as before.
 import sys
 
 from placer.space import GroupTable, LayoutGenome, OpGenome, Space
+from placer.search import evaluate
 from placer.space import genome, local as memetic, moves as operators
 
 from .search import Evolution
 from .dtfm import DTFM
 from .optuna_search import OptunaSearch
 
-for _name, _module in (("genome", genome), ("operators", operators), ("memetic", memetic)):
+for _name, _module in (("genome", genome), ("operators", operators), ("memetic", memetic),
+                       ("evaluate", evaluate)):
     sys.modules.setdefault(f"{__name__}.{_name}", _module)
 del _name, _module
 

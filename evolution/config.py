@@ -25,8 +25,7 @@ from typing import Sequence
 
 from placer.errors import StrategyError
 from placer.executors import check_backend
-
-from .evaluate import check_workers
+from placer.search.evaluate import check_workers
 
 __all__ = ["EvolutionConfig", "DEFAULT_SEEDS", "FIELDS", "validate", "with_config_keywords"]
 
@@ -94,7 +93,7 @@ class EvolutionConfig:
     final_share: float = 0.15
     #: worker processes scoring batches (>= 0), or ``"auto"``: the usable CPUs
     #: (up to 4) when the screening model is the simulator under a time
-    #: budget (see :func:`evolution.evaluate.auto_workers`), else none (on a
+    #: budget (see :func:`placer.search.evaluate.auto_workers`), else none (on a
     #: Ray ``backend``: the cluster's CPUs); plans never depend on it
     workers: int | str = "auto"
     #: where those workers run: ``"local"`` processes, or a Ray cluster

@@ -53,12 +53,12 @@ from placer.search.base import (Budget, Progress, Strategy, get_strategy,
 
 from .dtfm_partition import (MAX_CHUNKS, Partition, by_model, islands, mutate, neighbours,
                              partition_of, transplant)
-from .evaluate import Evaluator, check_workers, resolve_workers
-from placer.space import LayoutGenome, OpGenome, Space, local_search
+from placer.search.evaluate import Evaluator, check_workers, resolve_workers
+from placer.space import LayoutGenome, OpGenome, Space, device_chain, local_search, shapes_for
 from placer.search.common import final_ranker, rank
 from placer.search.parallel import ProblemPool, pool_workers
-from .search import device_chain, hold_back, polish_with, reserve, screen_exactly
-from .shared import Fitness, ProgressBar, shapes_for, tournament
+from placer.search.phases import hold_back, polish_with, reserve, screen_exactly
+from .shared import Fitness, ProgressBar, tournament
 
 if TYPE_CHECKING:
     from placer.cost import CostModel, Problem
@@ -435,7 +435,7 @@ class DTFM(Strategy):
 
     def _rivals(self, inner, screen, budget: Budget, seed: int, space: Space) -> list[Plan]:
         """Plans of the ``seeds`` heuristics (on the inner problem)."""
-        from .search import SeedPool
+        from placer.search.phases import SeedPool
         out = []
         pool = SeedPool(budget, self.seed_share, len(self.seeds))
         for name in self.seeds:
@@ -669,4 +669,4 @@ def scale_batch(graph, factor: float, name: str | None = None):
 register_strategy(DTFM)
 
 __all__ = ["DTFM", "Partition", "Scheduler", "crossing_bytes", "cut_near", "even_allocation",
-           "partition_of", "scale_batch", "shapes_for", "tsp_path"]
+           "partition_of", "scale_batch", "tsp_path"]

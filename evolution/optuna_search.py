@@ -32,8 +32,10 @@ from placer.errors import PlacerError, StrategyError
 from placer.plan import Plan
 from placer.search.base import Budget, Progress, Strategy, get_strategy, register_strategy
 
-from placer.space import LayoutGenome, Space
-from .search import Evolution, device_chain, reserve
+from placer.search.phases import reserve
+from placer.space import LayoutGenome, Space, device_chain
+
+from .search import Evolution
 
 if TYPE_CHECKING:
     from placer.cost import CostModel, Problem

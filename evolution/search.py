@@ -53,10 +53,12 @@ from placer.search.base import (Budget, Progress, SearchInterrupted, Strategy, g
 from placer.search.common import final_ranker, learn_seed_seconds, rank, seed_seconds
 from placer.search.parallel import ProblemPool, pool_workers
 
-from .evaluate import Evaluator, resolve_workers
-from placer.space import LayoutGenome, OpGenome, Space, crossover, local_search, mutate
+from placer.search.evaluate import Evaluator, resolve_workers
+from placer.search.phases import (EXACT_SCREEN_EVALS, SeedPool, hold_back, polish_with, reserve,
+                                  screen_exactly)
+from placer.space import OpGenome, Space, crossover, layout_seeds, local_search, mutate
 from .config import DEFAULT_SEEDS, FIELDS, EvolutionConfig, with_config_keywords
-from .shared import Fitness, ProgressBar, shapes_for, sub_budget, tournament
+from .shared import Fitness, ProgressBar, sub_budget, tournament
 
 if TYPE_CHECKING:
     from placer.cost import CostModel, Problem
@@ -249,7 +251,7 @@ class Evolution(Strategy):
             return screen
         plans = [g.to_plan(space, self.name) for g in seeds[:3]]
         return screen_exactly(space.problem, evaluate, screen, plans, budget, self.config.final,
-                              fallback=True)
+                              evals=EXACT_SCREEN_EVALS, fallback=True)
 
     def _rank_share(self, cost_model, coarse=None) -> float:
         """Share of the time kept for ranking the finalists by a final model
@@ -800,9 +802,6 @@ def _genome_in(d: dict) -> OpGenome:
     return g
 
 
-#: screen with the simulator when this many of its estimates fit in the time left
-EXACT_SCREEN_EVALS = 1500
-
 #: share of a time budget kept for the final ranking when nothing else keeps one
 RANK_SHARE = 0.1
 #: ... and when the graph was coarsened (expanding finalists, heuristics on
@@ -810,108 +809,9 @@ RANK_SHARE = 0.1
 COARSE_RANK_SHARE = 0.3
 
 
-class hold_back:
-    """Context manager: hide ``share`` of ``budget``'s time and evaluations
-    (those it has) from the search inside, for a final phase after it."""
-
-    def __init__(self, budget: Budget, share: float):
-        self.budget = budget
-        self.dt = 0.0 if budget.time is None else budget.time * share
-        self.n = 0 if budget.evaluations is None else int(budget.evaluations * share)
-
-    def __enter__(self) -> Budget:
-        if self.budget.time is not None:
-            self.budget.time -= self.dt
-        if self.budget.evaluations is not None:
-            self.budget.evaluations -= self.n
-        return self.budget
-
-    def __exit__(self, *exc) -> None:
-        if self.budget.time is not None:
-            self.budget.time += self.dt
-        if self.budget.evaluations is not None:
-            self.budget.evaluations += self.n
-
-
-class reserve:
-    """Context manager: hide ``n`` of ``budget``'s evaluations (if it counts
-    them) from the search inside, for the final scoring after it."""
-
-    def __init__(self, budget: Budget, n: int):
-        self.budget = budget
-        self.n = 0
-        if budget.evaluations is not None:
-            self.n = int(min(n, max(budget.remaining_evaluations - 1, 0)))
-
-    def __enter__(self) -> Budget:
-        if self.n:
-            self.budget.evaluations -= self.n
-        return self.budget
-
-    def __exit__(self, *exc) -> None:
-        if self.n:
-            self.budget.evaluations += self.n
-
-
-def screen_exactly(problem: "Problem", evaluate: Evaluator, screen, plans: list[Plan],
-                   budget: Budget, final: str | None, evals: int | None = None,
-                   repeats: int = 1, fallback: bool = False):
-    """With a time budget only (an evaluation budget asks for a result that
-    does not depend on the machine's speed) and the simulator as the final
-    model, screen with the simulator itself when it is cheap enough here: it
-    is timed on ``plans`` and taken when :data:`EXACT_SCREEN_EVALS` of its
-    estimates fit in the time left (``evals`` of them if given; each plan
-    timed as the fastest of ``repeats`` runs, so a first run's warm-up or a
-    hiccup of a loaded machine does not decide; ``evaluate`` then scores
-    with it, its cache cleared). Small graphs (module level) then search on
-    the figures they are ranked by, and the analytical model's disagreements
-    stop steering them. With ``fallback`` the evaluator goes back to
-    ``screen`` if the plans it meets turn out so much slower to simulate
-    than these that a batch of them would not finish in the time left (see
-    :meth:`~evolution.evaluate.Evaluator.use`): its ``switches`` then goes
-    up. Returns the screening model."""
-    if (budget.time is None or budget.evaluations is not None or final != "simulator"
-            or getattr(screen, "name", None) == "simulator" or not plans):
-        return screen
-    exact = get_cost_model("simulator")
-    # the first call may load the compiled loop and fills per-problem caches
-    exact.estimate(problem, plans[0])
-    evals = EXACT_SCREEN_EVALS if evals is None else evals
-    slowest = 0.0
-    for plan in plans:
-        took = np.inf
-        for _ in range(max(1, int(repeats))):
-            start = _time.perf_counter()
-            exact.estimate(problem, plan)
-            took = min(took, _time.perf_counter() - start)
-            if took * evals <= budget.remaining_time:
-                break
-        slowest = max(slowest, took)
-        if slowest * evals > budget.remaining_time:
-            return screen
-    evaluate.use(budget.meter(exact), seconds=slowest,
-                 fallback=evaluate.model if fallback else None)
-    return exact
-
-
-def polish_with(space: Space, model, budget: Budget, g: OpGenome, rng: np.random.Generator,
-                reserved: int = 1) -> OpGenome | None:
-    """Steepest descent around ``g`` scored by ``model`` (metered) in what
-    is left of ``budget`` but ``reserved`` evaluations; the improved genome,
-    or None."""
-    if budget.remaining_evaluations <= reserved + 1 or budget.remaining_time <= 0:
-        return None
-    with reserve(budget, reserved), Evaluator(space, model, budget) as evaluate:
-        start = float(evaluate([g])[0])
-        if not np.isfinite(start):
-            return None
-        best, value = local_search(space, evaluate, g, start, rng, rounds=64, limit=64)
-    return best if value < start else None
-
-
 def _rescore(evaluate: Evaluator, genomes: list[OpGenome]) -> None:
     """Score ``genomes`` again by ``evaluate``'s model whatever the time left
-    (see :meth:`~evolution.evaluate.Evaluator.rescore`)."""
+    (see :meth:`~placer.search.evaluate.Evaluator.rescore`)."""
     for g, v in zip(genomes, evaluate.rescore(genomes).tolist()):
         g.fitness = Fitness((v,))
 
@@ -947,62 +847,6 @@ def _best(genomes: list[OpGenome], k: int) -> list[OpGenome]:
     return [genomes[i] for i in order.tolist()]
 
 
-class SeedPool:
-    """Budgets for ``n`` seeding heuristics run one after another: together
-    ``share`` of what is left of ``budget``; each may use twice its equal
-    part of what the earlier ones left unused (most heuristics take
-    milliseconds, so the slow exact ones, such as pipeline_dp, get most of
-    it)."""
-
-    def __init__(self, budget: Budget, share: float, n: int):
-        self.budget = budget
-        self.left = max(int(n), 1)
-        t = budget.remaining_time
-        self.deadline = None if math.isinf(t) else budget.elapsed + t * share
-        self.evals = share / self.left
-        self.ran = False
-
-    def skip(self) -> None:
-        """One heuristic fewer to run."""
-        self.left = max(self.left - 1, 1)
-
-    def next(self) -> Budget:
-        """The next heuristic's budget."""
-        e = self.budget.remaining_evaluations
-        evals = None if math.isinf(e) else max(int(e * self.evals), 1)
-        time = None
-        if self.deadline is not None:
-            pool = self.deadline - self.budget.elapsed
-            time = max(min(2.0 / (self.left + 1), 1.0) * pool, 1e-3)
-        self.left = max(self.left - 1, 1)
-        if time is None and evals is None:
-            time = 10.0
-        return Budget(time=time, evaluations=evals)
-
-    def run(self, name: str, problem, cost_model, seed: int, **options):
-        """Strategy ``name``'s plan for ``problem`` within the next
-        heuristic's budget (charged to the whole), or None when it is not
-        registered or fails with a :class:`PlacerError`."""
-        try:
-            strategy = get_strategy(name, **options)
-        except PlacerError:
-            self.skip()
-            return None
-        sub = self.next()
-        if self.ran and sub.time is not None and \
-                seed_seconds(name, problem) > sub.time:
-            return None             # predicted not to finish in its share
-        self.ran = True
-        start = _time.perf_counter()
-        try:
-            return strategy.search(problem, cost_model, sub, seed=seed)
-        except PlacerError:
-            return None
-        finally:
-            self.budget.charge(sub.used)
-            learn_seed_seconds(name, problem, _time.perf_counter() - start)
-
-
 def _project(plan: Plan, coarse) -> Plan:
     """A plan over the fine graph -> over the coarse one (each group on the
     devices of its first member)."""
@@ -1011,48 +855,6 @@ def _project(plan: Plan, coarse) -> Plan:
     return Plan(placement, plan.microbatches, plan.schedule, plan.method)
 
 
-def device_chain(space: Space) -> list[int]:
-    """All devices in one chain: from the fastest, each next the nearest
-    unvisited (so consecutive devices share fast links)."""
-    D = space.n_devices
-    start = int(space.by_speed[0])
-    chain = [start]
-    seen = {start}
-    while len(chain) < D:
-        nxt = next((int(d) for d in space.near[chain[-1]] if int(d) not in seen), None)
-        if nxt is None:
-            nxt = next(d for d in range(D) if d not in seen)
-        chain.append(nxt)
-        seen.add(nxt)
-    return chain
-
-
-def layout_seeds(space: Space, limit: int = 16,
-                 max_devices: int | None = None) -> list[OpGenome]:
-    """Balanced stage/replica layouts: the (stages, replicas) shapes of
-    :func:`evolution.dtfm.shapes_for` (every factorisation of the device
-    count, and powers of two; those over at most ``max_devices`` devices
-    if given), devices taken along :func:`device_chain`, each at every
-    microbatch count (the population keeps the best)."""
-    D, n = space.n_devices, space.n_ops
-    chain = device_chain(space)
-    shapes = [s for s in shapes_for(D, n) if max_devices is None or s[0] * s[1] <= max_devices]
-    # prefer shapes using more devices, then fewer replicas
-    shapes.sort(key=lambda s: (-s[0] * s[1], s[1]))
-    out: list[OpGenome] = []
-    for pp, dp in shapes[:limit]:
-        stages = [tuple(chain[s * dp:(s + 1) * dp]) for s in range(pp)]
-        layout = LayoutGenome.balanced(space, stages, 1, space.schedule_choices[0],
-                                       origin=f"layout-{pp}x{dp}")
-        base = layout.decode(space)
-        for m in space.microbatch_choices:
-            genome = base.copy()
-            genome.microbatches = m
-            out.append(genome)
-    return out
-
-
 register_strategy(Evolution)
 
-__all__ = ["DEFAULT_SEEDS", "STATE_FORMAT", "Evolution", "SeedPool", "device_chain",
-           "final_ranker", "hold_back", "layout_seeds", "polish_with", "rank"]
+__all__ = ["DEFAULT_SEEDS", "STATE_FORMAT", "Evolution", "final_ranker", "rank"]

@@ -1,7 +1,6 @@
 """Pieces evolution's searches share (evolution, dtfm, optuna): deap's
-one-objective fitness, tournament selection, the progress bar, the
-pipeline x data-parallel shapes of a device count and a seeding
-heuristic's share of a budget."""
+one-objective fitness, tournament selection, the progress bar and a
+seeding heuristic's share of a budget."""
 
 from __future__ import annotations
 
@@ -72,23 +71,4 @@ class ProgressBar:
             self.bar.close()
 
 
-def shapes_for(D: int, n_ops: int) -> list[tuple[int, int]]:
-    """(D_pp, D_dp) candidates with ``D_pp <= n_ops`` and ``D_pp * D_dp <= D``:
-    every factorisation of ``D`` (all devices busy) and, since slow links
-    can make extra replicas or stages cost more than they give, smaller
-    shapes with powers of two (or the largest fitting count) on each axis."""
-    def axis(limit: int) -> list[int]:
-        vals = {1, limit}
-        v = 2
-        while v <= limit:
-            vals.add(v)
-            v *= 2
-        return sorted(x for x in vals if 1 <= x <= limit)
-    out = {(D // dp, dp) for dp in range(1, D + 1) if D % dp == 0 and D // dp <= n_ops}
-    for dp in axis(D):
-        for pp in axis(min(n_ops, D // dp)):
-            out.add((pp, dp))
-    return sorted(out)
-
-
-__all__ = ["Fitness", "ProgressBar", "shapes_for", "sub_budget", "tournament"]
+__all__ = ["Fitness", "ProgressBar", "sub_budget", "tournament"]

@@ -17,7 +17,7 @@ result, reported at once); with a time or evaluation budget left,
 
 Everything is scored by the search model, or by the simulator itself when a
 time budget (and no evaluation budget) leaves room for enough of its
-estimates, as evolution screens (:func:`evolution.search.screen_exactly`).
+estimates, as evolution screens (:func:`placer.search.phases.screen_exactly`).
 Given a seed and an evaluation budget the result is deterministic.
 """
 
@@ -64,9 +64,10 @@ def refine(problem: Problem, cost_model, budget: Budget, starts: list, *, policy
     coarse graph's); the finalists are then ranked on the whole graph.
     ``fixed``: the strategy's fixed ``microbatches`` and ``schedule``, for
     the heuristics whose plans join the starts (:func:`_heuristics`)."""
-    from evolution.evaluate import Evaluator
     from placer.space import Space
-    from evolution.search import EXACT_SCREEN_EVALS, hold_back, polish_with, reserve, screen_exactly
+    from placer.search.evaluate import Evaluator
+    from placer.search.phases import (EXACT_SCREEN_EVALS, hold_back, polish_with, reserve,
+                                      screen_exactly)
     from placer.search.common import Coarse, final_ranker
     coarse = Coarse(problem, COARSEN_TO if problem.n_ops > COARSEN_ABOVE else None)
     inner = coarse.problem
@@ -172,7 +173,7 @@ def _heuristics(problem, cost_model, budget: Budget, seed: int, fixed: dict) -> 
     (HEFT, m-SCT, pipeline_dp, ...) on ``problem``, together within
     :data:`HEURISTIC_SHARE` of what is left of ``budget`` (as evolution
     shares its seeding time); evolution's results often start from one."""
-    from evolution.search import SeedPool
+    from placer.search.phases import SeedPool
     out = []
     pool = SeedPool(budget, HEURISTIC_SHARE, len(HEURISTICS))
     for name in HEURISTICS:

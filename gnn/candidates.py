@@ -154,8 +154,7 @@ def baseline_rows(problem, space=None, max_devices: int = 16):
         rows = np.concatenate([rows, classes]) if classes else rows
     if space is None:
         return rows, rows[:0], np.zeros(0, dtype=np.int64)
-    from evolution.search import layout_seeds
-    from evolution.dtfm import shapes_for
+    from placer.space import layout_seeds, shapes_for
     layouts = {}
     for g in layout_seeds(space, limit=len(shapes_for(space.n_devices, space.n_ops)),
                           max_devices=max_devices):

@@ -199,7 +199,7 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
         cost model's work grows with the group table it is given)."""
         if space is None:
             return A, ()
-        from evolution.evaluate import compact
+        from placer.space import compact
         A, used = compact(A, space)
         return A, tuple(used)
 
@@ -411,7 +411,7 @@ def _cut_descent(space, cost_model, problem, budget: Budget, start: tuple,
     stages' sizes are far from the best cut (a 2-stage pipeline of an
     expert stack on a pair of GPUs: the even split's 31.8 ms, the best
     cut's 29.0 ms by the simulator) three rounds of it do not get there."""
-    from evolution.evaluate import compact
+    from placer.space import compact
     t, row, m, sched, _ = start
     best, improved = t, False
     for _ in range(rounds):
@@ -451,7 +451,7 @@ def _at_schedules(cost_model, problem, space, start: tuple, schedules) -> list[t
     """``start`` (a ``(objective, row, microbatches, schedule, source)`` of
     :func:`policy_plans`) and the same row and count at each other of
     ``schedules``, scored by ``cost_model``."""
-    from evolution.evaluate import compact
+    from placer.space import compact
     out = [start]
     for sched in schedules:
         if sched != start[3]:
@@ -490,7 +490,7 @@ def _polish(space, cost_model, problem, budget: Budget, start: tuple, rng, round
     :data:`POLISH_WORK` / ``limit`` ops), each round one cost-model call; returns the
     plan of each improving round (one per distinct row), the same kind of
     tuple, source ``"polished"``, last (best by ``cost_model``) first."""
-    from evolution.evaluate import compact
+    from placer.space import compact
     from placer.space import OpGenome, neighbourhood
     t, row, m, sched, _ = start
     # the model's cost grows with rows x ops: big graphs get fewer neighbours
@@ -711,10 +711,10 @@ class RL(_Learned):
 
 
 def _reserve(budget: Budget, n: int):
-    """evolution's :class:`~evolution.search.reserve` (``n`` evaluations
+    """evolution's :class:`~placer.search.phases.reserve` (``n`` evaluations
     hidden inside), or nothing held back without the evolution package."""
     try:
-        from evolution.search import reserve
+        from placer.search.phases import reserve
     except ImportError:
         import contextlib
         return contextlib.nullcontext(budget)

@@ -58,7 +58,7 @@ def neighbourhoods(problem: Problem, starts: int = 4, seed: int = 0):
 
 def measure(graphs=TEST_GRAPHS, clusters=TEST_CLUSTERS) -> dict:
     """Per case, per neighbourhood figures and the summary (see the module doc)."""
-    from evolution.evaluate import compact
+    from placer.space import compact
     warm_up()
     models = [get_cost_model("analytical"), get_cost_model("simulator")]
     cases, taus, errors, moves = {}, [], [], []

@@ -7,10 +7,9 @@ import placer
 from placer.cost import Problem, get_cost_model
 from placer.search import Budget, get_strategy
 
-from evolution.dtfm import (Scheduler, even_allocation, partition_of, scale_batch, shapes_for,
-                            tsp_path)
+from evolution.dtfm import Scheduler, even_allocation, partition_of, scale_batch, tsp_path
 from evolution.dtfm_partition import Partition, mutate, transplant
-from placer.space import Space
+from placer.space import Space, shapes_for
 
 
 def test_tsp_path_exact_and_heuristic():

@@ -8,7 +8,7 @@ from placer.cost import Problem, get_cost_model
 from placer.graph import Graph, Op, Edge
 from placer.search import Budget, get_strategy
 
-from evolution.evaluate import Evaluator
+from placer.search.evaluate import Evaluator
 from placer.space import MUTATIONS, LayoutGenome, OpGenome, Space, crossover, mutate
 
 
@@ -109,7 +109,7 @@ def test_parallel_evaluation_mixed_settings_and_model_switch(problem):
 
 
 def test_auto_workers_only_for_the_simulator_under_a_time_budget(monkeypatch):
-    from evolution import evaluate
+    from placer.search import evaluate
     monkeypatch.setattr(evaluate.os, "sched_getaffinity", lambda pid: set(range(16)),
                         raising=False)
     sim, analytical = get_cost_model("simulator"), get_cost_model("analytical")

@@ -154,7 +154,7 @@ def _on_the_cluster():
         assert _plan(method, backend="auto", workers=2) == plan
     assert _coarse_plan(backend="auto", workers=2) == _coarse_plan(workers=0)
     # the evaluator really scores on the cluster, in order
-    from evolution.evaluate import Evaluator
+    from placer.search.evaluate import Evaluator
     from placer.space import LayoutGenome, Space, mutate
     from placer.cost import Problem, get_cost_model
     problem = Problem(placer.datasets.layered(40, width=4, seed=0),

@@ -668,7 +668,7 @@ def test_widening_descent_beats_every_plan_the_old_polish_can_reach():
     and the simulator, within 10% of the optimum over all plans; and
     policy_plans with ``widen`` keeps that plan as a finalist."""
     import itertools
-    from evolution.evaluate import compact
+    from placer.space import compact
     from placer.search import Budget
     from gnn.problems import times_at
     from gnn.strategies import _polish, _space, policy_plans

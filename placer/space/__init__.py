@@ -5,18 +5,23 @@ moves through it, shared by evolution (``evolution``) and the policy
 - :mod:`placer.space.genome`: the encodings (:class:`OpGenome`, one group
   id per op over a :class:`GroupTable` of device sets; :class:`LayoutGenome`,
   stages over the topological order) and :class:`Space`, what the moves
-  need to know about one problem, including colocation repair;
+  need to know about one problem, including colocation repair (and
+  :func:`compact`, a batch's group ids renumbered for the cost model);
 - :mod:`placer.space.moves`: the variation operators (mutations,
   crossover), each with an explicit ``numpy.random.Generator``;
 - :mod:`placer.space.local`: the neighbourhood of a genome and the
-  steepest descent through it (the memetic step, the policy's polish).
+  steepest descent through it (the memetic step, the policy's polish);
+- :mod:`placer.space.layouts`: balanced stage/replica layouts, the seeds
+  both start from.
 
 Nothing here searches or imports a search: the strategies drive it.
 """
 
-from .genome import GroupTable, LayoutGenome, OpGenome, Space, stage_shapes
+from .genome import GroupTable, LayoutGenome, OpGenome, Space, compact, stage_shapes
+from .layouts import device_chain, layout_seeds, shapes_for
 from .local import local_search, neighbourhood
 from .moves import MUTATIONS, boundary_ops, crossover, mutate
 
 __all__ = ["MUTATIONS", "GroupTable", "LayoutGenome", "OpGenome", "Space", "boundary_ops",
-           "crossover", "local_search", "mutate", "neighbourhood", "stage_shapes"]
+           "compact", "crossover", "device_chain", "layout_seeds", "local_search", "mutate",
+           "neighbourhood", "shapes_for", "stage_shapes"]

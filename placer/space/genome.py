@@ -231,6 +231,18 @@ class Space:
         return genome.to_plan(self, method)
 
 
+def compact(A: np.ndarray, space: Space) -> tuple[np.ndarray, list[tuple]]:
+    """Renumber the data-parallel group ids used in ``A`` to ``D, D+1, ...``
+    so the cost model sees only the groups this batch uses."""
+    D = space.n_devices
+    used = np.unique(A[A >= D])
+    if not len(used):
+        return A, []
+    lookup = np.arange(int(A.max()) + 1, dtype=np.int64)
+    lookup[used] = D + np.arange(len(used))
+    return lookup[A], [space.table.devices(g) for g in used.tolist()]
+
+
 def stage_shapes(n_devices: int, n_ops: int, limit: int = 64) -> list[tuple[int, int]]:
     """(stages, replicas) pairs with ``stages * replicas <= n_devices``,
     ``stages <= n_ops``, favouring those that use every device."""
@@ -242,4 +254,4 @@ def stage_shapes(n_devices: int, n_ops: int, limit: int = 64) -> list[tuple[int,
     return out[:limit]
 
 
-__all__ = ["GroupTable", "LayoutGenome", "OpGenome", "Space", "stage_shapes"]
+__all__ = ["GroupTable", "LayoutGenome", "OpGenome", "Space", "compact", "stage_shapes"]

@@ -93,7 +93,7 @@ def local_search(space: Space, evaluate: Callable, g: OpGenome, score: float,
                  limit: int = 256) -> tuple[OpGenome, float]:
     """Improve ``g`` (whose objective is ``score``) by steepest descent;
     ``evaluate`` scores a list of genomes and has the search's ``budget``
-    (an :class:`evolution.evaluate.Evaluator`)."""
+    (a :class:`placer.search.evaluate.Evaluator`)."""
     best, best_score = g, score
     for _ in range(rounds):
         if evaluate.budget is not None and evaluate.budget.exhausted():

@@ -27,22 +27,10 @@ from placer.executors import LOCAL, Executor, check_backend, cluster_cpus, is_lo
     make_executor
 from placer.search.parallel import hold, step_times_held
 
-from placer.space import OpGenome, Space
+from placer.space import OpGenome, Space, compact
 
 if TYPE_CHECKING:
     from placer.cost import CostModel, Problem
-
-def compact(A: np.ndarray, space: Space) -> tuple[np.ndarray, list[tuple]]:
-    """Renumber the data-parallel group ids used in ``A`` to ``D, D+1, ...``
-    so the cost model sees only the groups this batch uses."""
-    D = space.n_devices
-    used = np.unique(A[A >= D])
-    if not len(used):
-        return A, []
-    lookup = np.arange(int(A.max()) + 1, dtype=np.int64)
-    lookup[used] = D + np.arange(len(used))
-    return lookup[A], [space.table.devices(g) for g in used.tolist()]
-
 
 class Evaluator:
     """Objective values of genomes under ``model`` (a metered cost model,
@@ -361,4 +349,4 @@ SWITCH_MIN_SHARE = 0.05
 #: short of time, is not a sign of a slow model)
 BATCH_MAX_SHARE = 0.25
 
-__all__ = ["Evaluator", "auto_workers", "check_workers", "compact", "resolve_workers"]
+__all__ = ["Evaluator", "auto_workers", "check_workers", "resolve_workers"]
