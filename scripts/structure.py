@@ -1,5 +1,6 @@
 """Report the package's structure problems: import loops between modules,
-private names imported across modules, and functions longer than a limit.
+private names imported across modules, imports across a layer the other
+way (:data:`LAYERS`), and functions longer than a limit.
 
     python scripts/structure.py            # a summary per kind
     python scripts/structure.py --list     # every finding
@@ -22,6 +23,13 @@ import networkx as nx
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("placer", "gnn", "evolution")
 LONG_FUNCTION_LINES = 120
+#: package -> the packages it must not import: the plan space lies below
+#: the searches that move through it, and the policy runs evolution only
+#: through the strategy registry
+LAYERS = {
+    "placer.space": ("evolution", "gnn", "placer.search"),
+    "gnn": ("evolution",),
+}
 
 
 def _module_name(path: Path) -> str:
@@ -82,12 +90,17 @@ def _long_functions(tree: ast.AST, limit: int):
                 yield node.name, node.lineno, length
 
 
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
 def findings(limit: int = LONG_FUNCTION_LINES) -> dict:
-    """Import cycles, cross-module private imports and long functions of the
-    package, as plain lists (sorted, so two runs compare equal)."""
+    """Import cycles, cross-module private imports, imports against the
+    :data:`LAYERS` and long functions of the package, as plain lists
+    (sorted, so two runs compare equal)."""
     modules = _sources()
     graph = nx.DiGraph()
-    private, long_functions = [], []
+    private, long_functions, layers = [], [], []
     for module, path in modules.items():
         tree = ast.parse(path.read_text(), str(path))
         graph.add_node(module)
@@ -97,6 +110,11 @@ def findings(limit: int = LONG_FUNCTION_LINES) -> dict:
             if (name and name.startswith("_") and not name.startswith("__")
                     and target != module):
                 private.append(f"{module}:{line} imports {target}.{name}")
+            for package, banned in LAYERS.items():
+                for other in banned:
+                    if _inside(module, package) and _inside(target, other):
+                        layers.append(f"{module}:{line} imports {target} "
+                                      f"({package} must not import {other})")
         for name, line, length in _long_functions(tree, limit):
             long_functions.append(f"{module}.{name}:{line} {length} lines")
     # a package's __init__ importing its own submodules is not a loop
@@ -108,7 +126,7 @@ def findings(limit: int = LONG_FUNCTION_LINES) -> dict:
     cycles = sorted(" <-> ".join(sorted(c)) for c in nx.strongly_connected_components(graph)
                     if len(c) > 1)
     return {"import_cycles": cycles, "private_imports": sorted(private),
-            "long_functions": sorted(long_functions)}
+            "layer_violations": sorted(set(layers)), "long_functions": sorted(long_functions)}
 
 
 def main(argv=None) -> int:

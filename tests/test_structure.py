@@ -1,7 +1,9 @@
 """The package's structure may only get better: no import loop, private
-name imported across modules or function over 120 lines that is not on
-the list below (the ones still to be taken apart; take a line out once it
-is fixed). ``python scripts/structure.py --list`` prints them all."""
+name imported across modules, import against the layers (``LAYERS`` in
+``scripts/structure.py``: the plan space ``placer.space`` imports no search,
+``gnn`` no ``evolution``) or function over 120 lines that is not on the
+list below (the ones still to be taken apart; take a line out once it is
+fixed). ``python scripts/structure.py --list`` prints them all."""
 import importlib.util
 import re
 from pathlib import Path
@@ -40,6 +42,9 @@ def test_no_new_import_loops_long_functions_or_private_imports():
     assert len(found["private_imports"]) <= KNOWN_PRIVATE_IMPORTS, (
         "a private name imported from another module: make it public where it belongs "
         f"({found['private_imports']})")
+    assert not found["layer_violations"], (
+        f"imports against the layers: {found['layer_violations']}: move what both need below "
+        "both (placer/space/ for the plan space, placer/search/ for search phases)")
 
 
 def test_the_checker_sees_a_loop_and_a_long_function(tmp_path, monkeypatch):
@@ -55,7 +60,10 @@ def test_the_checker_sees_a_loop_and_a_long_function(tmp_path, monkeypatch):
     (pkg / "b.py").write_text(f"from . import a\n_hidden = 1\ndef big():\n{body}\n")
     monkeypatch.setattr(module, "ROOT", tmp_path)
     monkeypatch.setattr(module, "PACKAGES", ("placer",))
+    monkeypatch.setattr(module, "LAYERS", {"placer.a": ("placer.b",), "placer.b": ("placer.c",)})
     found = module.findings()
     assert found["import_cycles"] == ["placer.a <-> placer.b"]
     assert found["private_imports"] == ["placer.a:1 imports placer.b._hidden"]
+    assert found["layer_violations"] == [
+        "placer.a:1 imports placer.b (placer.a must not import placer.b)"]
     assert [f.split(":")[0] for f in found["long_functions"]] == ["placer.b.big"]
