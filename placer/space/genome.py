@@ -16,7 +16,7 @@ neighbours, colocation classes, devices ordered by nearness, and per-op work.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
