@@ -6,19 +6,22 @@ Importing this package registers the strategies; ``placer.search`` knows
 them by name and imports this package on first use.
 
 The genomes, operators and memetic moves they search with are the plan
-space, :mod:`placer.space`, shared with the policy (``gnn``). Their former
-homes stay importable for outside code: ``evolution.genome``,
-``evolution.operators`` and ``evolution.memetic`` are the modules
-:mod:`placer.space.genome`, :mod:`placer.space.moves` and
-:mod:`placer.space.local` under their old names (aliases, not copies, so a
-class is the same object under both), and the genome classes are
-importable from this package as before.
+space, :mod:`placer.space`, shared with the policy (``gnn``), and their
+batch scoring is :mod:`placer.search.evaluate`. The former homes stay
+importable for outside code: ``evolution.genome``, ``evolution.operators``,
+``evolution.memetic`` and ``evolution.evaluate`` are the modules
+:mod:`placer.space.genome`, :mod:`placer.space.moves`,
+:mod:`placer.space.local` and :mod:`placer.search.evaluate` under their old
+names: aliases, not copies, so a class is the same object under both; and
+no file stays at the old paths, so git carries edits made to them on
+other branches over to the new ones. The genome classes are importable
+from this package as before.
 """
 
 import sys
 
-from placer.space import GroupTable, LayoutGenome, OpGenome, Space
 from placer.search import evaluate
+from placer.space import GroupTable, LayoutGenome, OpGenome, Space
 from placer.space import genome, local as memetic, moves as operators
 
 from .search import Evolution
