@@ -84,5 +84,7 @@ def test_prepare_marks_a_copy_only_when_needed(moe):
     got = prepare(module, plan, inputs, graph=graph, training=True)[0]
     assert got is not graph and any("fixed_bytes" in e.extra for e in got.edges)
     assert not any("fixed_bytes" in e.extra for e in graph.edges)
+    # probed once per graph object: the same copy again
+    assert prepare(module, plan, inputs, graph=graph, training=True)[0] is got
     # a graph that says it already is taken as it is
     assert prepare(module, plan, inputs, graph=got, training=True)[0] is got

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import operator
+import weakref
 
 import torch
 
@@ -87,12 +88,21 @@ def apply_fixed_bytes(graph, fractions: dict) -> int:
     return marked
 
 
+#: id(graph) -> (a weak reference to it, batch, the graph with_fixed_bytes gave)
+_DONE: dict = {}
+
+
 def with_fixed_bytes(graph, gm: torch.fx.GraphModule, inputs: list, batch: int):
     """``graph`` itself when its edges' ``fixed_bytes`` already say what
     ``gm`` (its fx capture) does at other batch sizes, else a copy that
     does (the caller's graph is not changed). A model that cannot run
-    other batch sizes leaves the graph as it is."""
+    other batch sizes leaves the graph as it is. Remembered per graph
+    object and batch: the probe runs the model twice (seconds for a few
+    hundred ops), and a rank runs many plans on one graph."""
     from ..errors import PlacerError
+    hit = _DONE.get(id(graph))
+    if hit is not None and hit[0]() is graph and hit[1] == batch:
+        return hit[2]
     try:
         fractions = node_fixed_fractions(gm, inputs, batch)
     except PlacerError:
@@ -101,7 +111,11 @@ def with_fixed_bytes(graph, gm: torch.fx.GraphModule, inputs: list, batch: int):
     apply_fixed_bytes(copy, fractions)
     same = all(a.extra.get("fixed_bytes") == b.extra.get("fixed_bytes")
                for a, b in zip(graph.edges, copy.edges))
-    return graph if same else copy
+    out = graph if same else copy
+    for key in [k for k, v in _DONE.items() if v[0]() is None]:
+        del _DONE[key]
+    _DONE[id(graph)] = (weakref.ref(graph), batch, out)
+    return out
 
 
 def mark_fixed_bytes(graph, model: torch.nn.Module, example_inputs) -> int:
