@@ -573,11 +573,26 @@ def bench_fidelity(out: str | None = None, *, quick: bool = False, cases=None,
     return doc
 
 
+def _kept(path: str) -> dict:
+    """A case kept by ``bench_fidelity(raw=...)``, its calibrated graph's
+    edges marked as the runtime of now marks them (``fixed_bytes``, see
+    :mod:`placer.runtime.scaling`; cases kept before it had none)."""
+    from placer.runtime.scaling import mark_fixed_bytes
+    with open(path) as f:
+        raw = json.load(f)
+    model = MODELS.get(os.path.basename(path).split("-", 1)[0])
+    if model is not None:
+        graph = placer.Graph.from_dict(raw["calibration"]["graph"])
+        module, inputs = model.build()
+        mark_fixed_bytes(graph, module, inputs)
+        raw["calibration"]["graph"] = graph.to_dict()
+    return raw
+
+
 def repredict(path: str) -> dict:
     """The metrics (as in a case's ``metrics``) of a case kept by
     ``bench_fidelity(raw=...)``, predicted again from its calibration."""
-    with open(path) as f:
-        raw = json.load(f)
+    raw = _kept(path)
     plans = [placer.Plan.from_dict(p) for p in raw["plans"]]
     preds = predictions(raw["calibration"], plans)
     return {k: {m: v[m] for m in ("kendall_tau", "median_abs_error", "p90_abs_error",
@@ -600,8 +615,7 @@ def refresh(results: str, raws: list[str], log=print) -> dict:
         case = cases.get(name)
         if case is None:
             continue
-        with open(path) as f:
-            raw = json.load(f)
+        raw = _kept(path)
         if [r["measured"] for r in case["plans"]] != raw["measured"]:
             raise PlacerError(f"{path}: its measurements are not those of case {name} in "
                               f"{results}", fix="pass the raw files of that run")

@@ -53,7 +53,7 @@ from .arrays import unique_ints
 from .base import CostModel, register_cost_model
 from .collectives import allreduce_coefficients
 from .memory import inflight, peak_memory
-from .problem import Problem, infeasible_objective
+from .problem import Problem, infeasible_objective, microbatch_edge_bytes
 from .report import Report
 
 if TYPE_CHECKING:
@@ -310,6 +310,10 @@ def _crossings(p: Problem, groups, gt: dict, pre: dict, rn: _Runs,
             rows, cv, r_src, r_dst = rows[keep], cv[keep], r_src[keep], r_dst[keep]
             cu = rn.run_group[r_src]
             nb = eb[cut[keep]]
+            if p.has_edge_fixed:
+                # an edge's fixed bytes go with every microbatch (see Problem)
+                nb = microbatch_edge_bytes(nb, p.edge_fixed[p.edge_order][cut[keep]],
+                                           1.0 / per_mb[rows, 0])
             x_from, x_to = src[cut[keep]], dst[cut[keep]]
             single = (cu < D) & (cv < D)
             if single.all():

@@ -188,6 +188,11 @@ class Problem:
         self.edge_src = np.array([self.index[e.src] for e in edges], dtype=np.int64)
         self.edge_dst = np.array([self.index[e.dst] for e in edges], dtype=np.int64)
         self.edge_bytes = np.array([e.bytes for e in edges], dtype=float)
+        #: per edge: the part of its bytes every microbatch sends whole (an
+        #: edge's ``fixed_bytes``, see :mod:`placer.runtime.scaling`); the
+        #: rest is split over the microbatches. Zeros for most graphs.
+        self.edge_fixed = _edge_fixed(g, edges, self.edge_bytes)
+        self.has_edge_fixed = bool(self.edge_fixed.any())
         self.n_edges = len(edges)
         #: per op: whether its output requires a gradient, which a backward
         #: sends back to it from other devices (see output_gradients)
@@ -523,6 +528,35 @@ def _loss_flops(graph, ops, flops, bwd_flops, key: str = "loss_flops") -> np.nda
                              fix="write two numbers, or remove the key")
         out[i] = min(pair[0], flops[i]), min(pair[1], bwd_flops[i])
     return out
+
+
+def _edge_fixed(graph, edges, edge_bytes) -> np.ndarray:
+    """The edges' ``fixed_bytes`` (at most their bytes) as an array; a
+    malformed entry is a GraphError naming the edge."""
+    from ..errors import GraphError
+    out = np.zeros(len(edges))
+    for i, e in enumerate(edges):
+        value = e.extra.get("fixed_bytes")
+        if value is None:
+            continue
+        try:
+            fixed = float(value)
+        except (TypeError, ValueError):
+            fixed = float("nan")
+        if not (np.isfinite(fixed) and fixed >= 0):
+            raise GraphError(f"graph {graph.name!r}, edge {e.src!r} -> {e.dst!r}: fixed_bytes "
+                             f"must be bytes >= 0, got {value!r}",
+                             fix="write a number, or remove the key")
+        out[i] = min(fixed, edge_bytes[i])
+    return out
+
+
+def microbatch_edge_bytes(edge_bytes, edge_fixed, m):
+    """Each edge's bytes over the whole step when a step runs ``m``
+    microbatches: its fixed part is sent whole by every microbatch, so a
+    model that sends ``bytes / m`` per microbatch sends ``fixed + (bytes -
+    fixed) / m``. ``m`` may be an array broadcasting against the edges."""
+    return edge_bytes + edge_fixed * (np.asarray(m, dtype=float) - 1.0)
 
 
 #: dtypes whose tensors carry gradients

@@ -39,7 +39,7 @@ from .arrays import unique_ints
 from .base import CostModel, register_cost_model
 from .collectives import allreduce
 from .memory import inflight, peak_memory
-from .problem import Compiled, Problem
+from .problem import Compiled, Problem, microbatch_edge_bytes
 from .report import Event, Report
 
 if TYPE_CHECKING:
@@ -229,15 +229,18 @@ def _instances(p: Problem, c: Compiled) -> _Instances:
     return _Instances(inst_op, inst_dev, frac, op_first, inst_k, sizes)
 
 
-def _crossings(p: Problem, ins: _Instances, training: bool):
+def _crossings(p: Problem, ins: _Instances, training: bool, m: int = 1):
     """Edges between replicas on different devices (with the loss's reads
     of every replica's rows) and the transfers they make: returns the
-    :class:`_Crossings` and ``(t_inst, t_src, t_dst, t_bytes)``."""
+    :class:`_Crossings` and ``(t_inst, t_src, t_dst, t_bytes)``; bytes per
+    step of ``m`` microbatches (an edge's fixed bytes go with each)."""
     D, n = p.n_devices, p.n_ops
     inst_dev, op_first, sizes = ins.dev, ins.first, ins.sizes
     NI = len(ins.op)
     # --- cross-device tensors -------------------------------------------
     src, dst, eb = p.edge_src, p.edge_dst, p.edge_bytes
+    if p.has_edge_fixed:
+        eb = microbatch_edge_bytes(eb, p.edge_fixed, m)
     su, sv = sizes[src], sizes[dst]
     if len(src) and (su.max() > 1 or sv.max() > 1):
         iu, iv, pb = _replica_edges(su, sv, op_first[src], op_first[dst], eb)
@@ -282,7 +285,7 @@ class _Build:
         ins = _instances(p, c)
         self.inst_op, self.inst_dev, self.frac = ins.op, ins.dev, ins.frac
         cr, (self.t_inst, self.t_src, self.t_dst, self.t_bytes) = \
-            _crossings(p, ins, p.training)
+            _crossings(p, ins, p.training, c.microbatches)
         tasks = self._tasks(p, c, ins, cr)
         self._dependencies(p, c, ins, cr, tasks)
         self._resources(p, c, ins, tasks)

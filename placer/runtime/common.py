@@ -15,7 +15,8 @@ from torch.utils import _pytree as pytree
 from ..cost.report import Report
 from ..errors import PlanError
 from .engine import microbatch_rows
-from .split import capture, node_groups, split
+from .scaling import with_fixed_bytes
+from .split import capture, first_batch, node_groups, split
 
 LOSS_REDUCTIONS = ("mean", "sum")
 
@@ -132,13 +133,6 @@ def build_optimizer(optimizer, params: list):
                     fix="e.g. optimizer=functools.partial(torch.optim.SGD, lr=0.1)")
 
 
-def first_batch(inputs: list) -> int:
-    for t in inputs:
-        if isinstance(t, torch.Tensor) and t.dim() > 0:
-            return int(t.shape[0])
-    raise PlanError("no input has a batch dimension", fix="pass batched example inputs")
-
-
 def prepare(model, plan, example_inputs, *, graph=None, granularity=None, leaf_modules=None,
             training=True):
     """Trace/capture/split: everything :func:`run` and the ranks share.
@@ -152,6 +146,8 @@ def prepare(model, plan, example_inputs, *, graph=None, granularity=None, leaf_m
     gm, inputs = capture(model, example_inputs, gran, leaf_modules, names)
     groups = node_groups(graph, plan, gm)
     batch = first_batch(inputs)
+    # tensors that keep their size in a microbatch, for the prediction
+    graph = with_fixed_bytes(graph, gm, inputs, batch)
     mb_rows = microbatch_rows(batch, max(1, int(plan.microbatches)))
     widest = max(len(g) for g in groups.values())
     if (len(mb_rows) > 1 or widest > 1) and batch > 1:

@@ -179,6 +179,14 @@ class _Holder(torch.nn.Module):
         return rec.values
 
 
+def first_batch(inputs: list) -> int:
+    """The batch: dim 0 of the first input that has dims."""
+    for t in inputs:
+        if isinstance(t, torch.Tensor) and t.dim() > 0:
+            return int(t.shape[0])
+    raise PlanError("no input has a batch dimension", fix="pass batched example inputs")
+
+
 def _batched_mask(inputs: list, batch: int) -> list[bool]:
     return [isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] == batch
             for t in inputs]
