@@ -9,7 +9,8 @@ current one and runs both in one process:
   kernel; the kernel's outputs (task and transfer starts, all-reduce starts
   and ends, end time, tasks never run) and every ``Report`` field must be
   bit-identical.
-- ``--time``: the simulator's batch path (``step_times``) and single
+- ``--time``: the kernel alone (on the arguments the simulator passed it,
+  five times each), the simulator's batch path (``step_times``) and single
   ``estimate`` calls, the two kernels alternated; prints the new/old ratio's
   median and spread per problem.
 - ``--compile``: the first call's compile time of each kernel, in fresh
@@ -142,10 +143,11 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def timing(ref, plans: int, repeats: int) -> None:
-    """Median new/old ratios (and their spread over repeats), alternating."""
+def timing(ref, plans: int, repeats: int, same: bool = False) -> None:
+    """Median new/old ratios (and their spread over repeats), alternating;
+    ``same``: the old kernel on both sides (the noise floor)."""
     original = current.run_events
-    kernels = {"old": ref.run_events, "new": original}
+    kernels = {"old": ref.run_events, "new": ref.run_events if same else original}
     try:
         for spec in PROBLEMS:
             p = problem(spec)
@@ -154,10 +156,21 @@ def timing(ref, plans: int, repeats: int) -> None:
             table: dict = {}
             rows = np.stack([p.compile(pl, table).op_group for pl in sample])
             groups = p.compile(sample[-1], table).groups[p.n_devices:]
-            ratios = {"batch": [], "estimate": []}
+            ratios = {"kernel": [], "batch": [], "estimate": []}
+            calls = []
+            use(lambda *a: calls.append([x.copy() if isinstance(x, np.ndarray) else x
+                                         for x in a]) or original(*a))
+            for pl in sample:
+                Simulator().estimate(p, pl)
+            for name in kernels:                # compile or load both, untimed
+                use(kernels[name])
+                Simulator().estimate(p, sample[0])
             for r in range(repeats):
                 t = {}
                 for name in (("old", "new") if r % 2 == 0 else ("new", "old")):
+                    fresh = [[x.copy() if isinstance(x, np.ndarray) else x for x in a]
+                             for a in calls for _ in range(5)]
+                    t[name, "kernel"] = _timed(lambda: [kernels[name](*a) for a in fresh])
                     use(kernels[name])
                     t[name, "estimate"] = _timed(
                         lambda: [Simulator().estimate(p, pl) for pl in sample])
@@ -222,6 +235,8 @@ def main(argv=None) -> int:
     parser.add_argument("--time", action="store_true", help="time both kernels")
     parser.add_argument("--compile", action="store_true", help="time both kernels' compile")
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--same", action="store_true",
+                        help="with --time: the old kernel on both sides (noise floor)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as workdir:
         ref = reference(args.against, workdir)
@@ -229,7 +244,7 @@ def main(argv=None) -> int:
             compile_times(ref, args.repeats, workdir)
             return 0
         if args.time:
-            timing(ref, args.plans, args.repeats)
+            timing(ref, args.plans, args.repeats, args.same)
             return 0
         return 1 if check(ref, args.plans) else 0
 
