@@ -174,7 +174,7 @@ def test_cases_pick_by_pattern_and_pieces_merge_into_one_result(tmp_path, monkey
                  "-o", str(tmp_path / "x.json")]) == 0
     assert seen["only"] == ["rnn-*@*"] and seen["split"] == "ood"
     monkeypatch.undo()
-    whole = json.loads(open("docs/bench/learned-all-5s.json", encoding="utf-8").read())
+    whole = json.loads(open("docs/bench/learned-all-5s.2026-12-05.json", encoding="utf-8").read())
     paths = []
     for part in ("test", "ood"):
         piece = dict(whole, rows=[r for r in whole["rows"] if r["split"] == part],

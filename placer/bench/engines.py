@@ -8,7 +8,7 @@ step's time is its slowest rank's); ``ratio`` is pipelining over built-in
 per repeat, reported as the median and the spread (min, max) over repeats.
 Losses of the two engines are compared too (relative difference).
 
-    placer bench runtime --suite engines -o docs/bench/engines.json
+    placer bench runtime --suite engines -o docs/bench/engines.DATE.json
 """
 
 from __future__ import annotations

@@ -177,6 +177,33 @@ def _dispatch(d, now, seq, n_ev, m, NS, NX, later, rq, rq_base, rq_size, idle, s
 
 
 @njit(cache=True)
+def _end(end_time, pend, ar_e):
+    """The step's end (the last event or all-reduce) and the number of
+    tasks never run."""
+    stuck = 0
+    for task in range(len(pend)):
+        if pend[task] > 0:
+            stuck += 1
+    for k in range(len(ar_e)):
+        if ar_e[k] > end_time:
+            end_time = ar_e[k]
+    return end_time, stuck
+
+
+@njit(cache=True)
+def _ready_heaps(m, NS, D, task_dev):
+    """Offsets of the per-device ready heaps in one array, each sized by the
+    device's task count."""
+    rq_base = np.zeros(D, np.int64)
+    for s in range(NS):
+        if task_dev[s] + 1 < D:
+            rq_base[task_dev[s] + 1] += m
+    for d in range(1, D):
+        rq_base[d] += rq_base[d - 1]
+    return rq_base
+
+
+@njit(cache=True)
 def run_events(m, NS, NX, D, gpipe, training,
                pend, x_pend, task_dur, task_dev, prio, nxt,
                ox_ptr, ox_x, ox_off, xc_ptr, xc_s,
@@ -204,13 +231,7 @@ def run_events(m, NS, NX, D, gpipe, training,
     n_tasks = NS * m
     n_x = NX * m
     later = n_tasks
-    # per-device ready heaps, each sized by the device's task count
-    rq_base = np.zeros(D, np.int64)
-    for s in range(NS):
-        if task_dev[s] + 1 < D:
-            rq_base[task_dev[s] + 1] += m
-    for d in range(1, D):
-        rq_base[d] += rq_base[d - 1]
+    rq_base = _ready_heaps(m, NS, D, task_dev)
     rq = np.empty(max(n_tasks, 1), np.int64)
     rq_size = np.zeros(D, np.int64)
     idle = np.ones(D, np.bool_)
@@ -378,11 +399,4 @@ def run_events(m, NS, NX, D, gpipe, training,
                                               x_pend, ar_ptr, ar_k, ar_off, ar_ready,
                                               ar_pending, ar_mem_ptr, ar_mem, ar_seconds,
                                               coll, ar_s, ar_e, resume, free_at)
-    stuck = 0
-    for task in range(n_tasks):
-        if pend[task] > 0:
-            stuck += 1
-    for k in range(len(ar_e)):
-        if ar_e[k] > end_time:
-            end_time = ar_e[k]
-    return end_time, stuck
+    return _end(end_time, pend, ar_e)
