@@ -35,13 +35,7 @@ if TYPE_CHECKING:
 def compact(A: np.ndarray, space: Space) -> tuple[np.ndarray, list[tuple]]:
     """Renumber the data-parallel group ids used in ``A`` to ``D, D+1, ...``
     so the cost model sees only the groups this batch uses."""
-    D = space.n_devices
-    used = np.unique(A[A >= D])
-    if not len(used):
-        return A, []
-    lookup = np.arange(int(A.max()) + 1, dtype=np.int64)
-    lookup[used] = D + np.arange(len(used))
-    return lookup[A], [space.table.devices(g) for g in used.tolist()]
+    return space.table.compact(A)
 
 
 class Evaluator:

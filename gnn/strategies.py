@@ -34,13 +34,13 @@
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from placer.cost import INFEASIBLE, Problem
 from placer.errors import StrategyError
+from placer.search.arrays import PlanArrays
 from placer.search.base import (Budget, Progress, Strategy, get_strategy,
                                 register_strategy)
 
@@ -103,40 +103,9 @@ def _choices(problem) -> list[int]:
     return microbatch_choices(problem)
 
 
-class Candidate(NamedTuple):
-    """One scored plan of :func:`policy_plans`: ``assign[i]`` is the group of
-    ``problem.ids[i]`` (ids below the device count are single devices, id
-    ``D + j`` the data-parallel set ``groups[j]``)."""
-
-    objective: float
-    assign: np.ndarray
-    microbatches: int
-    schedule: str
-    source: str
-    groups: tuple = ()
-
-    def compact(self, D: int) -> tuple[np.ndarray, tuple]:
-        """``(assign, groups)`` with only the data-parallel sets this plan
-        uses, renumbered from ``D`` (``D`` the device count): what a cost
-        model's ``step_times`` should be given (its work grows with the table)."""
-        used = np.unique(self.assign[self.assign >= D])
-        if not len(used):
-            return self.assign, ()
-        lookup = np.arange(int(self.assign.max()) + 1, dtype=np.int64)
-        lookup[used] = D + np.arange(len(used))
-        return lookup[self.assign], tuple(self.groups[g - D] for g in used.tolist())
-
-    def to_plan(self, problem: Problem, method: str):
-        """This candidate as a :class:`placer.plan.Plan` by ``method``."""
-        from placer.plan import Plan
-        return Plan(self.placement(problem), self.microbatches, self.schedule, method,
-                    extra={"source": self.source})
-
-    def placement(self, problem: Problem) -> dict:
-        """``{op id: [device names]}`` of this candidate."""
-        names, D = problem.devices, problem.n_devices
-        sets = [[names[d]] for d in range(D)] + [[names[d] for d in g] for g in self.groups]
-        return {op: list(sets[g]) for op, g in zip(problem.ids, self.assign.tolist())}
+#: one scored plan of :func:`policy_plans` (``objective`` by the search
+#: model, ``origin`` where it came from; also read as ``source``)
+Candidate = PlanArrays
 
 
 def _space(problem, choices, schedules):
@@ -268,7 +237,7 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
         out = _descents(space, cost_model, problem, budget, found, out, rng, schedules,
                         polish, polish_limit, polish_keep, widen, every_schedule)
     table = groups()
-    return [Candidate(t, row, m, s, source, table) for t, row, m, s, source in out]
+    return [PlanArrays(row, table, m, s, source, t) for t, row, m, s, source in out]
 
 
 def _descents(space, cost_model, problem, budget: Budget, found: dict, out: list, rng,
@@ -531,8 +500,7 @@ def _merge(first: list[Candidate], second: list[Candidate], D: int) -> list[Cand
     sets in its own group table."""
     seen, out = set(), []
     for c in sorted(first + second, key=lambda c: c.objective):
-        assign, groups = c.compact(D)
-        key = (assign.tobytes(), groups, c.microbatches, c.schedule)
+        key = c.key(D)
         if key not in seen:
             seen.add(key)
             out.append(c)
@@ -610,7 +578,7 @@ class _Learned(Strategy):
 
     def _plans(self, problem, cost_model, budget, seed, keep):
         """``[(search objective, Plan)]``, the ``keep`` best distinct, best first."""
-        return [(c.objective, c.to_plan(problem, self.name))
+        return [(c.objective, c.to_plan(problem, self.name, extra={"source": c.origin}))
                 for c in self._candidates(problem, cost_model, budget, seed, keep)]
 
 
@@ -683,7 +651,7 @@ class RL(_Learned):
             found = self._candidates(problem, cost_model, budget, seed, keep=keep)
         i, value = _rank(self.final, cost_model, budget, problem, found, values=True,
                          at_least=self.final_k)
-        best = found[i].to_plan(problem, self.name)
+        best = found[i].to_plan(problem, self.name, extra={"source": found[i].origin})
         if not anytime or _space(problem, [1], ["1f1b"]) is None:
             return self.finalize(problem, cost_model, budget, best, progress=progress)
         model = self.final if value is not None else cost_model.name
@@ -755,8 +723,7 @@ def _rank(final: str | None, cost_model, budget: Budget, problem, found: list[Ca
 
 def _tasks(c: Candidate, D: int) -> int:
     """Op replicas x microbatches of candidate ``c`` (what a simulation costs)."""
-    sizes = np.r_[np.ones(D, dtype=np.int64), [len(g) for g in c.groups]]
-    return int(sizes[c.assign].sum()) * max(int(c.microbatches), 1)
+    return c.tasks(D)
 
 
 def _ranked(final, cost_model, budget: Budget, problem, found: list[Candidate],
@@ -779,8 +746,8 @@ def _ranked(final, cost_model, budget: Budget, problem, found: list[Candidate],
             tasks += _tasks(c, D)
             if tasks > FINAL_TASKS:
                 break
-        row, groups = c.compact(D)
-        values.append(float(model.step_times(problem, row[None], groups=groups,
+        c = c.compact(D)
+        values.append(float(model.step_times(problem, c.assign[None], groups=c.groups,
                                              microbatches=c.microbatches,
                                              schedule=c.schedule)[0]))
     i = int(np.argmin(values))

@@ -76,7 +76,7 @@ def test_final_ranking_pool_is_bounded_by_simulated_tasks(monkeypatch):
     sim = get_cost_model("simulator")
     from gnn.problems import even_pipelines
     rows = even_pipelines(problem, range(1, 7))
-    found = [strategies.Candidate(float(k), r, 4, "1f1b", "baseline")
+    found = [strategies.Candidate(r, (), 4, "1f1b", "baseline", float(k))
              for k, r in enumerate(rows)]
     truth = times_at(sim, problem, rows, [4] * len(rows), "1f1b")
     ana = get_cost_model("analytical")       # the search model; the simulator ranks

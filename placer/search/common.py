@@ -2,19 +2,20 @@
 conservative memory ledger, contiguous splits, coarsening and picking the
 microbatch count and schedule with the cost model.
 
-Everything works on *assignments*: an int array indexed like
-``problem.ids`` (topological order) whose values are device indices, or
-``D + k`` for the k-th data-parallel group of a candidate.
+Everything works on *assignments* (:mod:`placer.search.arrays`): an int
+array indexed like ``problem.ids`` (topological order) whose values are
+device indices, or ``D + k`` for the k-th data-parallel group of a
+candidate.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from ..cost import Problem
+from .arrays import PlanArrays
 
 if TYPE_CHECKING:
     from ..cost import CostModel, Report
@@ -275,16 +276,9 @@ def device_order(problem: Problem) -> list[int]:
     return [d for ds in ordered for d in sorted(ds, key=lambda d: -rate[d])]
 
 
-@dataclass
-class Candidate:
-    """An assignment to score: ``groups`` are the data-parallel groups
-    (device index tuples) that values ``>= D`` refer to; ``microbatches``
-    restricts the counts tried."""
-
-    assign: np.ndarray
-    groups: list = field(default_factory=list)
-    microbatches: list | None = None
-    label: str = ""
+#: an assignment a heuristic hands :func:`choose` (``microbatches``: the
+#: counts it may be scored at, None: any)
+Candidate = PlanArrays
 
 
 def choose(strategy: "Strategy", problem: Problem, cost_model: "CostModel",
@@ -344,8 +338,7 @@ def choose(strategy: "Strategy", problem: Problem, cost_model: "CostModel",
                 score(ci, m, s)
     (ci, m, s), _ = min(scores.items(), key=lambda kv: (kv[1], kv[0][0], kv[0][1]))
     c = candidates[ci]
-    compiled = problem.compile_array(c.assign, c.groups, microbatches=m, schedule=s)
-    plan = problem.to_plan(compiled, strategy.name)
+    plan = c.replace(microbatches=m, schedule=s).to_plan(problem, strategy.name)
     report = cost_model.estimate(problem, plan)
     if progress is not None:
         strategy.report(progress, budget, report, c.label)
