@@ -43,6 +43,7 @@ from placer.errors import StrategyError
 from placer.search.arrays import PlanArrays
 from placer.search.base import (Budget, Progress, Strategy, get_strategy,
                                 register_strategy)
+from placer.search.ranker import RankPolicy, final_ranker, rank_finalists
 
 from .candidates import (POLISH_GAP, OneThread, baseline_rows, heft_rows, replica_moves,
                          unit_row)
@@ -647,10 +648,13 @@ class RL(_Learned):
         keep = self.final_pool if self.final is not None else self.final_k
         # under an evaluation budget the descents stop short of the final
         # ranking's first ``final_k`` simulations
-        with _reserve(budget, self.final_k + 1 if self.final is not None else 0):
+        policy = RankPolicy(reserve=self.final_k + 1 if self.final is not None else 0,
+                            at_least=self.final_k, max_tasks=FINAL_TASKS)
+        with policy.hold(budget):
             found = self._candidates(problem, cost_model, budget, seed, keep=keep)
-        i, value = _rank(self.final, cost_model, budget, problem, found, values=True,
-                         at_least=self.final_k)
+        ranker = None if self.final in (None, getattr(cost_model, "name", None)) else \
+            final_ranker(self.final, cost_model, budget)
+        i, value = rank_finalists(ranker, problem, found, budget, policy=policy)
         best = found[i].to_plan(problem, self.name, extra={"source": found[i].origin})
         if not anytime or _space(problem, [1], ["1f1b"]) is None:
             return self.finalize(problem, cost_model, budget, best, progress=progress)
@@ -679,17 +683,6 @@ class RL(_Learned):
         return self.finalize(problem, cost_model, budget, plan, progress=progress)
 
 
-def _reserve(budget: Budget, n: int):
-    """evolution's :class:`~evolution.search.reserve` (``n`` evaluations
-    hidden inside), or nothing held back without the evolution package."""
-    try:
-        from evolution.search import reserve
-    except ImportError:
-        import contextlib
-        return contextlib.nullcontext(budget)
-    return reserve(budget, n)
-
-
 def _report(progress, name: str, budget: Budget, value: float, model: str | None,
             message: str) -> None:
     """A :class:`Progress` of objective ``value`` by cost model ``model``."""
@@ -705,53 +698,6 @@ def _report(progress, name: str, budget: Budget, value: float, model: str | None
 #: the first ``final_k`` finalists (the simulator takes about a microsecond
 #: each: ~16 ms; a 114-op plan at 8 microbatches is ~900)
 FINAL_TASKS = 16_000
-
-
-def _rank(final: str | None, cost_model, budget: Budget, problem, found: list[Candidate],
-          values: bool = False, at_least: int | None = None):
-    """Index of the best of ``found`` (ranked best first by the search model)
-    by the ``final`` cost model, as evolution ranks its finalists (scored
-    one by one through the model's array path, at least the first, until
-    the budget's time is spent); 0 when there is nothing to rank or no
-    evaluations left for it. With ``at_least``, only the first ``at_least``
-    and then those whose simulations keep the total within
-    :data:`FINAL_TASKS`. With ``values``: ``(index, its objective by
-    the final model)``, the objective None when it was not scored so."""
-    index, value = _ranked(final, cost_model, budget, problem, found, at_least)
-    return (index, value) if values else index
-
-
-def _tasks(c: Candidate, D: int) -> int:
-    """Op replicas x microbatches of candidate ``c`` (what a simulation costs)."""
-    return c.tasks(D)
-
-
-def _ranked(final, cost_model, budget: Budget, problem, found: list[Candidate],
-            at_least: int | None = None):
-    from placer.cost import get_cost_model
-    if len(found) < 2 or final is None or final == getattr(cost_model, "name", None):
-        return 0, None
-    room = budget.remaining_evaluations - 1   # keep one for finalize
-    found = found[:max(int(min(len(found), room)), 0)] if math.isfinite(room) else found
-    if len(found) < 2:
-        return 0, None
-    model = budget.meter(get_cost_model(final))
-    D = problem.n_devices
-    values: list[float] = []
-    tasks = 0
-    for k, c in enumerate(found):
-        if values and budget.time is not None and budget.remaining_time <= 0:
-            break
-        if at_least is not None and k >= at_least:
-            tasks += _tasks(c, D)
-            if tasks > FINAL_TASKS:
-                break
-        c = c.compact(D)
-        values.append(float(model.step_times(problem, c.assign[None], groups=c.groups,
-                                             microbatches=c.microbatches,
-                                             schedule=c.schedule)[0]))
-    i = int(np.argmin(values))
-    return i, values[i]
 
 
 #: the most of a budget :class:`Hybrid` spends on the policy's plans

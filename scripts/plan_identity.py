@@ -8,8 +8,8 @@ searches' behaviour.
     python scripts/plan_identity.py > after.txt    # on the other
     diff before.txt after.txt
 
-``--quick`` runs a smaller set (the one ``tests/test_plan_identity.py``
-checks against the digests it records).
+``--quick`` runs one problem at one seed (``tests/test_plan_identity.py``
+checks that a line repeats).
 """
 from __future__ import annotations
 

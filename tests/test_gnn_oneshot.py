@@ -80,12 +80,15 @@ def test_final_ranking_pool_is_bounded_by_simulated_tasks(monkeypatch):
              for k, r in enumerate(rows)]
     truth = times_at(sim, problem, rows, [4] * len(rows), "1f1b")
     ana = get_cost_model("analytical")       # the search model; the simulator ranks
-    rank = strategies._rank
-    assert rank("simulator", ana, Budget(), problem, found, at_least=len(found)) \
-        == int(np.argmin(truth))
+    from placer.search.ranker import RankPolicy, rank_finalists
+
+    def rank(at_least, max_tasks=strategies.FINAL_TASKS):
+        budget = Budget()
+        policy = RankPolicy(at_least=at_least, max_tasks=max_tasks)
+        return rank_finalists(budget.meter(sim), problem, found, budget, policy=policy).index
+    assert ana.name != sim.name     # the search model's order is not the pick's
+    assert rank(len(found)) == int(np.argmin(truth))
     # every task fits: the whole pool; none beyond the first two: only those
-    assert rank("simulator", ana, Budget(), problem, found, at_least=2) == int(np.argmin(truth))
-    monkeypatch.setattr(strategies, "FINAL_TASKS", 0)
-    assert rank("simulator", ana, Budget(), problem, found, at_least=2) \
-        == int(np.argmin(truth[:2]))
-    assert strategies._tasks(found[0], problem.n_devices) == problem.n_ops * 4
+    assert rank(2) == int(np.argmin(truth))
+    assert rank(2, max_tasks=0) == int(np.argmin(truth[:2]))
+    assert found[0].tasks(problem.n_devices) == problem.n_ops * 4
