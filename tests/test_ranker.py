@@ -97,3 +97,20 @@ def test_hold_reserves_then_holds_back_a_share_of_the_rest():
     with reserve(expect, 10), hold_back(expect, 0.5):
         assert (expect.evaluations, expect.time) == held == (45, 5.0)
     assert (budget.evaluations, budget.time) == (100, 10.0)
+
+
+def test_after_the_first_only_while_more_than_keep_evaluations_are_left(problem):
+    from placer.search.ranker import score_finalists
+    found = _finalists(problem)
+    sim = get_cost_model("simulator")
+    budget = Budget(evaluations=10)
+    budget.charge(7)                # 3 left, 1 kept: two scored
+    assert len(score_finalists(budget.meter(sim), problem, found, budget)) == 2
+    assert budget.used == 9
+    # a model metered elsewhere charges nothing here: the budget never says stop
+    other = Budget(evaluations=10)
+    other.charge(7)
+    assert len(score_finalists(sim, problem, found, other)) == len(found)
+    spent = Budget(evaluations=1)
+    spent.charge(1)
+    assert len(score_finalists(sim, problem, found, spent)) == 1    # the first always

@@ -16,7 +16,8 @@ import numpy as np
 
 from ..cost import Problem
 from .arrays import PlanArrays
-from .ranker import RankPolicy, SimulationClock, final_ranker, rank  # noqa: F401 (their old home)
+from .ranker import (RankPolicy, SimulationClock, final_ranker, rank,  # noqa: F401 (old home)
+                     score_finalists)
 
 if TYPE_CHECKING:
     from ..cost import CostModel, Report
@@ -310,19 +311,21 @@ def choose(strategy: "Strategy", problem: Problem, cost_model: "CostModel",
         return 4 if 4 in ms else ms[len(ms) // 2]
 
     scores: dict[tuple[int, int, str], float] = {}
+    policy = RankPolicy(keep=1 + len(strategy.initial), until="spent")
 
-    policy = RankPolicy(keep=1 + len(strategy.initial))
-
-    def score(ci: int, m: int, s: str) -> None:
-        if (ci, m, s) in scores:
+    def score(keys: list[tuple[int, int, str]]) -> None:
+        """Score candidate ``ci`` at ``m`` microbatches and schedule ``s``
+        for each ``(ci, m, s)`` of ``keys`` not scored yet, in order, as
+        the ranking scores finalists (after the first score, only while
+        the budget keeps ``policy.keep`` evaluations)."""
+        keys = [k for k in dict.fromkeys(keys) if k not in scores]
+        if not keys or (scores and budget.allow(policy.keep + 1) < policy.keep + 1):
             return
-        if scores and budget.allow(policy.keep + 1) < policy.keep + 1:
-            return
-        c = candidates[ci]
-        value = cost_model.step_times(problem, c.assign[None, :], groups=c.groups,
-                                      microbatches=m, schedule=s)
-        scores[(ci, m, s)] = float(value[0])
+        rows = [candidates[ci].replace(microbatches=m, schedule=s) for ci, m, s in keys]
+        scores.update(zip(keys, score_finalists(cost_model, problem, rows, budget,
+                                                policy=policy)))
 
+    screening: list[tuple[int, int, str]] = []
     for ci, c in enumerate(candidates):
         ms, ss = settings(c)
         # the most microbatches keep the least activation memory, so a
@@ -330,15 +333,12 @@ def choose(strategy: "Strategy", problem: Problem, cost_model: "CostModel",
         default = [(middle(ms), ss[0]), (ms[-1], ss[0])]
         combos = [(m, s) for m, s in (first or default) if m in ms and s in ss] \
             or [(middle(ms), ss[0])]
-        for m, s in combos:
-            score(ci, m, s)
+        screening += [(ci, m, s) for m, s in combos]
+    score(screening)
     ranked = sorted({ci for ci, _, _ in scores},
                     key=lambda ci: min(v for k, v in scores.items() if k[0] == ci))
-    for ci in ranked[:keep]:
-        ms, ss = settings(candidates[ci])
-        for s in ss:
-            for m in ms:
-                score(ci, m, s)
+    score([(ci, m, s) for ci in ranked[:keep]
+           for ms, ss in [settings(candidates[ci])] for s in ss for m in ms])
     (ci, m, s), _ = min(scores.items(), key=lambda kv: (kv[1], kv[0][0], kv[0][1]))
     c = candidates[ci]
     plan = c.replace(microbatches=m, schedule=s).to_plan(problem, strategy.name)

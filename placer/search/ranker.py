@@ -27,7 +27,11 @@ heuristics' :func:`placer.search.common.choose`):
    final ranking by a slow model (seconds per plan on a big graph and
    cluster) never overruns the search's budget. With a worker pool the
    plans are scored at once, those not done when the time runs out left
-   out.
+   out. A search's screening by its own model (the heuristics'
+   :func:`~placer.search.common.choose`) must return a scored plan: it
+   scores until the time is spent (``until="spent"``).
+5. **Evaluations.** After the first, a finalist is scored only while the
+   budget has more than ``keep`` evaluations left.
 
 Finalists are :class:`placer.Plan` s or :class:`~placer.search.arrays.PlanArrays`
 (scored through the model's array path, compacted to the sets they use).
@@ -123,6 +127,11 @@ class RankPolicy:
     keep: int = 1
     at_least: int | None = None
     max_tasks: float = math.inf
+    #: when the time stops the scoring: ``"longest"`` (the time left is
+    #: under the longest estimate so far, or the simulator is predicted not
+    #: to fit it; a final ranking) or ``"spent"`` (the time is spent: a
+    #: search's screening by its own model, which must return a scored plan)
+    until: str = "longest"
 
     def hold(self, budget: Budget) -> "_Held":
         """Context manager: ``budget`` less ``reserve`` evaluations and
@@ -171,17 +180,31 @@ def rank_finalists(model, problem: "Problem", finalists: Sequence, budget: Budge
     if model is None or len(finalists) < 2:
         return Ranked(0, None)
     finalists = finalists[:_within_tasks(problem, finalists, policy)]
-    arrays = isinstance(finalists[0], PlanArrays)
-    if pool is not None and pool.active and not arrays:
+    if pool is not None and pool.active and not isinstance(finalists[0], PlanArrays):
         return _rank_on(pool, model, problem, finalists, budget)
-    if not arrays and (budget is None or budget.time is None):
-        values = [r.objective for r in model.estimate_many(problem, finalists)]
-    else:
-        values = _one_by_one(model, problem, finalists, budget)
+    values = score_finalists(model, problem, finalists, budget, policy=policy)
     if not values:
         return Ranked(0, None)
     i = int(np.argmin(values))
     return Ranked(i, float(values[i]))
+
+
+def score_finalists(model, problem: "Problem", finalists: Sequence,
+                    budget: Budget | None = None, *, policy: RankPolicy | None = None
+                    ) -> list[float]:
+    """Objectives by ``model`` of the first of ``finalists`` (plans or plan
+    arrays) that ``policy``'s evaluations (``keep`` of them left) and the
+    time rule allow, in order (at least the first; see the module doc):
+    what :func:`rank_finalists` ranks by."""
+    policy = policy or RankPolicy()
+    finalists = list(finalists)
+    if finalists and not isinstance(finalists[0], PlanArrays) and (
+            budget is None or budget.time is None):
+        # one batch: as many as one by one would score (a metered model
+        # charges one evaluation each)
+        finalists = finalists[:policy.room(budget, len(finalists))]
+        return [float(r.objective) for r in model.estimate_many(problem, finalists)]
+    return _one_by_one(model, problem, finalists, budget, policy)
 
 
 def rank(model, problem: "Problem", plans: Sequence, budget: Budget | None = None,
@@ -214,21 +237,30 @@ def _estimate(model, problem: "Problem", f) -> float:
     return float(model.estimate(problem, f).objective)
 
 
-def _one_by_one(model, problem: "Problem", finalists: list, budget: Budget | None) -> list:
-    """Objectives of ``finalists`` in order, by the time policy (module doc)."""
+def _one_by_one(model, problem: "Problem", finalists: list, budget: Budget | None,
+                policy: RankPolicy) -> list:
+    """Objectives of ``finalists`` in order, by the time rule (module doc),
+    after the first only while ``budget`` has more than ``policy.keep``
+    evaluations left (read before each: a model metered elsewhere, as a
+    heuristic's inside another search's seeding, does not charge it)."""
+    keep = policy.keep
     timed = budget is not None and budget.time is not None
     simulating = getattr(model, "name", None) == "simulator"
     values: list[float] = []
     longest = 0.0
+    spent = policy.until == "spent"
     for f in finalists:
-        if values and timed and budget.remaining_time <= longest:
+        if values and budget is not None and budget.remaining_evaluations < keep + 1:
             break
-        if timed and simulating and not SimulationClock.fits(problem, f, budget):
+        if values and timed and (budget.out_of_time() if spent
+                                 else budget.remaining_time <= longest):
+            break
+        if timed and simulating and not spent and not SimulationClock.fits(problem, f, budget):
             break                   # predicted not to fit the time left
         start = _time.perf_counter()
         values.append(_estimate(model, problem, f))
         took = _time.perf_counter() - start
-        if simulating:
+        if simulating and not spent:
             SimulationClock.learn(problem, f, took)
         longest = max(longest, took)
     return values
