@@ -55,9 +55,9 @@ from .dtfm_partition import (MAX_CHUNKS, Partition, by_model, islands, mutate, n
                              partition_of, transplant)
 from placer.search.evaluate import Evaluator, check_workers, resolve_workers
 from placer.space import LayoutGenome, OpGenome, Space, device_chain, local_search, shapes_for
-from placer.search.common import final_ranker, rank
+from placer.search.ranker import RankPolicy, final_ranker, rank
 from placer.search.parallel import ProblemPool, pool_workers
-from placer.search.phases import hold_back, polish_with, reserve, screen_exactly
+from placer.search.phases import polish_with, screen_exactly
 from .shared import Fitness, ProgressBar, tournament
 
 if TYPE_CHECKING:
@@ -341,7 +341,8 @@ class DTFM(Strategy):
         ranker = final_ranker(self.final, cost_model, budget)
         share = self.final_share if ranker is not cost_model and coarse.members is None \
             and self.final != self.screen else 0.0
-        with reserve(budget, n_final), hold_back(budget, share), \
+        policy = RankPolicy(reserve=n_final, share=share, keep=n_final)
+        with policy.hold(budget), \
                 Evaluator(space, budget.meter(screen), budget, backend=self.backend,
                           workers=resolve_workers(self.workers, self.backend, screen,
                                                   budget)) as evaluate:
@@ -408,7 +409,7 @@ class DTFM(Strategy):
             with ProblemPool(inner, self.backend,
                              pool_workers(self.workers, self.backend)) as pool:
                 k = rank(ranker, inner, [f[2].to_plan(space, self.name) for f in finalists],
-                         budget, pool=pool)
+                         budget, pool=pool, policy=policy)
             _, _, genome, best_part = finalists[k]
         if share:
             # the same finish as evolution: local search scored by the final model

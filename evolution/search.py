@@ -50,12 +50,12 @@ from placer.plan import Plan
 from placer._io import atomic_write_text, load_document
 from placer.search.base import (Budget, Progress, SearchInterrupted, Strategy, get_strategy,
                                 register_strategy)
-from placer.search.common import final_ranker, learn_seed_seconds, rank, seed_seconds
+from placer.search.common import learn_seed_seconds, seed_seconds
+from placer.search.ranker import RankPolicy, final_ranker, hold_back, rank, reserve
 from placer.search.parallel import ProblemPool, pool_workers
 
 from placer.search.evaluate import Evaluator, resolve_workers
-from placer.search.phases import (EXACT_SCREEN_EVALS, SeedPool, hold_back, polish_with, reserve,
-                                  screen_exactly)
+from placer.search.phases import EXACT_SCREEN_EVALS, SeedPool, polish_with, screen_exactly
 from placer.space import OpGenome, Space, crossover, layout_seeds, local_search, mutate
 from .config import DEFAULT_SEEDS, FIELDS, EvolutionConfig, with_config_keywords
 from .shared import Fitness, ProgressBar, sub_budget, tournament
@@ -136,9 +136,7 @@ class Evolution(Strategy):
         # keep evaluations for the final ranking (at least one report) and
         # finalize's scoring of the initial plans
         try:
-            with reserve(budget, len(self.initial) + 2), \
-                    hold_back(budget, self._final_share(cost_model, coarse)
-                              or self._rank_share(cost_model, coarse)), \
+            with self._policy(cost_model, coarse).hold(budget), \
                     Evaluator(space, metered, budget, workers=self._workers(screen, budget),
                               backend=self.config.backend) as evaluate:
                 self._run = {"identity": identity, "space": space, "coarse": coarse,
@@ -182,10 +180,8 @@ class Evolution(Strategy):
                 seen.add(g.key())
                 finalists.append(g)
         ranker = final_ranker(self.config.final, cost_model, budget)
-        room = budget.remaining_evaluations - len(self.initial) \
-            - (ranker is not cost_model)
-        if not math.isinf(room):
-            finalists = finalists[:max(1, int(room))]
+        policy = self._policy(cost_model, coarse, ranker)
+        finalists = finalists[:policy.room(budget, len(finalists))]
         if coarse.members is not None:
             finalists = self._affordable(space, coarse, finalists, budget)
         plans = [self._expand(space, coarse, g) for g in finalists]
@@ -214,7 +210,7 @@ class Evolution(Strategy):
         else:
             with ProblemPool(problem, self.config.backend,
                              pool_workers(self.config.workers, self.config.backend)) as pool:
-                i = rank(ranker, problem, plans, budget, pool=pool)
+                i = rank(ranker, problem, plans, budget, pool=pool, policy=policy)
         plan = plans[i]
         if self._final_share(cost_model, coarse) and finalists[i] is not None:
             polished = self._final_polish(space, ranker, budget, finalists[i], rng)
@@ -226,6 +222,18 @@ class Evolution(Strategy):
                                 "screen_fallbacks": evaluate.switches,
                                 "coarsened": coarse.members is not None}
         return self.finalize(problem, cost_model, budget, plan, report, progress=progress)
+
+    def _policy(self, cost_model, coarse, ranker=None) -> RankPolicy:
+        """The ranking's policy (:mod:`placer.search.ranker`): evaluations
+        for the ranking and finalize's scoring of the initial plans, a share
+        for polishing the winner or ranking by a final model; after the
+        search, those left for the initial plans (and the report, when the
+        final model is another than ``cost_model``)."""
+        return RankPolicy(reserve=len(self.initial) + 2,
+                          share=self._final_share(cost_model, coarse)
+                          or self._rank_share(cost_model, coarse),
+                          keep=len(self.initial) + (ranker is not None
+                                                    and ranker is not cost_model))
 
     def _final_share(self, cost_model, coarse) -> float:
         """Share of the budget kept for polishing the winner with the final

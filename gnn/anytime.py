@@ -66,9 +66,9 @@ def refine(problem: Problem, cost_model, budget: Budget, starts: list, *, policy
     the heuristics whose plans join the starts (:func:`_heuristics`)."""
     from placer.space import Space
     from placer.search.evaluate import Evaluator
-    from placer.search.phases import (EXACT_SCREEN_EVALS, hold_back, polish_with, reserve,
-                                      screen_exactly)
-    from placer.search.common import Coarse, final_ranker
+    from placer.search.phases import EXACT_SCREEN_EVALS, polish_with, screen_exactly
+    from placer.search.common import Coarse
+    from placer.search.ranker import RankPolicy, final_ranker, hold_back, rank_finalists, reserve
     coarse = Coarse(problem, COARSEN_TO if problem.n_ops > COARSEN_ABOVE else None)
     inner = coarse.problem
     space = Space(inner, microbatches, schedules)
@@ -138,9 +138,10 @@ def refine(problem: Problem, cost_model, budget: Budget, starts: list, *, policy
         finalists.append(None)
         plans.append(first)
     ranker = final_ranker(final, cost_model, budget)
-    values = _scores(ranker, problem, plans, budget)
-    i = int(np.argmin(values))
-    if finalists[i] is None or (first_value is not None and not values[i] < first_value):
+    i, value = rank_finalists(ranker, problem, plans, budget, policy=RankPolicy(keep=1))
+    if value is None:       # one finalist, or none the time allowed: the first scored
+        i, value = 0, float(ranker.estimate(problem, plans[0]).objective)
+    if finalists[i] is None or (first_value is not None and not value < first_value):
         return first, "first"
     best, plan = finalists[i], plans[i]
     if isinstance(best, _Origin):
@@ -193,24 +194,6 @@ def _heuristics(problem, cost_model, budget: Budget, seed: int, fixed: dict) -> 
         # a NaN from the model comes back as None: infinitely slow
         out.append((name, plan, math.inf if value is None else float(value)))
     return out
-
-
-def _scores(model, problem, plans: list, budget: Budget) -> list[float]:
-    """Objectives of ``plans`` by ``model``, one by one in order while the
-    time left exceeds the longest estimate so far (at least the first), as
-    evolution ranks its finalists."""
-    import time
-    values: list[float] = []
-    longest = 0.0
-    for plan in plans:
-        if values and budget.remaining_time <= longest:
-            break
-        if values and budget.remaining_evaluations <= 1:
-            break
-        start = time.perf_counter()
-        values.append(float(model.estimate(problem, plan).objective))
-        longest = max(longest, time.perf_counter() - start)
-    return values
 
 
 #: graphs of more ops than this are searched coarsened (evolution's default)

@@ -34,15 +34,16 @@
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from placer.cost import INFEASIBLE, Problem
 from placer.errors import StrategyError
+from placer.search.arrays import PlanArrays
 from placer.search.base import (Budget, Progress, Strategy, get_strategy,
                                 register_strategy)
+from placer.search.ranker import RankPolicy, final_ranker, rank_finalists
 
 from .candidates import (POLISH_GAP, OneThread, baseline_rows, heft_rows, replica_moves,
                          unit_row)
@@ -103,40 +104,9 @@ def _choices(problem) -> list[int]:
     return microbatch_choices(problem)
 
 
-class Candidate(NamedTuple):
-    """One scored plan of :func:`policy_plans`: ``assign[i]`` is the group of
-    ``problem.ids[i]`` (ids below the device count are single devices, id
-    ``D + j`` the data-parallel set ``groups[j]``)."""
-
-    objective: float
-    assign: np.ndarray
-    microbatches: int
-    schedule: str
-    source: str
-    groups: tuple = ()
-
-    def compact(self, D: int) -> tuple[np.ndarray, tuple]:
-        """``(assign, groups)`` with only the data-parallel sets this plan
-        uses, renumbered from ``D`` (``D`` the device count): what a cost
-        model's ``step_times`` should be given (its work grows with the table)."""
-        used = np.unique(self.assign[self.assign >= D])
-        if not len(used):
-            return self.assign, ()
-        lookup = np.arange(int(self.assign.max()) + 1, dtype=np.int64)
-        lookup[used] = D + np.arange(len(used))
-        return lookup[self.assign], tuple(self.groups[g - D] for g in used.tolist())
-
-    def to_plan(self, problem: Problem, method: str):
-        """This candidate as a :class:`placer.plan.Plan` by ``method``."""
-        from placer.plan import Plan
-        return Plan(self.placement(problem), self.microbatches, self.schedule, method,
-                    extra={"source": self.source})
-
-    def placement(self, problem: Problem) -> dict:
-        """``{op id: [device names]}`` of this candidate."""
-        names, D = problem.devices, problem.n_devices
-        sets = [[names[d]] for d in range(D)] + [[names[d] for d in g] for g in self.groups]
-        return {op: list(sets[g]) for op, g in zip(problem.ids, self.assign.tolist())}
+#: one scored plan of :func:`policy_plans` (``objective`` by the search
+#: model, ``origin`` where it came from; also read as ``source``)
+Candidate = PlanArrays
 
 
 def _space(problem, choices, schedules):
@@ -268,7 +238,7 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
         out = _descents(space, cost_model, problem, budget, found, out, rng, schedules,
                         polish, polish_limit, polish_keep, widen, every_schedule)
     table = groups()
-    return [Candidate(t, row, m, s, source, table) for t, row, m, s, source in out]
+    return [PlanArrays(row, table, m, s, source, t) for t, row, m, s, source in out]
 
 
 def _descents(space, cost_model, problem, budget: Budget, found: dict, out: list, rng,
@@ -530,8 +500,7 @@ def _merge(first: list[Candidate], second: list[Candidate], D: int) -> list[Cand
     sets in its own group table."""
     seen, out = set(), []
     for c in sorted(first + second, key=lambda c: c.objective):
-        assign, groups = c.compact(D)
-        key = (assign.tobytes(), groups, c.microbatches, c.schedule)
+        key = c.key(D)
         if key not in seen:
             seen.add(key)
             out.append(c)
@@ -609,7 +578,7 @@ class _Learned(Strategy):
 
     def _plans(self, problem, cost_model, budget, seed, keep):
         """``[(search objective, Plan)]``, the ``keep`` best distinct, best first."""
-        return [(c.objective, c.to_plan(problem, self.name))
+        return [(c.objective, c.to_plan(problem, self.name, extra={"source": c.origin}))
                 for c in self._candidates(problem, cost_model, budget, seed, keep)]
 
 
@@ -678,11 +647,14 @@ class RL(_Learned):
         keep = self.final_pool if self.final is not None else self.final_k
         # under an evaluation budget the descents stop short of the final
         # ranking's first ``final_k`` simulations
-        with _reserve(budget, self.final_k + 1 if self.final is not None else 0):
+        policy = RankPolicy(reserve=self.final_k + 1 if self.final is not None else 0,
+                            at_least=self.final_k, max_tasks=FINAL_TASKS)
+        with policy.hold(budget):
             found = self._candidates(problem, cost_model, budget, seed, keep=keep)
-        i, value = _rank(self.final, cost_model, budget, problem, found, values=True,
-                         at_least=self.final_k)
-        best = found[i].to_plan(problem, self.name)
+        ranker = None if self.final in (None, getattr(cost_model, "name", None)) else \
+            final_ranker(self.final, cost_model, budget)
+        i, value = rank_finalists(ranker, problem, found, budget, policy=policy)
+        best = found[i].to_plan(problem, self.name, extra={"source": found[i].origin})
         if not anytime or _space(problem, [1], ["1f1b"]) is None:
             return self.finalize(problem, cost_model, budget, best, progress=progress)
         model = self.final if value is not None else cost_model.name
@@ -710,17 +682,6 @@ class RL(_Learned):
         return self.finalize(problem, cost_model, budget, plan, progress=progress)
 
 
-def _reserve(budget: Budget, n: int):
-    """evolution's :class:`~placer.search.phases.reserve` (``n`` evaluations
-    hidden inside), or nothing held back without the evolution package."""
-    try:
-        from placer.search.phases import reserve
-    except ImportError:
-        import contextlib
-        return contextlib.nullcontext(budget)
-    return reserve(budget, n)
-
-
 def _report(progress, name: str, budget: Budget, value: float, model: str | None,
             message: str) -> None:
     """A :class:`Progress` of objective ``value`` by cost model ``model``."""
@@ -736,54 +697,6 @@ def _report(progress, name: str, budget: Budget, value: float, model: str | None
 #: the first ``final_k`` finalists (the simulator takes about a microsecond
 #: each: ~16 ms; a 114-op plan at 8 microbatches is ~900)
 FINAL_TASKS = 16_000
-
-
-def _rank(final: str | None, cost_model, budget: Budget, problem, found: list[Candidate],
-          values: bool = False, at_least: int | None = None):
-    """Index of the best of ``found`` (ranked best first by the search model)
-    by the ``final`` cost model, as evolution ranks its finalists (scored
-    one by one through the model's array path, at least the first, until
-    the budget's time is spent); 0 when there is nothing to rank or no
-    evaluations left for it. With ``at_least``, only the first ``at_least``
-    and then those whose simulations keep the total within
-    :data:`FINAL_TASKS`. With ``values``: ``(index, its objective by
-    the final model)``, the objective None when it was not scored so."""
-    index, value = _ranked(final, cost_model, budget, problem, found, at_least)
-    return (index, value) if values else index
-
-
-def _tasks(c: Candidate, D: int) -> int:
-    """Op replicas x microbatches of candidate ``c`` (what a simulation costs)."""
-    sizes = np.r_[np.ones(D, dtype=np.int64), [len(g) for g in c.groups]]
-    return int(sizes[c.assign].sum()) * max(int(c.microbatches), 1)
-
-
-def _ranked(final, cost_model, budget: Budget, problem, found: list[Candidate],
-            at_least: int | None = None):
-    from placer.cost import get_cost_model
-    if len(found) < 2 or final is None or final == getattr(cost_model, "name", None):
-        return 0, None
-    room = budget.remaining_evaluations - 1   # keep one for finalize
-    found = found[:max(int(min(len(found), room)), 0)] if math.isfinite(room) else found
-    if len(found) < 2:
-        return 0, None
-    model = budget.meter(get_cost_model(final))
-    D = problem.n_devices
-    values: list[float] = []
-    tasks = 0
-    for k, c in enumerate(found):
-        if values and budget.time is not None and budget.remaining_time <= 0:
-            break
-        if at_least is not None and k >= at_least:
-            tasks += _tasks(c, D)
-            if tasks > FINAL_TASKS:
-                break
-        row, groups = c.compact(D)
-        values.append(float(model.step_times(problem, row[None], groups=groups,
-                                             microbatches=c.microbatches,
-                                             schedule=c.schedule)[0]))
-    i = int(np.argmin(values))
-    return i, values[i]
 
 
 #: the most of a budget :class:`Hybrid` spends on the policy's plans

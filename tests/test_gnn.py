@@ -336,8 +336,8 @@ def test_fine_tuning_keeps_the_shipped_policys_candidates(tmp_path):
     D = problem.n_devices
 
     def key(c):
-        assign, groups = c.compact(D)
-        return assign.tobytes(), groups, c.microbatches, c.schedule
+        c = c.compact(D)
+        return c.assign.tobytes(), c.groups, c.microbatches, c.schedule
     assert {key(c) for c in zero} <= {key(c) for c in both}
     assert len({key(c) for c in both}) == len(both)
     assert [c.objective for c in both] == sorted(c.objective for c in both)
@@ -488,7 +488,7 @@ def test_candidate_placement_names_data_parallel_groups():
     D = problem.n_devices
     assign = np.zeros(problem.n_ops, dtype=np.int64)
     assign[problem.n_ops // 2:] = D + 1          # the second data-parallel set
-    c = Candidate(1.0, assign, 2, "1f1b", "baseline", groups=((0, 1), (2, 3)))
+    c = Candidate(assign, ((0, 1), (2, 3)), 2, "1f1b", "baseline", objective=1.0)
     placement = c.placement(problem)
     names = problem.devices
     assert placement[problem.ids[0]] == [names[0]]

@@ -85,10 +85,11 @@ def test_anytime_rl_ranks_the_heuristics_plans_by_the_final_model(stem, problem,
     first plan by the final model."""
     import numpy as np
     import gnn.anytime as anytime
+    import placer.search.ranker as ranker
     ranked, found = [], []
-    scores, heuristics = anytime._scores, anytime._heuristics
-    monkeypatch.setattr(anytime, "_scores", lambda model, problem, plans, budget: (
-        ranked.extend(plans) or scores(model, problem, plans, budget)))
+    rank, heuristics = ranker.rank_finalists, anytime._heuristics
+    monkeypatch.setattr(ranker, "rank_finalists", lambda model, problem, plans, budget, **kw: (
+        ranked.extend(plans) or rank(model, problem, plans, budget, **kw)))
     monkeypatch.setattr(anytime, "_heuristics", lambda *a: (
         found.extend(heuristics(*a)) or found))
     # the analytical model screens (an evaluation budget), the simulator ranks

@@ -68,7 +68,7 @@ def test_distinct_finalists_skip_equal_objectives():
     assert [v[1] for v in strategies._distinct(rows, 1)] == ["a"]
 
 
-def test_final_ranking_pool_is_bounded_by_simulated_tasks(monkeypatch):
+def test_final_ranking_pool_is_bounded_by_simulated_tasks():
     """The simulator ranks the first ``at_least`` finalists, then more while
     their op replicas x microbatches fit :data:`FINAL_TASKS`; the pick is
     the simulator's best of those it scored."""
@@ -76,16 +76,17 @@ def test_final_ranking_pool_is_bounded_by_simulated_tasks(monkeypatch):
     sim = get_cost_model("simulator")
     from gnn.problems import even_pipelines
     rows = even_pipelines(problem, range(1, 7))
-    found = [strategies.Candidate(float(k), r, 4, "1f1b", "baseline")
+    found = [strategies.Candidate(r, (), 4, "1f1b", "baseline", float(k))
              for k, r in enumerate(rows)]
     truth = times_at(sim, problem, rows, [4] * len(rows), "1f1b")
-    ana = get_cost_model("analytical")       # the search model; the simulator ranks
-    rank = strategies._rank
-    assert rank("simulator", ana, Budget(), problem, found, at_least=len(found)) \
-        == int(np.argmin(truth))
+    from placer.search.ranker import RankPolicy, rank_finalists
+
+    def rank(at_least, max_tasks=strategies.FINAL_TASKS):
+        budget = Budget()
+        policy = RankPolicy(at_least=at_least, max_tasks=max_tasks)
+        return rank_finalists(budget.meter(sim), problem, found, budget, policy=policy).index
+    assert rank(len(found)) == int(np.argmin(truth))
     # every task fits: the whole pool; none beyond the first two: only those
-    assert rank("simulator", ana, Budget(), problem, found, at_least=2) == int(np.argmin(truth))
-    monkeypatch.setattr(strategies, "FINAL_TASKS", 0)
-    assert rank("simulator", ana, Budget(), problem, found, at_least=2) \
-        == int(np.argmin(truth[:2]))
-    assert strategies._tasks(found[0], problem.n_devices) == problem.n_ops * 4
+    assert rank(2) == int(np.argmin(truth))
+    assert rank(2, max_tasks=0) == int(np.argmin(truth[:2]))
+    assert found[0].tasks(problem.n_devices) == problem.n_ops * 4

@@ -2,19 +2,22 @@
 conservative memory ledger, contiguous splits, coarsening and picking the
 microbatch count and schedule with the cost model.
 
-Everything works on *assignments*: an int array indexed like
-``problem.ids`` (topological order) whose values are device indices, or
-``D + k`` for the k-th data-parallel group of a candidate.
+Everything works on *assignments* (:mod:`placer.search.arrays`): an int
+array indexed like ``problem.ids`` (topological order) whose values are
+device indices, or ``D + k`` for the k-th data-parallel group of a
+candidate.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from ..cost import Problem
+from .arrays import PlanArrays
+from .ranker import (RankPolicy, SimulationClock, final_ranker, rank,  # noqa: F401 (old home)
+                     score_finalists)
 
 if TYPE_CHECKING:
     from ..cost import CostModel, Report
@@ -275,16 +278,9 @@ def device_order(problem: Problem) -> list[int]:
     return [d for ds in ordered for d in sorted(ds, key=lambda d: -rate[d])]
 
 
-@dataclass
-class Candidate:
-    """An assignment to score: ``groups`` are the data-parallel groups
-    (device index tuples) that values ``>= D`` refer to; ``microbatches``
-    restricts the counts tried."""
-
-    assign: np.ndarray
-    groups: list = field(default_factory=list)
-    microbatches: list | None = None
-    label: str = ""
+#: an assignment a heuristic hands :func:`choose` (``microbatches``: the
+#: counts it may be scored at, None: any)
+Candidate = PlanArrays
 
 
 def choose(strategy: "Strategy", problem: Problem, cost_model: "CostModel",
@@ -296,8 +292,11 @@ def choose(strategy: "Strategy", problem: Problem, cost_model: "CostModel",
 
     First every candidate is scored at the settings ``first`` (default: a
     middle and the largest microbatch count under the first schedule); then the best
-    ``keep`` candidates at every allowed count and schedule. Stops early when
-    the budget is spent (the first score is always made).
+    ``keep`` candidates (the finalists) at every allowed count and schedule,
+    the best score winning. Stops early when the budget is spent, keeping
+    the evaluations :class:`~placer.search.ranker.RankPolicy` keeps after a
+    ranking: one for the final report and one per initial plan (the first
+    score is always made).
     """
     ms_all = strategy.microbatch_choices(problem)
     scheds = strategy.schedule_choices()
@@ -312,20 +311,21 @@ def choose(strategy: "Strategy", problem: Problem, cost_model: "CostModel",
         return 4 if 4 in ms else ms[len(ms) // 2]
 
     scores: dict[tuple[int, int, str], float] = {}
+    policy = RankPolicy(keep=1 + len(strategy.initial), until="spent")
 
-    # keep one evaluation for the final report and one per initial plan
-    reserve = 1 + len(strategy.initial)
-
-    def score(ci: int, m: int, s: str) -> None:
-        if (ci, m, s) in scores:
+    def score(keys: list[tuple[int, int, str]]) -> None:
+        """Score candidate ``ci`` at ``m`` microbatches and schedule ``s``
+        for each ``(ci, m, s)`` of ``keys`` not scored yet, in order, as
+        the ranking scores finalists (after the first score, only while
+        the budget keeps ``policy.keep`` evaluations)."""
+        keys = [k for k in dict.fromkeys(keys) if k not in scores]
+        if not keys or (scores and budget.allow(policy.keep + 1) < policy.keep + 1):
             return
-        if scores and budget.allow(reserve + 1) < reserve + 1:
-            return
-        c = candidates[ci]
-        value = cost_model.step_times(problem, c.assign[None, :], groups=c.groups,
-                                      microbatches=m, schedule=s)
-        scores[(ci, m, s)] = float(value[0])
+        rows = [candidates[ci].replace(microbatches=m, schedule=s) for ci, m, s in keys]
+        scores.update(zip(keys, score_finalists(cost_model, problem, rows, budget,
+                                                policy=policy)))
 
+    screening: list[tuple[int, int, str]] = []
     for ci, c in enumerate(candidates):
         ms, ss = settings(c)
         # the most microbatches keep the least activation memory, so a
@@ -333,19 +333,15 @@ def choose(strategy: "Strategy", problem: Problem, cost_model: "CostModel",
         default = [(middle(ms), ss[0]), (ms[-1], ss[0])]
         combos = [(m, s) for m, s in (first or default) if m in ms and s in ss] \
             or [(middle(ms), ss[0])]
-        for m, s in combos:
-            score(ci, m, s)
+        screening += [(ci, m, s) for m, s in combos]
+    score(screening)
     ranked = sorted({ci for ci, _, _ in scores},
                     key=lambda ci: min(v for k, v in scores.items() if k[0] == ci))
-    for ci in ranked[:keep]:
-        ms, ss = settings(candidates[ci])
-        for s in ss:
-            for m in ms:
-                score(ci, m, s)
+    score([(ci, m, s) for ci in ranked[:keep]
+           for ms, ss in [settings(candidates[ci])] for s in ss for m in ms])
     (ci, m, s), _ = min(scores.items(), key=lambda kv: (kv[1], kv[0][0], kv[0][1]))
     c = candidates[ci]
-    compiled = problem.compile_array(c.assign, c.groups, microbatches=m, schedule=s)
-    plan = problem.to_plan(compiled, strategy.name)
+    plan = c.replace(microbatches=m, schedule=s).to_plan(problem, strategy.name)
     report = cost_model.estimate(problem, plan)
     if progress is not None:
         strategy.report(progress, budget, report, c.label)
@@ -400,63 +396,6 @@ def repair_memory(ctx: Context, assign: np.ndarray) -> np.ndarray:
     return assign
 
 
-class SimulationClock:
-    """Predicts how long the event simulator takes on a plan, so a search
-    calls it only where it fits the time left: its work grows with the op
-    replicas (an op on k devices counts k) times the microbatches. The rate
-    is this process's slowest measured one (a conservative start before the
-    first measurement)."""
-
-    #: seconds per op replica and microbatch before any measurement
-    rate = 4e-6
-    _measured = False
-    #: the most op replicas x microbatches a search simulates: the
-    #: simulator holds 70-90 bytes per task (measured with tracemalloc on
-    #: 20,000 ops x 64 devices, 1- to 8-way groups), so about 1 GB
-    max_tasks = 1.2e7
-
-    @classmethod
-    def tasks(cls, problem: Problem, plan: "Plan") -> float:
-        replicas = sum(len(devices) for devices in plan.placement.values())
-        return float(replicas) * max(int(plan.microbatches), 1)
-
-    @classmethod
-    def predict(cls, problem: Problem, plan: "Plan") -> float:
-        """Predicted seconds of one simulation of ``plan``."""
-        return cls.tasks(problem, plan) * cls.rate
-
-    @classmethod
-    def estimate(cls, model, problem: Problem, plan: "Plan", budget: "Budget"):
-        """``model.estimate(problem, plan)`` when its predicted time fits
-        ``budget``'s time left (always without a time limit) and it has at
-        most :attr:`max_tasks` tasks, else None."""
-        import time as _time
-        if not cls.fits(problem, plan, budget):
-            return None
-        start = _time.perf_counter()
-        report = model.estimate(problem, plan)
-        cls.learn(problem, plan, _time.perf_counter() - start)
-        return report
-
-    @classmethod
-    def fits(cls, problem: Problem, plan: "Plan", budget: "Budget") -> bool:
-        """Whether :meth:`estimate` would simulate ``plan`` under ``budget``."""
-        return cls.tasks(problem, plan) <= cls.max_tasks and (
-            budget.time is None or cls.predict(problem, plan) <= budget.remaining_time)
-
-    @classmethod
-    def learn(cls, problem: Problem, plan: "Plan", took: float) -> None:
-        """Take ``took`` seconds, one simulation of ``plan`` (here or on a
-        worker), into the rate."""
-        tasks = cls.tasks(problem, plan)
-        if tasks >= 1e5:        # small runs time the call's overhead, not the work
-            measured = took / tasks
-            # the first measurement replaces the prior; later ones can
-            # halve the rate at most per run (a quiet moment on a busy host)
-            cls.rate = measured if not cls._measured else max(measured, cls.rate / 2)
-            cls._measured = True
-
-
 #: seconds per (op x device) a seeding heuristic takes, placing and
 #: scoring its candidates, before this process has timed it (measured on
 #: 10,000 ops x 64 devices, a busy 2-core host); :func:`seed_seconds`
@@ -489,84 +428,3 @@ def learn_seed_seconds(name: str, problem, seconds: float) -> None:
         _SEED_RATES[name] = seconds / size
         _SLOWDOWN[0] = max(1.0, _SEED_RATES[name] /
                            SEED_SECONDS_PER_OP_DEVICE.get(name, 2e-6))
-
-
-def final_ranker(name: str | None, cost_model, budget: Budget):
-    """The (metered) cost model that ranks a search's finalists: ``name``'s,
-    or ``cost_model`` when None or the same model."""
-    if name is None or name == getattr(cost_model, "name", None):
-        return cost_model
-    from ..cost import get_cost_model
-    return budget.meter(get_cost_model(name))
-
-
-def rank(model, problem: "Problem", plans: list["Plan"], budget: Budget | None = None,
-         pool=None) -> int:
-    """Index of the best of ``plans`` by ``model`` (the first on ties).
-
-    With a ``budget`` that has a time limit the plans are scored one by one
-    in the order given (put the likeliest first) while the time left
-    exceeds the longest estimate so far (and, for the simulator, its
-    predicted time, :class:`placer.search.common.SimulationClock`; the
-    first plan is then kept unscored if none fits): a final ranking by a
-    slow model (the simulator on a big graph and cluster can take seconds
-    per plan) must not overrun the search's time budget. Without one, all
-    are scored.
-
-    With an active ``pool`` (:class:`placer.search.parallel.ProblemPool` of
-    ``problem``) the plans are scored on its workers at once: the same
-    index without a time limit; with one, the plans up to the first the
-    simulator is predicted not to fit, those not finished when the time
-    runs out left out."""
-    if len(plans) == 1:
-        return 0
-    if pool is not None and pool.active:
-        return _rank_on(pool, model, problem, plans, budget)
-    if budget is None or budget.time is None:
-        reports = model.estimate_many(problem, plans)
-        return int(np.argmin([r.objective for r in reports]))
-    import time as _time
-    values: list[float] = []
-    longest = 0.0
-    for plan in plans:
-        if values and budget.remaining_time <= longest:
-            break
-        start = _time.perf_counter()
-        if getattr(model, "name", None) == "simulator":
-            report = SimulationClock.estimate(model, problem, plan, budget)
-            if report is None:      # predicted not to fit the time left
-                break
-        else:
-            report = model.estimate(problem, plan)
-        values.append(report.objective)
-        longest = max(longest, _time.perf_counter() - start)
-    return int(np.argmin(values)) if values else 0
-
-
-def _rank_on(pool, model, problem: "Problem", plans: list["Plan"], budget: Budget | None) -> int:
-    """:func:`rank` with the estimates on ``pool``'s workers."""
-    from concurrent.futures import TimeoutError as FutureTimeout
-    simulating = getattr(model, "name", None) == "simulator"
-    timed = budget is not None and budget.time is not None
-    if timed and simulating:
-        fit = 0
-        while fit < len(plans) and SimulationClock.fits(problem, plans[fit], budget):
-            fit += 1
-        plans = plans[:fit]
-    futures = pool.estimate_futures(model.name, plans)
-    done: list = []
-    for plan, future in zip(plans, futures):
-        try:
-            done.append(future.result(timeout=budget.remaining_time if timed else None))
-        except FutureTimeout:
-            break
-    for future in futures[len(done):]:
-        future.cancel()
-    if simulating and timed:        # as rank learns the simulator's speed: when timed
-        for plan, (_, took) in zip(plans, done):
-            SimulationClock.learn(problem, plan, took)
-    reports = [r for r, _ in done]
-    record = getattr(model, "record", None)
-    if record is not None:          # a metered model: charged as if scored here
-        reports = record(problem, plans[:len(reports)], reports)
-    return int(np.argmin([r.objective for r in reports])) if reports else 0

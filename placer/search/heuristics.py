@@ -34,7 +34,7 @@ class Single(Strategy):
     def search(self, problem, cost_model, budget, seed=0, progress=None):
         n, D = problem.n_ops, problem.n_devices
         order = sorted(range(D), key=lambda d: (-problem.rate[d], d))
-        cands = [Candidate(np.full(n, d, dtype=np.int64), label=problem.devices[d])
+        cands = [Candidate(np.full(n, d, dtype=np.int64), origin=problem.devices[d])
                  for d in order]
         ms = self.microbatch_choices(problem)
         s0 = self.schedule_choices()[0]
@@ -138,7 +138,7 @@ class EvenPipeline(Strategy):
                 groups = [tuple(b.tolist()) for b in blocks]
                 assign = D + stage
             cands.append(Candidate(fix_colocation(ctx, assign), groups,
-                                   label=f"{S} stages x {r}"))
+                                   origin=f"{S} stages x {r}"))
         return cands
 
 

@@ -62,7 +62,7 @@ class Partition(Strategy):
             devices = order[:k]
             assign = repair_memory(context(cp), self.partition(cp, devices, rng))
             assign = fix_colocation(context(problem), coarse.expand(assign))
-            cands.append(Candidate(assign, label=f"{k} parts"))
+            cands.append(Candidate(assign, origin=f"{k} parts"))
         plan, report, _ = choose(self, problem, cost_model, budget, cands, keep=2,
                                  progress=progress)
         return self.finalize(problem, cost_model, budget, plan, report, progress=progress)

@@ -22,55 +22,13 @@ from ..space import OpGenome, Space, local_search
 from .base import Budget, get_strategy
 from .common import learn_seed_seconds, seed_seconds
 from .evaluate import Evaluator
+from .ranker import hold_back, reserve
 
 if TYPE_CHECKING:
     from ..cost import Problem
 
 #: screen with the simulator when this many of its estimates fit in the time left
 EXACT_SCREEN_EVALS = 1500
-
-
-class hold_back:
-    """Context manager: hide ``share`` of ``budget``'s time and evaluations
-    (those it has) from the search inside, for a final phase after it."""
-
-    def __init__(self, budget: Budget, share: float):
-        self.budget = budget
-        self.dt = 0.0 if budget.time is None else budget.time * share
-        self.n = 0 if budget.evaluations is None else int(budget.evaluations * share)
-
-    def __enter__(self) -> Budget:
-        if self.budget.time is not None:
-            self.budget.time -= self.dt
-        if self.budget.evaluations is not None:
-            self.budget.evaluations -= self.n
-        return self.budget
-
-    def __exit__(self, *exc) -> None:
-        if self.budget.time is not None:
-            self.budget.time += self.dt
-        if self.budget.evaluations is not None:
-            self.budget.evaluations += self.n
-
-
-class reserve:
-    """Context manager: hide ``n`` of ``budget``'s evaluations (if it counts
-    them) from the search inside, for the final scoring after it."""
-
-    def __init__(self, budget: Budget, n: int):
-        self.budget = budget
-        self.n = 0
-        if budget.evaluations is not None:
-            self.n = int(min(n, max(budget.remaining_evaluations - 1, 0)))
-
-    def __enter__(self) -> Budget:
-        if self.n:
-            self.budget.evaluations -= self.n
-        return self.budget
-
-    def __exit__(self, *exc) -> None:
-        if self.n:
-            self.budget.evaluations += self.n
 
 
 def screen_exactly(problem: "Problem", evaluate: Evaluator, screen, plans: list[Plan],

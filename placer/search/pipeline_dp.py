@@ -388,7 +388,7 @@ class PipelineDP(Strategy):
             c = space.assignment(stages)
             c.assign = fix_colocation(ctx, c.assign)
             c.microbatches = [m]
-            c.label = f"m={m}: {len(stages)} stages, DP objective {value:.4g}s"
+            c.origin = f"m={m}: {len(stages)} stages, DP objective {value:.4g}s"
             cands.append(c)
         if not cands:   # nothing fits even spread out: use every device, by speed
             space_all = Space(problem, self.max_layers, [problem.n_devices])

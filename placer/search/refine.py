@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .arrays import PlanArrays
 from .common import context
 
 #: how many edges deep into a group a move reaches, per pair of groups
@@ -37,12 +38,11 @@ def refine(problem, plan, cost_model, budget, *, pairs: int = 6, batch: int = 8,
     (:class:`placer.search.parallel.ProblemPool` of ``problem``) each batch
     is scored on its workers, split between them: the same moves and plan
     (``cost_model`` must then be a registered model, metered)."""
-    compiled = problem.compile(plan)
-    a = compiled.op_group.astype(np.int64)
-    table = list(compiled.groups)
-    D = problem.n_devices
-    groups = [tuple(g) for g in table[D:]]
-    m, s = plan.microbatches, plan.schedule
+    given = PlanArrays.from_plan(problem, plan)
+    a = given.assign.astype(np.int64)
+    groups = list(given.groups)
+    table = [(d,) for d in range(problem.n_devices)] + groups
+    m, s = given.microbatches, given.schedule
 
     def score(rows: np.ndarray) -> np.ndarray:
         if pool is not None and pool.active:
@@ -83,8 +83,7 @@ def refine(problem, plan, cost_model, budget, *, pairs: int = 6, batch: int = 8,
         tried.clear()
         if progress is not None:
             progress(value, f"refine: {len(best_move[2])} ops moved")
-    refined = problem.to_plan(problem.compile_array(a, groups, microbatches=m, schedule=s),
-                              plan.method)
+    refined = given.replace(assign=a).to_plan(problem, plan.method)
     refined.predicted = dict(plan.predicted)
     refined.extra = dict(plan.extra)
     return refined, value, kept, first

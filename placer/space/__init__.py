@@ -2,6 +2,8 @@
 moves through it, shared by evolution (``evolution``) and the policy
 (``gnn``), and below both.
 
+- :mod:`placer.space.arrays`: :class:`PlanArrays`, the one array form of a
+  plan every search and the cost models' compile step share;
 - :mod:`placer.space.genome`: the encodings (:class:`OpGenome`, one group
   id per op over a :class:`GroupTable` of device sets; :class:`LayoutGenome`,
   stages over the topological order) and :class:`Space`, what the moves
@@ -17,11 +19,12 @@ moves through it, shared by evolution (``evolution``) and the policy
 Nothing here searches or imports a search: the strategies drive it.
 """
 
+from .arrays import PlanArrays, compact_rows
 from .genome import GroupTable, LayoutGenome, OpGenome, Space, compact, stage_shapes
 from .layouts import device_chain, layout_seeds, shapes_for
 from .local import local_search, neighbourhood
 from .moves import MUTATIONS, boundary_ops, crossover, mutate
 
-__all__ = ["MUTATIONS", "GroupTable", "LayoutGenome", "OpGenome", "Space", "boundary_ops",
-           "compact", "crossover", "device_chain", "layout_seeds", "local_search", "mutate",
+__all__ = ["MUTATIONS", "GroupTable", "LayoutGenome", "OpGenome", "PlanArrays", "Space", "boundary_ops",
+           "compact", "compact_rows", "crossover", "device_chain", "layout_seeds", "local_search", "mutate",
            "neighbourhood", "shapes_for", "stage_shapes"]

@@ -21,49 +21,11 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from placer.errors import StrategyError
 from placer.plan import Plan
+from .arrays import GroupTable, PlanArrays
 
 if TYPE_CHECKING:
     from placer.cost import Problem
-
-
-class GroupTable:
-    """Group id <-> sorted tuple of device indices; ids ``< D`` are the
-    devices themselves, data-parallel sets get ids ``D, D+1, ...`` in the
-    order they are first seen (so a seeded search numbers them the same)."""
-
-    def __init__(self, n_devices: int):
-        self.n_devices = int(n_devices)
-        self._ids: dict[tuple, int] = {}
-        self._sets: list[tuple] = [(d,) for d in range(self.n_devices)]
-
-    def __len__(self) -> int:
-        return len(self._sets)
-
-    def id(self, devices: Sequence[int]) -> int:
-        """The group id of a device set (registered on first use)."""
-        key = tuple(sorted(int(d) for d in devices))
-        if not key or len(set(key)) != len(key):
-            raise StrategyError(f"bad device set {devices!r}")
-        if len(key) == 1:
-            return key[0]
-        gid = self._ids.get(key)
-        if gid is None:
-            gid = self._ids[key] = len(self._sets)
-            self._sets.append(key)
-        return gid
-
-    def devices(self, gid: int) -> tuple:
-        """Device indices of group ``gid``."""
-        return self._sets[int(gid)]
-
-    def size(self, gid: int) -> int:
-        return len(self._sets[int(gid)])
-
-    def extra(self) -> list[tuple]:
-        """The data-parallel sets, in id order (``groups=`` of ``step_times``)."""
-        return self._sets[self.n_devices:]
 
 
 @dataclass
@@ -85,18 +47,15 @@ class OpGenome:
         h.update(f"|{self.microbatches}|{self.schedule}".encode())
         return h.digest()
 
+    def arrays(self, space: "Space") -> PlanArrays:
+        """This genome as :class:`~placer.space.arrays.PlanArrays` over
+        ``space``'s group table."""
+        return space.table.arrays(self.assign, int(self.microbatches), self.schedule,
+                                  self.origin)
+
     def to_plan(self, space: "Space", method: str = "evolution") -> Plan:
         """The :class:`placer.Plan` of this genome."""
-        names = space.problem.devices
-        table = space.table
-        lists = {}
-        placement = {}
-        for op_id, g in zip(space.problem.ids, self.assign.tolist()):
-            devs = lists.get(g)
-            if devs is None:
-                devs = lists[g] = [names[d] for d in table.devices(g)]
-            placement[op_id] = list(devs)
-        return Plan(placement, int(self.microbatches), self.schedule, method)
+        return self.arrays(space).to_plan(space.problem, method)
 
     @classmethod
     def from_plan(cls, space: "Space", plan: Plan, origin: str = "") -> "OpGenome":
@@ -234,13 +193,7 @@ class Space:
 def compact(A: np.ndarray, space: Space) -> tuple[np.ndarray, list[tuple]]:
     """Renumber the data-parallel group ids used in ``A`` to ``D, D+1, ...``
     so the cost model sees only the groups this batch uses."""
-    D = space.n_devices
-    used = np.unique(A[A >= D])
-    if not len(used):
-        return A, []
-    lookup = np.arange(int(A.max()) + 1, dtype=np.int64)
-    lookup[used] = D + np.arange(len(used))
-    return lookup[A], [space.table.devices(g) for g in used.tolist()]
+    return space.table.compact(A)
 
 
 def stage_shapes(n_devices: int, n_ops: int, limit: int = 64) -> list[tuple[int, int]]:
