@@ -157,7 +157,7 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
                  settle: int = 4, layout_devices: int = 16,
                  polish_limit: int = 48, polish_keep: int = 3,
                  widen: bool = True, cuts: bool = True,
-                 every_schedule: bool = True) -> list[Candidate]:
+                 every_schedule: bool = True, branches: bool = True) -> list[Candidate]:
     """Decode and score placements; returns the ``keep`` best distinct
     :class:`Candidate` s, best first. ``source`` says where the plan came from:
     ``"policy"`` (one-shot decoding), ``"refined"`` (a refinement round),
@@ -179,7 +179,10 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
     devices of any source (its last step kept; with ``every_schedule``
     each descent also from its start at the other schedules); with ``cuts``, before the
     polish, :func:`_cut_descent` from the best plan over several devices
-    (:data:`CUT_OPS`, :data:`CUT_RUNS`; at each schedule). Everything is scored with
+    (:data:`CUT_OPS`, :data:`CUT_RUNS`; at each schedule); with ``branches``
+    and ``baselines``, after settling, the branch-spread plans of
+    :func:`gnn.branches.branch_rows` (source ``"branches"``; at the two
+    largest microbatch counts). Everything is scored with
     ``cost_model``'s array path at each microbatch count and schedule. Stops
     early when ``budget`` is spent, keeping one evaluation for the caller's
     report of the result (the greedy plan is always scored).
@@ -261,6 +264,12 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
     top = sorted(found.values(), key=lambda v: v[0])[:max(settle, keep)]
     if top and not budget.exhausted():
         score(np.stack([v[1] for v in top]), [v[4] for v in top], choices, schedules)
+    if branches and baselines and space is not None and not budget.exhausted():
+        from .branches import branch_rows
+        rows = [r for r in branch_rows(problem, space) if r.tobytes() not in done]
+        if rows:
+            score(np.stack(rows), ["branches"] * len(rows), choices[-2:])
+        _prune_source(found, "branches", BRANCH_KEEP)
     if cuts and space is not None and not budget.exhausted():
         _cut_descents(space, cost_model, problem, budget, found, schedules)
     out = _distinct(sorted(found.values(), key=lambda v: v[0]), keep)
@@ -299,7 +308,8 @@ def _descents(space, cost_model, problem, budget: Budget, found: dict, out: list
         # baseline pipeline is balanced or cut where it is cheap, but
         # one of its ops may gain from being data-parallel), descended
         # from with the replica moves as well
-        multi = [v for v in found.values() if len(np.unique(v[1])) > 1]
+        multi = [v for v in found.values() if len(np.unique(v[1])) > 1
+                 and v[4] != "branches"]
         best = min(multi, key=lambda v: v[0]) if multi else None
         if best is not None and best[0] <= POLISH_GAP * out[0][0]:
             starts.append((best, True))
@@ -327,6 +337,23 @@ def _descents(space, cost_model, problem, budget: Budget, found: dict, out: list
         out = sorted([v for v in out if v[1].tobytes() not in keys] + steps,
                      key=lambda v: v[0])
     return out
+
+
+#: branch-spread plans (:func:`gnn.branches.branch_rows`) kept among the
+#: finalists: the analytical model prices them 1.2-1.4x the simulator's
+#: figure and the chains ~1.05x, so more of them would push the chains'
+#: descents out of the final ranking (experts-e8-l4 on regions-d8-r4: 28.99
+#: -> 31.17 ms with all of them kept)
+BRANCH_KEEP = 3
+
+
+def _prune_source(found: dict, source: str, keep: int) -> None:
+    """Drop from ``found`` all but the ``keep`` best plans of ``source``
+    (distinct by objective, as the finalists are)."""
+    mine = sorted((v for v in found.values() if v[4] == source), key=lambda v: v[0])
+    kept = {id(v) for v in _distinct(mine, keep)}
+    for key in [k for k, v in found.items() if v[4] == source and id(v) not in kept]:
+        del found[key]
 
 
 def _screening_rows(problem, space, A: np.ndarray, choices: list[int], baselines: bool,
@@ -385,7 +412,10 @@ def _cut_descents(space, cost_model, problem, budget: Budget, found: dict, sched
     microbatches, schedule, source)``) as ``"polished"``."""
     if problem.n_ops > CUT_OPS:
         return
-    multi = [v for v in found.values() if 1 < _runs(v[1]) <= CUT_RUNS and v[0] < INFEASIBLE]
+    # not from a branch-spread plan: the analytical model prices them
+    # apart from the simulator (see :data:`BRANCH_KEEP`)
+    multi = [v for v in found.values() if 1 < _runs(v[1]) <= CUT_RUNS and v[0] < INFEASIBLE
+             and v[4] != "branches"]
     if not multi:
         return
     best = min(multi, key=lambda v: v[0])
@@ -547,7 +577,7 @@ class _Learned(Strategy):
                  finetune: float = 0.0, finetune_steps: int | None = None,
                  baselines: bool = True, polish: int = 0, polish_limit: int = 48,
                  polish_keep: int = 3, widen: bool = True, cuts: bool = True,
-                 every_schedule: bool = True, **base):
+                 every_schedule: bool = True, branches: bool = True, **base):
         super().__init__(**base)
         for label, value, low in (("samples", samples, 0), ("batch", batch, 1),
                                   ("max_units", max_units, 1), ("polish", polish, 0),
@@ -571,6 +601,7 @@ class _Learned(Strategy):
         self.polish_keep = int(polish_keep)
         self.widen, self.cuts = bool(widen), bool(cuts)
         self.every_schedule = bool(every_schedule)
+        self.branches = bool(branches)
 
     def _candidates(self, problem, cost_model, budget, seed, keep) -> list[Candidate]:
         """The ``keep`` best distinct :class:`Candidate` s and the polish's
@@ -588,7 +619,8 @@ class _Learned(Strategy):
                                 schedules=schedules, keep=keep, baselines=self.baselines,
                                 polish=self.polish, polish_limit=self.polish_limit,
                                 polish_keep=self.polish_keep, widen=self.widen,
-                                cuts=self.cuts, every_schedule=self.every_schedule)
+                                cuts=self.cuts, every_schedule=self.every_schedule,
+                                branches=self.branches)
         if not (self.finetune > 0 or self.finetune_steps):
             return plans(policy)
         # The shipped policy's plans first: fine-tuning can end in a worse
@@ -634,7 +666,9 @@ class RL(_Learned):
     a finalist), ``cuts`` (True: the boundaries of the best plan over
     several devices moved to their best positions, :func:`_cut_descent`),
     ``every_schedule`` (True: both descents also from their starts at the
-    other schedules),
+    other schedules), ``branches`` (True: plans whose parallel branches,
+    experts or towers, are spread over several devices,
+    :func:`gnn.branches.branch_rows`),
     ``max_units`` (decision units; larger graphs are cut into runs; the
     shipped policy was trained with 96), ``temperature``, ``baselines``
     (also score the simple reference plans and evolution's layouts, default
@@ -795,8 +829,8 @@ POLICY_SHARE = 0.2
 class Hybrid(_Learned):
     """The policy's plans, then the ``evolution`` strategy (see the module doc).
 
-    Options: those of ``rl`` (the same defaults but ``cuts=False`` and
-    ``every_schedule=False``: the plans are ``rl``'s
+    Options: those of ``rl`` (the same defaults but ``cuts=False``,
+    ``every_schedule=False`` and ``branches=False``: the plans are ``rl``'s
     candidates, the steps of its ``polish`` descent included), ``seeds``
     (how many of the best distinct policy plans to hand over, besides the
     polished ones), ``share`` (at most this share of the budget for the
@@ -824,13 +858,15 @@ class Hybrid(_Learned):
 
     def __init__(self, *, seeds: int = 8, evolution: dict | None = None,
                  share: float | None = None, polish: int = 3, policy_slots: int = 0,
-                 cuts: bool = False, every_schedule: bool = False, **options):
+                 cuts: bool = False, every_schedule: bool = False, branches: bool = False,
+                 **options):
         # no cut descent nor descents at every schedule by default:
         # evolution's own search moves boundaries and schedules, and the
         # evaluations they would spend are evolution's (dlrm.op on
         # hetero-lab at 4,000 evaluations, seed 2: 1.030 ms with them
         # against evolution's 0.988, 0.988 without)
-        super().__init__(polish=polish, cuts=cuts, every_schedule=every_schedule, **options)
+        super().__init__(polish=polish, cuts=cuts, every_schedule=every_schedule,
+                         branches=branches, **options)
         if int(seeds) != seeds or seeds < 1:
             raise StrategyError(f"seeds must be a whole number >= 1, got {seeds!r}",
                                 field="seeds")
