@@ -390,8 +390,10 @@ def _screening_rows(problem, space, A: np.ndarray, choices: list[int], baselines
 #: graphs of at most this many ops get :func:`_cut_descents` (its work
 #: grows with ops x positions tried)
 CUT_OPS = 256
-#: rounds of :func:`_cut_descent` (each moves one boundary)
-CUT_ROUNDS = 4
+#: rounds of :func:`_cut_descent` (each moves one boundary; 2 since the
+#: branch-spread plans: no one-shot plan of the 27 benchmark cases changed
+#: from 4, and each round is a cost-model call of up to :data:`CUT_ROWS` rows)
+CUT_ROUNDS = 2
 #: rows one round of :func:`_cut_descent` scores (positions spread evenly
 #: over the boundaries)
 CUT_ROWS = 128
@@ -466,8 +468,8 @@ def _cut_descent(space, cost_model, problem, budget: Budget, start: tuple,
         rows = rows[:room]
         if not len(rows):
             break
-        if space.has_colocation:
-            rows = np.stack([space.repair(r) for r in rows])
+        if space.has_colocation:        # every row at once (a row's repair is rows[rep])
+            rows = rows[:, space.rep]
         A, used = compact(rows, space)
         v = times_at(cost_model, problem, A, [m] * len(A), sched, tuple(used))
         i = int(np.argmin(v))
@@ -678,7 +680,7 @@ class RL(_Learned):
     returned) or ``finetune_steps``; ``final_k`` (4) best distinct plans
     re-ranked by ``final`` (cost model name, ``"simulator"``; None: keep the search
     model's best), as evolution ranks its finalists, and more of the search
-    model's best (up to ``final_pool``, 16) while their simulations stay
+    model's best (up to ``final_pool``, 8) while their simulations stay
     within :data:`FINAL_TASKS` op replicas x microbatches in all. The plan's
     ``extra["source"]`` says whether the policy's one-shot decoding, a
     refinement round, the polish or a baseline won (``"anytime"`` or
@@ -695,7 +697,7 @@ class RL(_Learned):
     name = "rl"
 
     def __init__(self, *, final_k: int = 4, final: str | None = "simulator", polish: int = 3,
-                 anytime: bool = True, final_pool: int = 16, **options):
+                 anytime: bool = True, final_pool: int = 8, **options):
         super().__init__(polish=polish, **options)
         for label, value in (("final_k", final_k), ("final_pool", final_pool)):
             if int(value) != value or value < 1:
