@@ -33,9 +33,9 @@ def branch_regions(problem, min_branches: int = MIN_BRANCHES) -> list[tuple[int,
     ``branches`` holds each chain's op indices (an edge straight from the
     fork to the join, a residual, is no branch).
 
-    >>> import placer
+    >>> from placer import datasets, generators
     >>> from placer.cost import Problem
-    >>> p = Problem(placer.generators.expert_layers(4, 2), placer.datasets.cluster("classes-d6-s0"))
+    >>> p = Problem(generators.expert_layers(4, 2), datasets.cluster("classes-d6-s0"))
     >>> [(p.ids[f], len(b), p.ids[j]) for f, b, j in branch_regions(p)]
     [('b0.router', 4, 'b0.combine'), ('b1.router', 4, 'b1.combine')]
     """
