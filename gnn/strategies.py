@@ -180,9 +180,7 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
     each descent also from its start at the other schedules); with ``cuts``, before the
     polish, :func:`_cut_descent` from the best plan over several devices
     (:data:`CUT_OPS`, :data:`CUT_RUNS`; at each schedule); with ``branches``
-    and ``baselines``, after settling, the branch-spread plans of
-    :func:`gnn.branches.branch_rows` (source ``"branches"``; at the two
-    largest microbatch counts). Everything is scored with
+    (and ``baselines``) :func:`_branch_candidates`. Everything is scored with
     ``cost_model``'s array path at each microbatch count and schedule. Stops
     early when ``budget`` is spent, keeping one evaluation for the caller's
     report of the result (the greedy plan is always scored).
@@ -193,9 +191,6 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
     space = _space(problem, choices, schedules)
     D = problem.n_devices
     found: dict = {}
-
-    def groups() -> tuple:
-        return tuple(space.table.extra()) if space is not None else ()
 
     def compacted(A: np.ndarray):
         """``A`` with its data-parallel sets renumbered to those it uses (the
@@ -265,18 +260,14 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
     if top and not budget.exhausted():
         score(np.stack([v[1] for v in top]), [v[4] for v in top], choices, schedules)
     if branches and baselines and space is not None and not budget.exhausted():
-        from .branches import branch_rows
-        rows = [r for r in branch_rows(problem, space) if r.tobytes() not in done]
-        if rows:
-            score(np.stack(rows), ["branches"] * len(rows), choices[-2:])
-        _prune_source(found, "branches", BRANCH_KEEP)
+        _branch_candidates(problem, space, score, done, found, choices)
     if cuts and space is not None and not budget.exhausted():
         _cut_descents(space, cost_model, problem, budget, found, schedules)
     out = _distinct(sorted(found.values(), key=lambda v: v[0]), keep)
     if polish > 0 and space is not None and not budget.exhausted():
         out = _descents(space, cost_model, problem, budget, found, out, rng, schedules,
                         polish, polish_limit, polish_keep, widen, every_schedule)
-    table = groups()
+    table = tuple(space.table.extra()) if space is not None else ()
     return [Candidate(t, row, m, s, source, table) for t, row, m, s, source in out]
 
 
@@ -337,6 +328,18 @@ def _descents(space, cost_model, problem, budget: Budget, found: dict, out: list
         out = sorted([v for v in out if v[1].tobytes() not in keys] + steps,
                      key=lambda v: v[0])
     return out
+
+
+def _branch_candidates(problem, space, score, done: dict, found: dict, choices) -> None:
+    """The branch-spread plans of :func:`gnn.branches.branch_rows` not scored
+    yet (source ``"branches"``), scored by :func:`policy_plans`' ``score``
+    at the two largest microbatch counts (the first schedule), the best
+    :data:`BRANCH_KEEP` of them kept in ``found``."""
+    from .branches import branch_rows
+    rows = [r for r in branch_rows(problem, space) if r.tobytes() not in done]
+    if rows:
+        score(np.stack(rows), ["branches"] * len(rows), choices[-2:])
+    _prune_source(found, "branches", BRANCH_KEEP)
 
 
 #: branch-spread plans (:func:`gnn.branches.branch_rows`) kept among the
