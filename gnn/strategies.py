@@ -333,12 +333,13 @@ def _descents(space, cost_model, problem, budget: Budget, found: dict, out: list
 def _branch_candidates(problem, space, score, done: dict, found: dict, choices) -> None:
     """The branch-spread plans of :func:`gnn.branches.branch_rows` not scored
     yet (source ``"branches"``), scored by :func:`policy_plans`' ``score``
-    at the two largest microbatch counts (the first schedule), the best
+    at the :data:`BRANCH_COUNTS` largest microbatch counts (the first
+    schedule), the best
     :data:`BRANCH_KEEP` of them kept in ``found``."""
     from .branches import branch_rows
     rows = [r for r in branch_rows(problem, space) if r.tobytes() not in done]
     if rows:
-        score(np.stack(rows), ["branches"] * len(rows), choices[-2:])
+        score(np.stack(rows), ["branches"] * len(rows), choices[-BRANCH_COUNTS:])
     _prune_source(found, "branches", BRANCH_KEEP)
 
 
@@ -347,7 +348,10 @@ def _branch_candidates(problem, space, score, done: dict, found: dict, choices) 
 #: figure and the chains ~1.05x, so more of them would push the chains'
 #: descents out of the final ranking (experts-e8-l4 on regions-d8-r4: 28.99
 #: -> 31.17 ms with all of them kept)
-BRANCH_KEEP = 3
+BRANCH_KEEP = 2
+#: the largest microbatch counts the branch-spread plans are screened at
+#: (each winner of the benchmark's cases is at the largest)
+BRANCH_COUNTS = 1
 
 
 def _prune_source(found: dict, source: str, keep: int) -> None:
