@@ -182,15 +182,18 @@ HEFT_OPS = 256
 
 
 def heft_rows(problem) -> np.ndarray:
-    """HEFT's plan (device per op, one row; none above :data:`HEFT_OPS` ops
-    or for a plan with data-parallel groups): an unrolled recurrence on two
-    speed classes is neither a pipeline nor one device (rnn-t32-l4 on
-    classes-d8: 3.85 ms against the other baselines' 5.06), and list
-    scheduling a small graph takes 10-40 ms."""
-    from placer.cost import get_cost_model
-    from .problems import heuristic_plans
+    """HEFT's plan (device per op, one row; none above :data:`HEFT_OPS` ops):
+    an unrolled recurrence on two speed classes is neither a pipeline nor
+    one device (rnn-t32-l4 on classes-d8: 3.85 ms against the other
+    baselines' 5.06). Its placement only, colocation kept (the strategy's
+    own search also picks a microbatch count and schedule with the cost
+    model, which the screening does here: 10-25 ms of list scheduling
+    instead of 15-30)."""
+    from placer.search import get_strategy
+    from placer.search.common import Coarse, context, fix_colocation
     if problem.n_ops > HEFT_OPS:
         return np.zeros((0, problem.n_ops), dtype=np.int64)
-    rows = [r for _, r in heuristic_plans(get_cost_model("analytical"), problem, ("heft",))
-            if r is not None]
-    return np.stack(rows) if rows else np.zeros((0, problem.n_ops), dtype=np.int64)
+    heft = get_strategy("heft")
+    coarse = Coarse(problem, heft.max_nodes)
+    row = fix_colocation(context(problem), coarse.expand(heft.place(coarse.problem)))
+    return np.asarray(row, dtype=np.int64)[None]

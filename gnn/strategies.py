@@ -127,7 +127,7 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
                  settle: int = 4, layout_devices: int = 16,
                  polish_limit: int = 48, polish_keep: int = 3,
                  widen: bool = True, cuts: bool = True,
-                 every_schedule: bool = True) -> list[Candidate]:
+                 every_schedule: bool = True, branches: bool = True) -> list[Candidate]:
     """Decode and score placements; returns the ``keep`` best distinct
     :class:`Candidate` s, best first. ``source`` says where the plan came from:
     ``"policy"`` (one-shot decoding), ``"refined"`` (a refinement round),
@@ -147,9 +147,10 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
     :func:`replica_moves` alone (ops made data-parallel over their stage's
     and an adjacent stage's devices) from the best plan over several
     devices of any source (its last step kept; with ``every_schedule``
-    each descent also from its start at the other schedules); with ``cuts``, before the
+    also from its start at the other schedules); with ``cuts``, before the
     polish, :func:`_cut_descent` from the best plan over several devices
-    (:data:`CUT_OPS`, :data:`CUT_RUNS`; at each schedule). Everything is scored with
+    (:data:`CUT_OPS`, :data:`CUT_RUNS`; at each schedule); with ``branches``
+    (and ``baselines``) :func:`_branch_candidates`. Everything is scored with
     ``cost_model``'s array path at each microbatch count and schedule. Stops
     early when ``budget`` is spent, keeping one evaluation for the caller's
     report of the result (the greedy plan is always scored).
@@ -160,9 +161,6 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
     space = _space(problem, choices, schedules)
     D = problem.n_devices
     found: dict = {}
-
-    def groups() -> tuple:
-        return tuple(space.table.extra()) if space is not None else ()
 
     def compacted(A: np.ndarray):
         """``A`` with its data-parallel sets renumbered to those it uses (the
@@ -231,13 +229,15 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
     top = sorted(found.values(), key=lambda v: v[0])[:max(settle, keep)]
     if top and not budget.exhausted():
         score(np.stack([v[1] for v in top]), [v[4] for v in top], choices, schedules)
+    if branches and baselines and space is not None and not budget.exhausted():
+        _branch_candidates(problem, space, score, done, found, choices)
     if cuts and space is not None and not budget.exhausted():
         _cut_descents(space, cost_model, problem, budget, found, schedules)
     out = _distinct(sorted(found.values(), key=lambda v: v[0]), keep)
     if polish > 0 and space is not None and not budget.exhausted():
         out = _descents(space, cost_model, problem, budget, found, out, rng, schedules,
                         polish, polish_limit, polish_keep, widen, every_schedule)
-    table = groups()
+    table = tuple(space.table.extra()) if space is not None else ()
     return [PlanArrays(row, table, m, s, source, t) for t, row, m, s, source in out]
 
 
@@ -246,7 +246,7 @@ def _descents(space, cost_model, problem, budget: Budget, found: dict, out: list
               every_schedule: bool) -> list:
     """:func:`policy_plans`' descents: ``polish`` rounds of :func:`_polish`
     from the policy's own best plan and, with ``widen``, of the widening
-    descent from the best plan over several devices (each also at the other
+    descent from the best plan over several devices (also at the other
     ``schedules`` with ``every_schedule``); returns ``out`` (the kept
     ``(objective, row, microbatches, schedule, source)`` tuples, best
     first) with their steps joined."""
@@ -269,7 +269,8 @@ def _descents(space, cost_model, problem, budget: Budget, found: dict, out: list
         # baseline pipeline is balanced or cut where it is cheap, but
         # one of its ops may gain from being data-parallel), descended
         # from with the replica moves as well
-        multi = [v for v in found.values() if len(np.unique(v[1])) > 1]
+        multi = [v for v in found.values() if len(np.unique(v[1])) > 1
+                 and v[4] != "branches"]
         best = min(multi, key=lambda v: v[0]) if multi else None
         if best is not None and best[0] <= POLISH_GAP * out[0][0]:
             starts.append((best, True))
@@ -277,13 +278,15 @@ def _descents(space, cost_model, problem, budget: Budget, found: dict, out: list
     # fits: the descent then lowers the memory excess first (widening,
     # which copies parameters, is left out then)
     fits = out[0][0] < INFEASIBLE
-    # each start also at the other schedules: a descent keeps its
+    # the widening start also at the other schedules: a descent keeps its
     # schedule, and the two models disagree on which schedule a plan
     # prefers (experts-e8-l4@classes-d8: 1F1B's descent 20.71 ms by the
-    # simulator, GPipe's 22.00)
+    # simulator, GPipe's 22.00); the policy's own start at its schedule
+    # only (at both, no one-shot plan of the 27 benchmark cases was better,
+    # and it is a descent more)
     starts = [(v, wide) for start, wide in starts
               for v in _at_schedules(cost_model, problem, space, start,
-                                     schedules if every_schedule else [start[3]])]
+                                     schedules if every_schedule and wide else [start[3]])]
     for start, wide in starts:
         if start[0] >= INFEASIBLE and (fits or wide):
             continue
@@ -297,6 +300,39 @@ def _descents(space, cost_model, problem, budget: Budget, found: dict, out: list
         out = sorted([v for v in out if v[1].tobytes() not in keys] + steps,
                      key=lambda v: v[0])
     return out
+
+
+def _branch_candidates(problem, space, score, done: dict, found: dict, choices) -> None:
+    """The branch-spread plans of :func:`gnn.branches.branch_rows` not scored
+    yet (source ``"branches"``), scored by :func:`policy_plans`' ``score``
+    at the :data:`BRANCH_COUNTS` largest microbatch counts (the first
+    schedule), the best
+    :data:`BRANCH_KEEP` of them kept in ``found``."""
+    from .branches import branch_rows
+    rows = [r for r in branch_rows(problem, space) if r.tobytes() not in done]
+    if rows:
+        score(np.stack(rows), ["branches"] * len(rows), choices[-BRANCH_COUNTS:])
+    _prune_source(found, "branches", BRANCH_KEEP)
+
+
+#: branch-spread plans (:func:`gnn.branches.branch_rows`) kept among the
+#: finalists: the analytical model prices them 1.2-1.4x the simulator's
+#: figure and the chains ~1.05x, so more of them would push the chains'
+#: descents out of the final ranking (experts-e8-l4 on regions-d8-r4: 28.99
+#: -> 31.17 ms with all of them kept)
+BRANCH_KEEP = 2
+#: the largest microbatch counts the branch-spread plans are screened at
+#: (each winner of the benchmark's cases is at the largest)
+BRANCH_COUNTS = 1
+
+
+def _prune_source(found: dict, source: str, keep: int) -> None:
+    """Drop from ``found`` all but the ``keep`` best plans of ``source``
+    (distinct by objective, as the finalists are)."""
+    mine = sorted((v for v in found.values() if v[4] == source), key=lambda v: v[0])
+    kept = {id(v) for v in _distinct(mine, keep)}
+    for key in [k for k, v in found.items() if v[4] == source and id(v) not in kept]:
+        del found[key]
 
 
 def _screening_rows(problem, space, A: np.ndarray, choices: list[int], baselines: bool,
@@ -333,8 +369,10 @@ def _screening_rows(problem, space, A: np.ndarray, choices: list[int], baselines
 #: graphs of at most this many ops get :func:`_cut_descents` (its work
 #: grows with ops x positions tried)
 CUT_OPS = 256
-#: rounds of :func:`_cut_descent` (each moves one boundary)
-CUT_ROUNDS = 4
+#: rounds of :func:`_cut_descent` (each moves one boundary; 2 since the
+#: branch-spread plans: no one-shot plan of the 27 benchmark cases changed
+#: from 4, and each round is a cost-model call of up to :data:`CUT_ROWS` rows)
+CUT_ROUNDS = 2
 #: rows one round of :func:`_cut_descent` scores (positions spread evenly
 #: over the boundaries)
 CUT_ROWS = 128
@@ -355,7 +393,10 @@ def _cut_descents(space, cost_model, problem, budget: Budget, found: dict, sched
     microbatches, schedule, source)``) as ``"polished"``."""
     if problem.n_ops > CUT_OPS:
         return
-    multi = [v for v in found.values() if 1 < _runs(v[1]) <= CUT_RUNS and v[0] < INFEASIBLE]
+    # not from a branch-spread plan: the analytical model prices them
+    # apart from the simulator (see :data:`BRANCH_KEEP`)
+    multi = [v for v in found.values() if 1 < _runs(v[1]) <= CUT_RUNS and v[0] < INFEASIBLE
+             and v[4] != "branches"]
     if not multi:
         return
     best = min(multi, key=lambda v: v[0])
@@ -406,8 +447,8 @@ def _cut_descent(space, cost_model, problem, budget: Budget, start: tuple,
         rows = rows[:room]
         if not len(rows):
             break
-        if space.has_colocation:
-            rows = np.stack([space.repair(r) for r in rows])
+        if space.has_colocation:        # every row at once (a row's repair is rows[rep])
+            rows = rows[:, space.rep]
         A, used = compact(rows, space)
         v = times_at(cost_model, problem, A, [m] * len(A), sched, tuple(used))
         i = int(np.argmin(v))
@@ -515,7 +556,7 @@ class _Learned(Strategy):
                  finetune: float = 0.0, finetune_steps: int | None = None,
                  baselines: bool = True, polish: int = 0, polish_limit: int = 48,
                  polish_keep: int = 3, widen: bool = True, cuts: bool = True,
-                 every_schedule: bool = True, **base):
+                 every_schedule: bool = True, branches: bool = True, **base):
         super().__init__(**base)
         for label, value, low in (("samples", samples, 0), ("batch", batch, 1),
                                   ("max_units", max_units, 1), ("polish", polish, 0),
@@ -539,6 +580,7 @@ class _Learned(Strategy):
         self.polish_keep = int(polish_keep)
         self.widen, self.cuts = bool(widen), bool(cuts)
         self.every_schedule = bool(every_schedule)
+        self.branches = bool(branches)
 
     def _candidates(self, problem, cost_model, budget, seed, keep) -> list[Candidate]:
         """The ``keep`` best distinct :class:`Candidate` s and the polish's
@@ -556,7 +598,8 @@ class _Learned(Strategy):
                                 schedules=schedules, keep=keep, baselines=self.baselines,
                                 polish=self.polish, polish_limit=self.polish_limit,
                                 polish_keep=self.polish_keep, widen=self.widen,
-                                cuts=self.cuts, every_schedule=self.every_schedule)
+                                cuts=self.cuts, every_schedule=self.every_schedule,
+                                branches=self.branches)
         if not (self.finetune > 0 or self.finetune_steps):
             return plans(policy)
         # The shipped policy's plans first: fine-tuning can end in a worse
@@ -601,8 +644,10 @@ class RL(_Learned):
     of any source within :data:`POLISH_GAP` of the best; its last step is
     a finalist), ``cuts`` (True: the boundaries of the best plan over
     several devices moved to their best positions, :func:`_cut_descent`),
-    ``every_schedule`` (True: both descents also from their starts at the
-    other schedules),
+    ``every_schedule`` (True: the widening descent also from its start at
+    the other schedules), ``branches`` (True: plans whose parallel branches,
+    experts or towers, are spread over several devices,
+    :func:`gnn.branches.branch_rows`),
     ``max_units`` (decision units; larger graphs are cut into runs; the
     shipped policy was trained with 96), ``temperature``, ``baselines``
     (also score the simple reference plans and evolution's layouts, default
@@ -612,7 +657,7 @@ class RL(_Learned):
     returned) or ``finetune_steps``; ``final_k`` (4) best distinct plans
     re-ranked by ``final`` (cost model name, ``"simulator"``; None: keep the search
     model's best), as evolution ranks its finalists, and more of the search
-    model's best (up to ``final_pool``, 16) while their simulations stay
+    model's best (up to ``final_pool``, 8) while their simulations stay
     within :data:`FINAL_TASKS` op replicas x microbatches in all. The plan's
     ``extra["source"]`` says whether the policy's one-shot decoding, a
     refinement round, the polish or a baseline won (``"anytime"`` or
@@ -629,7 +674,7 @@ class RL(_Learned):
     name = "rl"
 
     def __init__(self, *, final_k: int = 4, final: str | None = "simulator", polish: int = 3,
-                 anytime: bool = True, final_pool: int = 16, **options):
+                 anytime: bool = True, final_pool: int = 8, **options):
         super().__init__(polish=polish, **options)
         for label, value in (("final_k", final_k), ("final_pool", final_pool)):
             if int(value) != value or value < 1:
@@ -707,8 +752,8 @@ POLICY_SHARE = 0.2
 class Hybrid(_Learned):
     """The policy's plans, then the ``evolution`` strategy (see the module doc).
 
-    Options: those of ``rl`` (the same defaults but ``cuts=False`` and
-    ``every_schedule=False``: the plans are ``rl``'s
+    Options: those of ``rl`` (the same defaults but ``cuts=False``,
+    ``every_schedule=False`` and ``branches=False``: the plans are ``rl``'s
     candidates, the steps of its ``polish`` descent included), ``seeds``
     (how many of the best distinct policy plans to hand over, besides the
     polished ones), ``share`` (at most this share of the budget for the
@@ -736,13 +781,15 @@ class Hybrid(_Learned):
 
     def __init__(self, *, seeds: int = 8, evolution: dict | None = None,
                  share: float | None = None, polish: int = 3, policy_slots: int = 0,
-                 cuts: bool = False, every_schedule: bool = False, **options):
+                 cuts: bool = False, every_schedule: bool = False, branches: bool = False,
+                 **options):
         # no cut descent nor descents at every schedule by default:
         # evolution's own search moves boundaries and schedules, and the
         # evaluations they would spend are evolution's (dlrm.op on
         # hetero-lab at 4,000 evaluations, seed 2: 1.030 ms with them
         # against evolution's 0.988, 0.988 without)
-        super().__init__(polish=polish, cuts=cuts, every_schedule=every_schedule, **options)
+        super().__init__(polish=polish, cuts=cuts, every_schedule=every_schedule,
+                         branches=branches, **options)
         if int(seeds) != seeds or seeds < 1:
             raise StrategyError(f"seeds must be a whole number >= 1, got {seeds!r}",
                                 field="seeds")

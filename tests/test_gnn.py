@@ -316,8 +316,8 @@ def test_rl_strategy_returns_valid_plan(tmp_path):
     # (its first plan: the anytime search goes on from there; "polished": a
     # descent from one of the policy's plans, the only ones there are)
     assert alone.extra["first_source"] in ("policy", "refined", "polished")
-    assert plan.extra["source"] in ("policy", "refined", "baseline", "polished", "anytime",
-                                    "anytime-policy")
+    assert plan.extra["source"] in ("policy", "refined", "baseline", "polished", "branches",
+                                    "anytime", "anytime-policy")
 
 
 def test_fine_tuning_keeps_the_shipped_policys_candidates(tmp_path):

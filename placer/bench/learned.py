@@ -531,7 +531,8 @@ def _summary(rows) -> dict:
         "policy_vs_evolution_gmean": gmean([r["policy_vs_evolution"] for r in rows]),
         "policy_within_10pct": int(sum(r["policy_vs_evolution"] <= 1.10 for r in rows)),
         "zero_shot_sources": {k: sum(r["zero_shot"].get("source") == k for r in rows)
-                              for k in ("policy", "refined", "polished", "baseline")},
+                              for k in ("policy", "refined", "polished", "baseline",
+                                        "branches")},
         "greedy_vs_evolution_gmean": gmean([r["greedy_vs_evolution"] for r in rows]),
         "greedy_within_10pct": int(sum(r["greedy_vs_evolution"] <= 1.10 for r in rows)),
         "greedy_planning_speedup_gmean": gmean([r["greedy_planning_speedup"] for r in rows]),
