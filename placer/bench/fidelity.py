@@ -11,8 +11,12 @@ step after warm-up) and predicted three ways on the case's calibration:
 - ``analytical``: the analytical model on the same;
 - ``calibrated``: what ``launch(..., calibrate=True)`` reports: the
   simulator with the ranks' CPU contention
-  (:func:`placer.runtime.contention.predict_shared`) times the reference
-  pipeline's factor (:func:`placer.runtime.dist.reference_factor`).
+  (:func:`placer.runtime.contention.predict_shared`) on the reference
+  pipeline's fit (:func:`placer.runtime.calibration.reference_factor`:
+  its compute, its messages, then a factor for the rest).
+
+Every prediction is of the plan as the runtime runs it
+(:func:`placer.runtime.common.as_run`).
 
 Per case and predictor: Kendall's tau between predicted and measured, the
 median and 90th percentile of the absolute relative error, and the regret
@@ -480,6 +484,7 @@ def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans
             "calibration": {k: calibration.get(k) for k in (
                 "op_overhead", "task_overhead", "message_overhead", "resume_overhead",
                 "collective_efficiency", "reference_factor", "reference_factor_raw",
+                "compute_scale", "reference_compute_factor", "reference_message_extra",
                 "cpu_share", "cpu_share_all", "speed_drift")},
             "links": {k: {"bandwidth": v["bandwidth"], "latency": v["latency"]}
                       for k, v in calibration.get("links", {}).items()},
