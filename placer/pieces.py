@@ -4,11 +4,14 @@ A plan, walked in topological order, falls into runs of consecutive ops of
 one device group; runs of the same group are merged into one piece while
 the pieces stay acyclic. The runtime splits a model so
 (:mod:`placer.runtime.split`) and the simulator's ``granularity="piece"``
-predicts it so (:mod:`placer.cost.simulator`): one function, no torch.
+predicts it so (:mod:`placer.cost.simulator`, and the analytical model
+counts its tasks so): one function, no torch.
 """
 from __future__ import annotations
 
 import heapq
+
+import numpy as np
 
 from .dag import contract
 
@@ -67,3 +70,21 @@ def merge_runs(groups: list, edges) -> list[int]:
             if indeg[k] == 0:
                 heapq.heappush(ready, k)
     return [order[rep[r]] for r in range(R)]
+
+
+def op_pieces(g: np.ndarray, edge_src: np.ndarray, edge_dst: np.ndarray) -> np.ndarray:
+    """Each op's piece as the runtime splits a plan (group id per op ``g``,
+    ops in topological order, edges as op indices): runs of one group,
+    merged while the pieces stay acyclic (:func:`merge_runs`); piece ids
+    in a topological order."""
+    n = len(g)
+    if not n:
+        return np.zeros(0, dtype=np.int64)
+    run = np.r_[0, np.cumsum(g[1:] != g[:-1])].astype(np.int64)
+    run_group = g[np.r_[0, np.flatnonzero(g[1:] != g[:-1]) + 1]]
+    if len(np.unique(run_group)) == len(run_group):
+        return run                   # no group twice: nothing to merge
+    rs, rd = run[edge_src], run[edge_dst]
+    cross = rs != rd
+    merged = merge_runs(run_group.tolist(), zip(rs[cross].tolist(), rd[cross].tolist()))
+    return np.array(merged, dtype=np.int64)[run]

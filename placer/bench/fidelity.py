@@ -11,8 +11,12 @@ step after warm-up) and predicted three ways on the case's calibration:
 - ``analytical``: the analytical model on the same;
 - ``calibrated``: what ``launch(..., calibrate=True)`` reports: the
   simulator with the ranks' CPU contention
-  (:func:`placer.runtime.contention.predict_shared`) times the reference
-  pipeline's factor (:func:`placer.runtime.dist.reference_factor`).
+  (:func:`placer.runtime.contention.predict_shared`) on the reference
+  pipeline's fit (:func:`placer.runtime.calibration.reference_factor`:
+  its compute, its messages, then a factor for the rest).
+
+Every prediction is of the plan as the runtime runs it
+(:func:`placer.runtime.common.as_run`).
 
 Per case and predictor: Kendall's tau between predicted and measured, the
 median and 90th percentile of the absolute relative error, and the regret
@@ -379,23 +383,28 @@ def worker(spec_path: str) -> int:
 def predictions(calibration: dict, plans: list) -> dict[str, list[float]]:
     """The three predictions of every plan from one case's calibration."""
     from placer.cost import Problem, get_cost_model
+    from placer.runtime.common import as_run
     from placer.runtime.contention import predict_shared
     from placer.runtime.calibration import calibrated_options, reference_factor, reference_plan
     cg = placer.Graph.from_dict(calibration["graph"])
     cc = placer.Cluster.from_dict(calibration["cluster"])
+    calibration = {**calibration, "graph": cg, "cluster": cc}
     options = calibrated_options(calibration)
     factor = calibration.get("reference_factor", 1.0)
     if calibration.get("reference_step"):
         # the factor as the models of now predict the reference pipeline
-        # (run_case measures it at 2 microbatches, 1f1b, on every rank)
+        # (run_case measures it at 2 microbatches, 1f1b, on every rank); its
+        # fit scales the graph and options (see reference_factor)
         ref = reference_plan(cg, cc.names, 2)
-        factor = reference_factor({**calibration, "graph": cg, "cluster": cc}, ref, options)
+        factor = reference_factor(calibration, ref, options)
+        cg = calibration["graph"]
     problem = Problem(cg, cc, **options)
     analytical = get_cost_model("analytical")
     out: dict[str, list[float]] = {"simulator": [], "analytical": [], "calibrated": []}
     for plan in plans:
-        out["simulator"].append(placer.simulate(cg, cc, plan, **options).step_time)
-        out["analytical"].append(analytical.estimate(problem, plan).step_time)
+        run = as_run(cg, plan)
+        out["simulator"].append(placer.simulate(cg, cc, run, **options).step_time)
+        out["analytical"].append(analytical.estimate(problem, run).step_time)
         out["calibrated"].append(predict_shared(cg, cc, plan, **options).step_time * factor)
     return out
 
@@ -475,6 +484,7 @@ def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans
             "calibration": {k: calibration.get(k) for k in (
                 "op_overhead", "task_overhead", "message_overhead", "resume_overhead",
                 "collective_efficiency", "reference_factor", "reference_factor_raw",
+                "compute_scale", "reference_compute_factor", "reference_message_extra",
                 "cpu_share", "cpu_share_all", "speed_drift")},
             "links": {k: {"bandwidth": v["bandwidth"], "latency": v["latency"]}
                       for k, v in calibration.get("links", {}).items()},

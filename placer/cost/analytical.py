@@ -102,18 +102,19 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     # per-slot sums from prefix sums at run boundaries
     sl = _slots(gt, rn, D, G, pre["cum"][rn.run_end] - pre["cum"][rn.run_start])
 
-    cp = _compute(p, A, groups, gt, pre, rn, sl, m, per_mb)
+    heads = _task_heads(p, A, rn) if p.task_overhead else None
+    cp = _compute(p, A, groups, gt, pre, rn, sl, m, per_mb, heads)
     x = _crossings(p, groups, gt, pre, rn, per_mb)
     cf, cb = cp.cf, cp.cb
     if x.msg is not None:
         cf = cf + x.msg
         if training:
-            cb = cb + x.msg
+            cb = cb + x.msg_b
     comp = cf + cb
     lk = _links(p, B, pre["speed"], per_mb[:, 0], x.k_single, x.w_single, x.k_dp, x.w_dp)
     bt = _beta(lk, cf, cb, comp, gpipe, training)
 
-    fl = _fill(p, gt, pre, rn, x, m, per_mb, G, phases)
+    fl = _fill(p, gt, pre, rn, x, m, per_mb, G, phases, heads)
     fill = fl.fill if cp.loss_fill is None else fl.fill + cp.loss_fill
     # every op of a microbatch runs, so it takes at least any device's share
     fill = np.maximum(fill, comp.max(axis=1))
@@ -199,9 +200,10 @@ class _Compute(NamedTuple):
 
 
 def _compute(p: Problem, A, groups, gt: dict, pre: dict, rn: _Runs, sl: "_Slots",
-             m: np.ndarray, per_mb: np.ndarray) -> _Compute:
+             m: np.ndarray, per_mb: np.ndarray, heads=None) -> _Compute:
     """Each device's compute per microbatch: its slots' work over its rate
     (or their measured seconds), shared by the group's replicas, with the
+    task overheads (``heads``: :func:`_task_heads`),
     launch overheads, fixed parts paid whole, the recomputed forward and
     the loss on its group's first device."""
     B, D = sl.first_d.shape
@@ -215,9 +217,10 @@ def _compute(p: Problem, A, groups, gt: dict, pre: dict, rn: _Runs, sl: "_Slots"
     e_inv_rate = s_inv[e_slot] / p.rate[e_cell % D]
     launches = sl.per_device(count) * p.op_overhead
     if p.task_overhead:
-        # each run is one task of a runtime (see Problem's task_overhead)
+        # each task of a runtime (a run, or a piece: see Problem's
+        # task_overhead and granularity) costs its overhead
         launches = launches + sl.per_device(
-            np.bincount(sl.run_slot, minlength=U).astype(float)) * p.task_overhead
+            np.bincount(sl.run_slot, heads, minlength=U)) * p.task_overhead
 
     times = p.times
     t_f = t_b = s_slow = None
@@ -256,6 +259,25 @@ def _compute(p: Problem, A, groups, gt: dict, pre: dict, rn: _Runs, sl: "_Slots"
     return _Compute(cf, cb, lb, t_b, s_slow, loss_fill, s_inv, s_per_mb)
 
 
+def _task_heads(p: Problem, A, rn: _Runs) -> np.ndarray:
+    """Per run: 1.0 where it starts a runtime task. Every run does, except
+    under ``granularity="piece"``, where the runtime merges runs of one
+    group into pieces (:func:`placer.pieces.op_pieces`) and a piece is one
+    task however many runs it holds (its other runs: 0.0)."""
+    heads = np.ones(len(rn.run_row))
+    if p.granularity != "piece":
+        return heads
+    from ..pieces import op_pieces
+    for row in np.flatnonzero(rn.runs > 1):
+        first = rn.row_first[row]
+        runs = slice(first, first + rn.runs[row])
+        piece = op_pieces(np.asarray(A[row]), p.edge_src, p.edge_dst)[rn.run_start[runs]]
+        seen = np.zeros(len(piece), dtype=bool)
+        seen[np.unique(piece, return_index=True)[1]] = True
+        heads[runs] = seen
+    return heads
+
+
 class _Crossings(NamedTuple):
     """The tensors crossing between groups, one per (plan, source op,
     destination group), by plan row: latency ``x_lat`` and link seconds
@@ -264,7 +286,10 @@ class _Crossings(NamedTuple):
     the bytes they put on links between single devices (``k_single``:
     ``row * D * D + link``, ``w_single``) and on data-parallel groups'
     links (``k_dp``, ``w_dp``); each (plan, device)'s seconds per microbatch
-    and phase its messages cost it (None when messages cost none)."""
+    and phase its messages cost it (None when messages cost none), and of
+    those the part a backward pays (``msg_b``: messages whose value
+    requires a gradient, :attr:`Problem.output_grad`); per crossing its
+    passes when training (``x_pass``: 2, or 1 when no gradient goes back)."""
     x_lat: np.ndarray
     x_w: np.ndarray
     r_src: np.ndarray
@@ -276,6 +301,8 @@ class _Crossings(NamedTuple):
     k_dp: np.ndarray
     w_dp: np.ndarray
     msg: "np.ndarray | None"
+    msg_b: "np.ndarray | None"
+    x_pass: np.ndarray
 
 
 def _crossings(p: Problem, groups, gt: dict, pre: dict, rn: _Runs,
@@ -289,7 +316,7 @@ def _crossings(p: Problem, groups, gt: dict, pre: dict, rn: _Runs,
     k_single = k_dp = np.zeros(0, dtype=np.int64)
     w_single = w_dp = np.zeros(0)
     r_src = r_dst = x_from = x_to = np.zeros(0, dtype=np.int64)
-    msg = None
+    msg = msg_b = None
     if p.n_edges:
         src, dst, eb = _edges_by_source(p)
         rows, cut, r_src, r_dst = _crossing_edges(pre, rn.small, rn.hr, rn.hc, src, dst,
@@ -345,11 +372,17 @@ def _crossings(p: Problem, groups, gt: dict, pre: dict, rn: _Runs,
                 each = p.message_overhead + nb * per_mb[rows, 0] / p.message_copy_rate
                 msg = np.zeros((B, D))
                 np.add.at(msg, rows, (member[cu] + member[cv]) * each[:, None])
+                msg_b = np.zeros((B, D))
+                grad = p.output_grad[x_from]
+                np.add.at(msg_b, rows[grad], (member[cu[grad]] + member[cv[grad]])
+                          * each[grad, None])
                 x_lat = x_lat + 2 * each
             k_single = rows[single] * (D * D) + link
             w_single = nb[single]
+    # a backward sends a gradient back only for a value that requires one
+    x_pass = 1.0 + (p.output_grad[x_from] if p.training else np.zeros(len(x_from)))
     return _Crossings(x_lat, x_w, r_src, r_dst, x_from, x_to, k_single, w_single, k_dp, w_dp,
-                      msg)
+                      msg, msg_b, x_pass)
 
 
 class _Beta(NamedTuple):
@@ -389,7 +422,7 @@ class _Fill(NamedTuple):
 
 
 def _fill(p: Problem, gt: dict, pre: dict, rn: _Runs, x: _Crossings, m, per_mb, G: int,
-          phases: float) -> _Fill:
+          phases: float, heads=None) -> _Fill:
     """One microbatch through the pipeline (forward and backward): the
     longest path over the plan's runs (see :func:`_run_paths`). A group
     runs its ops one after another, so a run takes its ops' whole work on
@@ -412,7 +445,7 @@ def _fill(p: Problem, gt: dict, pre: dict, rn: _Runs, x: _Crossings, m, per_mb, 
     run_w = ((serial[run_end, run_cls] - serial[run_start, run_cls]) * scale
              + (run_end - run_start) * per_op)
     if p.task_overhead:
-        run_w = run_w + p.task_overhead * phases     # a runtime task per run and phase
+        run_w = run_w + p.task_overhead * phases * heads   # a runtime task per piece and phase
     if p.has_fixed:
         # the fixed parts of a run's ops, paid whole (both phases)
         fixed_cum = pre["cum"][:, 6] + (pre["cum"][:, 7] if p.training else 0.0)
@@ -422,8 +455,8 @@ def _fill(p: Problem, gt: dict, pre: dict, rn: _Runs, x: _Crossings, m, per_mb, 
     start = np.zeros(R)                     # when each run may start
     if len(rn.hr):
         from .analytical_loops import crossing_costs
-        inflow = phases * np.bincount(x.r_dst, x.x_w, minlength=R) * per_mb[run_row, 0]
-        lat_e = phases * x.x_lat
+        inflow = np.bincount(x.r_dst, x.x_pass * x.x_w, minlength=R) * per_mb[run_row, 0]
+        lat_e = x.x_pass * x.x_lat
         if p.task_overhead:
             lat_e = lat_e + p.task_overhead * phases   # the source run's task starts first
         cost_e = crossing_costs(serial, run_cls, scale, run_start, x.x_from, x.x_to, x.r_src,

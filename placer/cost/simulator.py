@@ -77,22 +77,10 @@ def _segments(dev: np.ndarray, head: np.ndarray, blocker: np.ndarray, perm: np.n
 
 
 def _pieces(p: Problem, g: np.ndarray) -> np.ndarray:
-    """Each op's piece as the runtime splits a plan (group id per op ``g``,
-    topological order): runs of one group, merged while the pieces stay
-    acyclic (:func:`placer.pieces.merge_runs`, as the runtime's split); piece ids in a
-    topological order."""
-    n = len(g)
-    if not n:
-        return np.zeros(0, dtype=np.int64)
-    run = np.r_[0, np.cumsum(g[1:] != g[:-1])].astype(np.int64)
-    run_group = g[np.r_[0, np.flatnonzero(g[1:] != g[:-1]) + 1]]
-    if len(np.unique(run_group)) == len(run_group):
-        return run                   # no group twice: nothing to merge
-    rs, rd = run[p.edge_src], run[p.edge_dst]
-    cross = rs != rd
-    from ..pieces import merge_runs
-    merged = merge_runs(run_group.tolist(), zip(rs[cross].tolist(), rd[cross].tolist()))
-    return np.array(merged, dtype=np.int64)[run]
+    """Each op's piece as the runtime splits a plan (group id per op ``g``):
+    :func:`placer.pieces.op_pieces`."""
+    from ..pieces import op_pieces
+    return op_pieces(g, p.edge_src, p.edge_dst)
 
 
 def _piece_heads(dev: np.ndarray, piece: np.ndarray, perm: np.ndarray) -> np.ndarray:

@@ -35,9 +35,13 @@ def calibration_round(model, example_inputs, graph, tdev, loss_fn=None,
     every op's time on this rank's device (one rank at a time), how much
     slower the same ops ran with every rank timing them at once
     (``ops_together``), what a message costs each end (fixed and per byte,
-    :func:`_message_costs`) and what a chunk of the model loses after a
-    wait (:func:`placer.runtime.profile.resume_cost`)."""
+    :func:`_message_costs`), what a chunk of the model loses after a
+    wait (:func:`placer.runtime.profile.resume_cost`) and what the model
+    costs run as the runtime's pieces (``pieces``,
+    :func:`placer.runtime.piece_costs.measure_pieces`, in the same turn as
+    the op times)."""
     from ..cluster import Cluster, Device
+    from .piece_costs import measure_pieces
     from .profile import allreduce_sizes, measure_links, profile, resume_cost
     links = measure_links(dist.get_world_size(), dist.get_rank(), repeats=5, spin=spin,
                           allreduce_sizes=allreduce_sizes(sum(op.param_bytes for op in graph)))
@@ -56,6 +60,8 @@ def calibration_round(model, example_inputs, graph, tdev, loss_fn=None,
             timed, cal = profile(model, example_inputs, graph=graph, cluster=here,
                                  devices=[name], repeats=3, warmup=1, loss_fn=loss_fn,
                                  share=1.0)
+            pieces = measure_pieces(model, example_inputs, graph, tdev,
+                                    loss_fn=None if loss_fn is False else loss_fn)
     dist.barrier()
     # and every rank at once: how much slower the same ops run while the
     # others compute too (caches, memory, a virtual machine's siblings)
@@ -77,7 +83,7 @@ def calibration_round(model, example_inputs, graph, tdev, loss_fn=None,
             "sync_delay": sync, "allreduce": links["allreduce"],
             "message_overhead": messages, "message_copy_rate": copy_rate,
             "resume_overhead": resume, "ops_together": together,
-            "probe_rate": (rate_before + rate_after) / 2}
+            "probe_rate": (rate_before + rate_after) / 2, "pieces": pieces}
 
 
 #: payload sizes (float32 elements) :func:`_message_costs` times messages at
@@ -217,6 +223,7 @@ def combine_calibration(rounds: list[dict], graph, devs: list[str], tdev,
     """Collective: rank 0 gets the calibrated graph and cluster (medians over
     every round of every rank: the ranks' devices are alike); None elsewhere."""
     from ..cluster import Device
+    from .piece_costs import fit_piece_costs, scale_graph
     from .profile import (allreduce_sizes, calibrated_graph, collective_efficiency,
                           ranks_cluster)
     gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
@@ -269,7 +276,16 @@ def combine_calibration(rounds: list[dict], graph, devs: list[str], tdev,
         sizes=allreduce_sizes(sum(op.param_bytes for op in graph)))
     from ..cluster import Cluster
     one = Cluster("here", [dev], [[float("inf")]], [[0.0]])
-    return {"graph": calibrated_graph(timed, one, name, overhead=ovh),
+    cgraph = calibrated_graph(timed, one, name, overhead=ovh)
+    # what the runtime's pieces cost against the ops' times (see piece_costs)
+    runs = _median_pieces(every)
+    scale, task = fit_piece_costs(cgraph, dev, runs, {**RUNTIME_OPTIONS, "op_overhead": ovh},
+                                  task)
+    if scale != 1.0:
+        cgraph, ovh = scale_graph(cgraph, scale), ovh * scale
+    for d in (dev, shared):
+        d.extra["op_overhead"], d.extra["task_overhead"] = ovh, task
+    return {"graph": cgraph, "compute_scale": scale, "pieces": runs,
             "cluster": ranks_cluster(devs, shared, {"pairs": pairs}), "op_overhead": ovh,
             "task_overhead": task, "collective_efficiency": efficiency,
             "message_overhead": messages, "message_copy_rate": copy_rate,
@@ -283,6 +299,16 @@ def combine_calibration(rounds: list[dict], graph, devs: list[str], tdev,
             "rounds": len(every),
             "links": {f"{devs[i]}-{devs[j]}": v for (i, j), v in pairs.items()},
             "allreduce": allreduce}
+
+
+def _median_pieces(rounds: list[dict]) -> list[dict]:
+    """Per plan of :func:`placer.runtime.piece_costs.piece_plans`, the
+    median compute over every round that timed the pieces ([] if none)."""
+    runs = [r["pieces"] for r in rounds if r.get("pieces")]
+    if not runs:
+        return []
+    return [{"compute": statistics.median(r[k]["compute"] for r in runs),
+             "tasks": runs[0][k]["tasks"]} for k in range(len(runs[0]))]
 
 
 #: bounds of :func:`speed_drift` (a ratio outside them is a broken measurement)
@@ -397,27 +423,108 @@ class Reference:
 REFERENCE_FACTOR_BOUNDS = (0.67, 1.5)
 
 
+#: the most :func:`reference_factor` adds to each message's cost (seconds)
+MESSAGE_EXTRA_MAX = 0.005
+
+
 def reference_factor(calibration: dict, ref_plan, options: dict) -> float:
-    """The :class:`Reference` pipeline's measured step (the slowest rank's
-    median) over the simulator's prediction for it, within
-    :data:`REFERENCE_FACTOR_BOUNDS`: the factor a multi-rank prediction is
-    multiplied by. Records it (``reference_factor``, the raw ratio, the
-    predicted step and each rank's compute, predicted) in
-    ``calibration``."""
+    """Fit the prediction to the :class:`Reference` pipeline measured beside
+    the steps, in three parts, and return the factor a multi-rank
+    prediction is multiplied by:
+
+    1. compute: the ranks' measured compute in the reference steps (summed)
+       over the simulator's (messages costing nothing) scales every op's time
+       and the launch and task costs (``reference_compute_factor``, within
+       :data:`REFERENCE_FACTOR_BOUNDS`): ``calibration["graph"]`` is
+       replaced by the scaled graph, its and ``options``' launch and task
+       costs scaled in place; above 1, no more than lets the reference's
+       predicted step (messages at their measured cost) reach the measured
+       one (over a shaped link the ranks' compute holds transport work);
+    2. messaging: what is left of the measured step is charged to the
+       messages: a cost per message and end added to ``message_overhead``
+       in ``options`` (``reference_message_extra``, from minus that
+       overhead to :data:`MESSAGE_EXTRA_MAX`) until the reference's
+       predicted step is the measured one;
+    3. the rest (the measured over the predicted step, where the bounds
+       above stopped short), within :data:`REFERENCE_FACTOR_BOUNDS`.
+
+    Why two parts: the compute a step measures and its messaging are
+    corrected by different amounts (gnmt over loopback: compute 0.69 of the
+    predicted, the step 0.97), and one factor on the whole step moved
+    one-device plans, which send nothing, by the messaging's error.
+    A calibration it was applied to already (``reference_compute_factor``
+    set) keeps its graph and costs: the same options and factor again.
+    Records the factors, the raw ratio, the predicted step and
+    each rank's predicted compute in ``calibration``."""
     from .contention import predict_shared
+    from .piece_costs import scale_graph
     measured = calibration.get("reference_step")
-    report = predict_shared(calibration["graph"], calibration["cluster"], ref_plan, **options)
-    predicted: dict = defaultdict(float)
-    for e in report.events():
-        if e.category in ("forward", "backward"):
-            predicted[e.lane] += e.duration
-    raw = measured / report.step_time if measured and report.step_time > 0 else 1.0
+    graph, cluster = calibration["graph"], calibration["cluster"]
     lo, hi = REFERENCE_FACTOR_BOUNDS
+    compute = calibration.get("reference_compute") or {}
+    # a calibration fitted before holds its scaled graph and costs already
+    factor_c = calibration.get("reference_compute_factor", 1.0)
+    if measured and compute and "reference_compute_factor" not in calibration:
+        quiet = {**options, "message_overhead": 0.0, "message_copy_rate": math.inf}
+        bars = _compute_bars(predict_shared(graph, cluster, ref_plan, **quiet))
+        predicted_c = sum(bars.get(d, 0.0) for d in compute)
+        if predicted_c > 0:
+            factor_c = min(hi, max(lo, sum(compute.values()) / predicted_c))
+            if factor_c > 1.0:
+                def whole(scale: float) -> float:
+                    opts = {k: v * scale if k in ("op_overhead", "task_overhead") and v else v
+                            for k, v in options.items()}
+                    return predict_shared(scale_graph(graph, scale), cluster, ref_plan,
+                                          **opts).step_time
+                factor_c = _solve(whole, measured, 1.0, factor_c, rounds=12)
+            graph = calibration["graph"] = scale_graph(graph, factor_c)
+            for key in ("op_overhead", "task_overhead"):
+                if options.get(key):
+                    options[key] = options[key] * factor_c
+                if calibration.get(key):
+                    calibration[key] = calibration[key] * factor_c
+    extra = 0.0
+    if measured:
+        base = options.get("message_overhead") or 0.0
+
+        def step(more: float) -> float:
+            return predict_shared(graph, cluster, ref_plan,
+                                  **{**options, "message_overhead": base + more}).step_time
+        extra = _solve(step, measured, -base, MESSAGE_EXTRA_MAX)
+        options["message_overhead"] = base + extra
+    report = predict_shared(graph, cluster, ref_plan, **options)
+    raw = measured / report.step_time if measured and report.step_time > 0 else 1.0
     factor = min(hi, max(lo, raw))
     calibration.update(reference_factor=factor, reference_factor_raw=raw,
+                       reference_compute_factor=factor_c, reference_message_extra=extra,
                        reference_predicted=report.step_time,
-                       reference_compute_predicted=dict(predicted))
+                       reference_compute_predicted=dict(_compute_bars(report)))
     return factor
+
+
+def _compute_bars(report) -> dict:
+    """Per device, the seconds of a report's forward and backward bars."""
+    out: dict = defaultdict(float)
+    for e in report.events():
+        if e.category in ("forward", "backward"):
+            out[e.lane] += e.duration
+    return out
+
+
+def _solve(step, target: float, lo: float, hi: float, rounds: int = 24) -> float:
+    """The ``x`` in ``[lo, hi]`` where the increasing ``step(x)`` reaches
+    ``target`` (bisection; the nearer end when it lies outside)."""
+    if step(lo) >= target:
+        return lo
+    if step(hi) <= target:
+        return hi
+    for _ in range(rounds):
+        mid = (lo + hi) / 2
+        if step(mid) < target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
 
 
 def calibrated_options(calibration: dict) -> dict:

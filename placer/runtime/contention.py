@@ -58,9 +58,12 @@ def predict_shared(graph, cluster, plan, *, op_overhead: float, rounds: int = 3,
     whole core, ``task_overhead`` a runtime task's (see
     :class:`placer.cost.Problem`). Devices without ``cpu_share_all`` keep
     ``cpu_share``.
+    The plan is predicted as the runtime runs it (:func:`placer.runtime.common.as_run`).
     The report's ``extra["cpu_shares"]`` gives the shares used."""
     from ..cluster import Cluster
     from ..cost import simulate
+    from .common import as_run
+    plan = as_run(graph, plan)
     used = sorted(plan.devices_used())
     fracs = {d: 1.0 for d in used}   # first guess: every rank computes at once
     report = None

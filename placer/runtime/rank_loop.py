@@ -253,10 +253,11 @@ def _prediction(setup: RankSetup, cluster, problem_options, calibration, referen
     plan = setup.plan
     if calibration is not None:
         from .contention import predict_shared
-        cg, cc = calibration["graph"], calibration["cluster"]
         options = {**calibrated_options(calibration), **(problem_options or {})}
+        # the factor's fit scales the calibrated graph and options (see there)
         factor = (reference_factor(calibration, reference.plan, options)
                   if reference is not None else 1.0)
+        cg, cc = calibration["graph"], calibration["cluster"]
         prediction = predict_shared(cg, cc, plan, **options)
         calibration["predicted_model"] = prediction.step_time   # before the factor
         prediction.step_time *= factor

@@ -1,0 +1,142 @@
+"""What the runtime pays for its pieces (placer.runtime.piece_costs), the
+reference factor in parts (compute, messaging, the rest) and predictions
+of a plan as the runtime runs it (placer.runtime.common.as_run)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import placer
+from placer import Cluster, Device, Edge, Graph, Op, Plan
+from placer.runtime.common import RUNTIME_OPTIONS, as_run
+from placer.runtime.contention import predict_shared
+from placer.runtime.piece_costs import (PIECE_RUNS, fit_piece_costs, measure_pieces,
+                                        piece_plans, scale_graph)
+
+
+def _chain(n: int = 24, batch: int = 4) -> Graph:
+    ops = [Op(f"o{i}", flops=1e7 * (1 + i % 3), bwd_flops=2e7, param_bytes=4.0,
+              extra={"fixed_flops": [2e6, 4e6]}) for i in range(n)]
+    edges = [Edge(f"o{i}", f"o{i + 1}", 4e3) for i in range(n - 1)]
+    return Graph("chain", ops, edges, training=True, meta={"batch": batch})
+
+
+DEVICE = Device("cpu", 1e11, 1e10, efficiency=0.1)
+
+
+def _bars(graph, plan, **options) -> tuple[float, int]:
+    pair = Cluster("pair", [Device(n, 1e11, 1e10, efficiency=0.1) for n in "ab"],
+                   [[math.inf] * 2] * 2, [[0.0] * 2] * 2)
+    bars = [e for e in placer.simulate(graph, pair, plan, **RUNTIME_OPTIONS, **options).events()
+            if e.category in ("forward", "backward")]
+    return sum(e.duration for e in bars), len(bars)
+
+
+def test_piece_plans_are_one_piece_and_many():
+    g = _chain()
+    one, many = piece_plans(g)
+    assert one.microbatches == 1 and one.devices_used() == {"a"}
+    assert many.microbatches == 2 and many.devices_used() == {"a", "b"}
+    order = g.topological_order()
+    switches = sum(many.placement[x] != many.placement[y] for x, y in zip(order, order[1:]))
+    assert switches == PIECE_RUNS - 1
+
+
+def test_the_fit_finds_the_scale_and_the_cost_per_task_that_made_the_runs():
+    g = _chain()
+    # "measured": the ops at 0.7 of their predicted time, 150 us a task
+    runs = []
+    for plan in piece_plans(g):
+        ops, tasks = _bars(scale_graph(g, 0.7), plan, op_overhead=7e-6)
+        runs.append({"compute": ops + 150e-6 * tasks, "tasks": tasks})
+    scale, task = fit_piece_costs(g, DEVICE, runs, {**RUNTIME_OPTIONS, "op_overhead": 1e-5},
+                                  70e-6)
+    assert scale == pytest.approx(0.7, rel=1e-6)
+    assert task == pytest.approx(150e-6, rel=1e-6)
+    # pieces that cost nothing extra: all of it is the ops' scale; no runs:
+    # the op times and the default task cost stand
+    free = [{"compute": _bars(g, p, op_overhead=1e-5)[0] * 0.9, "tasks": 1}
+            for p in piece_plans(g)]
+    scale, task = fit_piece_costs(g, DEVICE, free, {"op_overhead": 1e-5}, 70e-6)
+    assert task >= 0 and scale == pytest.approx(0.9, rel=0.05)
+    assert fit_piece_costs(g, DEVICE, [], {}, 70e-6) == (1.0, 70e-6)
+
+
+def test_scale_graph_scales_every_op_time():
+    g = _chain()
+    plan = Plan({op: ["a"] for op in g.ids})
+    base, _ = _bars(g, plan, op_overhead=0.0)
+    half, _ = _bars(scale_graph(g, 0.5), plan, op_overhead=0.0)
+    assert half == pytest.approx(base * 0.5, rel=1e-9)
+
+
+def test_measure_pieces_times_the_model_as_the_runtime_runs_it():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[m for _ in range(6)
+                                  for m in (torch.nn.Linear(8, 8), torch.nn.ReLU())])
+    inputs = (torch.randn(4, 8),)
+    graph = placer.trace(model, inputs)
+    runs = measure_pieces(model, inputs, graph, torch.device("cpu"), repeats=2, warmup=1)
+    assert len(runs) == 2 and all(r["compute"] > 0 for r in runs)
+    # the many-piece plan runs more tasks (each piece's forward and
+    # backward per microbatch, and the loss)
+    assert runs[1]["tasks"] > runs[0]["tasks"] >= 3
+
+
+def _calibration(graph):
+    devs = [Device(n, 1e11, 1e10, efficiency=0.1, extra={"cpu_share": 1.0}) for n in ("r0", "r1")]
+    cluster = Cluster.from_rules("ranks", devs, default=(1e8, 2e-4))
+    return {"graph": graph, "cluster": cluster}
+
+
+def test_the_reference_factor_in_parts_matches_the_reference_and_is_stable():
+    from placer.runtime.calibration import reference_factor, reference_plan
+    g = _chain()
+    cal = _calibration(g)
+    ref = reference_plan(g, ["r0", "r1"], 2)
+    options = {**RUNTIME_OPTIONS, "op_overhead": 1e-5, "task_overhead": 1e-4,
+               "message_overhead": 5e-5}
+    quiet = predict_shared(g, cal["cluster"], ref, **{**options, "message_overhead": 0.0})
+    compute = {}
+    for e in quiet.events():
+        if e.category in ("forward", "backward"):
+            compute[e.lane] = compute.get(e.lane, 0.0) + e.duration
+    # the ranks computed 1.2x the prediction; the step took 1.5x
+    step = predict_shared(g, cal["cluster"], ref, **options).step_time
+    cal.update(reference_compute={d: 1.2 * v for d, v in compute.items()},
+               reference_step=1.5 * step, op_overhead=1e-5, task_overhead=1e-4)
+    first = dict(options)
+    factor = reference_factor(cal, ref, first)
+    assert cal["reference_compute_factor"] == pytest.approx(1.2, rel=1e-6)
+    assert first["op_overhead"] == pytest.approx(1.2e-5) and cal["task_overhead"] == \
+        pytest.approx(1.2e-4)
+    # the rest went to the messages, and nothing is left over
+    assert cal["reference_message_extra"] > 0
+    assert first["message_overhead"] == pytest.approx(5e-5 + cal["reference_message_extra"])
+    assert factor == pytest.approx(1.0, abs=1e-3)
+    assert predict_shared(cal["graph"], cal["cluster"], ref, **first).step_time == \
+        pytest.approx(1.5 * step, rel=1e-3)
+    # applied again (a kept calibration predicted again): the same
+    again = {**options, "op_overhead": cal["op_overhead"], "task_overhead": cal["task_overhead"]}
+    graph = cal["graph"]
+    assert reference_factor(cal, ref, again) == pytest.approx(factor, rel=1e-9)
+    assert cal["graph"] is graph and again == pytest.approx(first)
+
+
+def test_a_data_parallel_group_wider_than_the_rows_runs_unsharded():
+    g = _chain(batch=4)
+    both = Plan({op: ["r0", "r1"] for op in g.ids}, microbatches=4)
+    run = as_run(g, both)
+    assert all(devs == ["r0"] for devs in run.placement.values()) and run.microbatches == 4
+    halves = Plan({op: ["r0", "r1"] for op in g.ids}, microbatches=2)
+    assert as_run(g, halves) is halves
+    assert as_run(Graph("nobatch", [Op("x")]), Plan({"x": ["r0", "r1"]}, 4)).placement["x"] \
+        == ["r0", "r1"]
+    # the runtime's prediction is that of the plan it runs
+    cal = _calibration(g)
+    options = {**RUNTIME_OPTIONS, "op_overhead": 1e-5}
+    assert predict_shared(g, cal["cluster"], both, **options).step_time == pytest.approx(
+        predict_shared(g, cal["cluster"], run, **options).step_time)
