@@ -65,12 +65,14 @@ def reference(rev: str, workdir: str):
     """``placer/cost/event_loop.py`` at ``rev``, imported as its own module."""
     source = subprocess.run(["git", "show", f"{rev}:placer/cost/event_loop.py"], cwd=ROOT,
                             capture_output=True, text=True, check=True).stdout
-    path = Path(workdir) / "event_loop_reference.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("event_loop_reference", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    # the project's own source at a revision the developer names: imported
+    # as a module of the work folder, under a fixed name
+    (Path(workdir) / "event_loop_reference.py").write_text(source)
+    sys.path.insert(0, str(workdir))
+    try:
+        return importlib.import_module("event_loop_reference")
+    finally:
+        sys.path.remove(str(workdir))
 
 
 def problem(spec) -> Problem:
