@@ -110,13 +110,9 @@ Candidate = PlanArrays
 
 
 def _space(problem, choices, schedules):
-    """evolution's :class:`~placer.space.Space` of ``problem`` (its group
-    table numbers data-parallel sets, its operators polish plans), or None
-    when the evolution package is not installed."""
-    try:
-        from placer.space import Space
-    except ImportError:
-        return None
+    """The plan space's :class:`~placer.space.Space` of ``problem`` (its
+    group table numbers data-parallel sets, its moves polish plans)."""
+    from placer.space import Space
     return Space(problem, choices, schedules)
 
 
@@ -165,10 +161,7 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
     def compacted(A: np.ndarray):
         """``A`` with its data-parallel sets renumbered to those it uses (the
         cost model's work grows with the group table it is given)."""
-        if space is None:
-            return A, ()
-        from placer.space import compact
-        A, used = compact(A, space)
+        A, used = space.table.compact(A)
         return A, tuple(used)
 
     done: dict = {}   # row -> the (microbatches, schedule) it was scored at
@@ -229,15 +222,15 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
     top = sorted(found.values(), key=lambda v: v[0])[:max(settle, keep)]
     if top and not budget.exhausted():
         score(np.stack([v[1] for v in top]), [v[4] for v in top], choices, schedules)
-    if branches and baselines and space is not None and not budget.exhausted():
+    if branches and baselines and not budget.exhausted():
         _branch_candidates(problem, space, score, done, found, choices)
-    if cuts and space is not None and not budget.exhausted():
+    if cuts and not budget.exhausted():
         _cut_descents(space, cost_model, problem, budget, found, schedules)
     out = _distinct(sorted(found.values(), key=lambda v: v[0]), keep)
-    if polish > 0 and space is not None and not budget.exhausted():
+    if polish > 0 and not budget.exhausted():
         out = _descents(space, cost_model, problem, budget, found, out, rng, schedules,
                         polish, polish_limit, polish_keep, widen, every_schedule)
-    table = tuple(space.table.extra()) if space is not None else ()
+    table = tuple(space.table.extra())
     return [PlanArrays(row, table, m, s, source, t) for t, row, m, s, source in out]
 
 

@@ -20,11 +20,11 @@ Nothing here searches or imports a search: the strategies drive it.
 """
 
 from .arrays import PlanArrays, compact_rows
-from .genome import GroupTable, LayoutGenome, OpGenome, Space, compact, stage_shapes
+from .genome import GroupTable, LayoutGenome, OpGenome, Space, compact
 from .layouts import device_chain, layout_seeds, shapes_for
 from .local import local_search, neighbourhood
 from .moves import MUTATIONS, boundary_ops, crossover, mutate
 
 __all__ = ["MUTATIONS", "GroupTable", "LayoutGenome", "OpGenome", "PlanArrays", "Space", "boundary_ops",
            "compact", "compact_rows", "crossover", "device_chain", "layout_seeds", "local_search", "mutate",
-           "neighbourhood", "shapes_for", "stage_shapes"]
+           "neighbourhood", "shapes_for"]

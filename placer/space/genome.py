@@ -196,15 +196,4 @@ def compact(A: np.ndarray, space: Space) -> tuple[np.ndarray, list[tuple]]:
     return space.table.compact(A)
 
 
-def stage_shapes(n_devices: int, n_ops: int, limit: int = 64) -> list[tuple[int, int]]:
-    """(stages, replicas) pairs with ``stages * replicas <= n_devices``,
-    ``stages <= n_ops``, favouring those that use every device."""
-    out = []
-    for dp in range(1, n_devices + 1):
-        pp = n_devices // dp
-        if 1 <= pp <= n_ops:
-            out.append((pp, dp))
-    return out[:limit]
-
-
-__all__ = ["GroupTable", "LayoutGenome", "OpGenome", "Space", "compact", "stage_shapes"]
+__all__ = ["GroupTable", "LayoutGenome", "OpGenome", "Space", "compact"]
