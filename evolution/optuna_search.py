@@ -32,7 +32,7 @@ from placer.errors import PlacerError, StrategyError
 from placer.plan import Plan
 from placer.search.base import Budget, Progress, Strategy, get_strategy, register_strategy
 
-from placer.search.phases import reserve
+from placer.search.ranker import reserve
 from placer.space import LayoutGenome, Space, device_chain
 
 from .search import Evolution

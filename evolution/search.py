@@ -51,7 +51,7 @@ from placer._io import atomic_write_text, load_document
 from placer.search.base import (Budget, Progress, SearchInterrupted, Strategy, get_strategy,
                                 register_strategy)
 from placer.search.common import learn_seed_seconds, seed_seconds
-from placer.search.ranker import RankPolicy, final_ranker, hold_back, rank, reserve
+from placer.search.ranker import RankPolicy, final_ranker, rank
 from placer.search.parallel import ProblemPool, pool_workers
 
 from placer.search.evaluate import Evaluator, resolve_workers

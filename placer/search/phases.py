@@ -1,8 +1,6 @@
 """What a search over the plan space (:mod:`placer.space`) does around its
-main loop, shared by evolution, dtfm and the policy's anytime search: a
-share of the budget held back for a final phase (:class:`hold_back`,
-:class:`reserve`), the seeding heuristics' shares (:class:`SeedPool`), the
-simulator taken as screening model where it is cheap enough
+main loop, shared by evolution, dtfm and the policy's anytime search: the
+seeding heuristics' shares (:class:`SeedPool`), the simulator taken as screening model where it is cheap enough
 (:func:`screen_exactly`) and a last descent by another model
 (:func:`polish_with`).
 """
@@ -22,7 +20,7 @@ from ..space import OpGenome, Space, local_search
 from .base import Budget, get_strategy
 from .common import learn_seed_seconds, seed_seconds
 from .evaluate import Evaluator
-from .ranker import hold_back, reserve
+from .ranker import reserve
 
 if TYPE_CHECKING:
     from ..cost import Problem
@@ -143,5 +141,4 @@ class SeedPool:
             learn_seed_seconds(name, problem, _time.perf_counter() - start)
 
 
-__all__ = ["EXACT_SCREEN_EVALS", "SeedPool", "hold_back", "polish_with", "reserve",
-           "screen_exactly"]
+__all__ = ["EXACT_SCREEN_EVALS", "SeedPool", "polish_with", "screen_exactly"]
