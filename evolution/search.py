@@ -213,7 +213,12 @@ class Evolution(Strategy):
                 i = rank(ranker, problem, plans, budget, pool=pool, policy=policy)
         plan = plans[i]
         if self._final_share(cost_model, coarse) and finalists[i] is not None:
-            polished = self._final_polish(space, ranker, budget, finalists[i], rng)
+            # a stream of its own: the polish of a finalist does not depend on
+            # how many generations drew from the search's (hybrid's evolution,
+            # after the policy's evaluations, polishes evolution's own
+            # finalist as evolution alone does)
+            polished = self._final_polish(space, ranker, budget, finalists[i],
+                                          np.random.default_rng([int(seed), 0x5EED, 8]))
             if polished is not None:
                 plan = polished
         report = cost_model.estimate(problem, plan)
