@@ -19,12 +19,12 @@
   best by the final model, never worse than the first plan; without a
   budget, or with ``anytime=False``, the first plan is the result.
 - ``hybrid``: ``rl``'s candidates (the steps of its polish included) are
-  reported as progress first and handed to the ``evolution`` strategy (its
-  ``candidates``), which spends the rest of the budget on its own search
-  from its own seeds and ranks the best of them with its finalists by the
-  simulator: the result is the better of the policy's and evolution's, and
-  evolution's search is the one it has alone (``policy_slots`` lets the
-  policy's plans into its population).
+  reported as progress first and ranked by the simulator; the ``evolution``
+  strategy spends the rest of the budget on its own search from its own
+  seeds (its final ranking and polish included), and the result is the
+  better by the simulator of evolution's plan and the policy's best
+  (``policy_slots`` hands the policy's plans to evolution instead, into
+  its population and final ranking).
 
 >>> from placer.search import get_strategy
 >>> type(get_strategy("rl")).__name__
@@ -741,6 +741,27 @@ FINAL_TASKS = 16_000
 POLICY_SHARE = 0.2
 
 
+def _by_final(problem, cost_model, budget: Budget, found: list, final: str | None):
+    """``(plans, values)``: the plans of ``found`` (``(search objective,
+    Plan)``, best first) ranked by the ``final`` model (metered on
+    ``budget``; those of them the ranking scores, within
+    :data:`FINAL_TASKS`, first; None or the search model: the search's
+    order), and each plan's objective by that model (the search model's
+    for the plans not scored)."""
+    plans = [plan for _, plan in found]
+    values = [value for value, _ in found]
+    ranker = final_ranker(final, cost_model, budget)
+    if not plans or ranker is cost_model:
+        return plans, values
+    from placer.search.ranker import score_finalists
+    scored = score_finalists(ranker, problem, plans, budget,
+                             policy=RankPolicy(keep=0, at_least=1, max_tasks=FINAL_TASKS))
+    order = sorted(range(len(scored)), key=scored.__getitem__) + list(range(len(scored),
+                                                                          len(plans)))
+    values = scored + values[len(scored):]
+    return [plans[k] for k in order], [values[k] for k in order]
+
+
 @register_strategy
 class Hybrid(_Learned):
     """The policy's plans, then the ``evolution`` strategy (see the module doc).
@@ -752,8 +773,20 @@ class Hybrid(_Learned):
     polished ones), ``share`` (at most this share of the budget for the
     policy, :data:`POLICY_SHARE`), ``policy_slots`` (places in evolution's
     population for the policy's plans and their descendants, besides its
-    own ``population``; 0, the default: none, they compete only in its
-    final ranking) and ``evolution`` (options for the evolution strategy).
+    own ``population``; 0, the default: none, evolution's result is
+    compared with the policy's best) and ``evolution`` (options for the evolution strategy).
+
+    With ``policy_slots=0`` the policy's plans are ranked by evolution's
+    ``final`` model (the simulator) within the policy's share, evolution
+    runs without them and its result stands unless the policy's best is
+    better by that model. Handed to evolution as candidates, the best by the
+    search model competed in evolution's final ranking before its polish by
+    the simulator, and could win it from a basin that polish leaves worse
+    (dlrm.op on hetero-lab, 4,000 evaluations, seed 5: the policy's plan
+    polished to 1.013 ms against evolution's partition seed's 0.980); and
+    the polish drew from the generations' random stream, so the policy's
+    few hundred evaluations changed it (seeds 2 and 4: 1.021x and 1.017x
+    evolution). Evolution's polish now has a stream of its own.
 
     Why ``policy_slots=0``: with the policy's plans in its population,
     evolution's trajectory changes whether or not they help. Measured on 6
@@ -766,8 +799,7 @@ class Hybrid(_Learned):
     population) was 1.03-1.05x on dlrm@hetero-lab in 4 of 5 seeds: the
     policy's basin is as good by the analytical model, worse by the
     simulator. Without them hybrid's evolution is evolution's own search on
-    what the policy left (a few hundred evaluations, ~1% of a time budget)
-    and the best policy plan competes in its final ranking.
+    what the policy left (a few hundred evaluations, ~1% of a time budget).
     """
 
     name = "hybrid"
@@ -799,7 +831,10 @@ class Hybrid(_Learned):
 
     def search(self, problem, cost_model, budget, seed=0, progress=None):
         """The policy's plans first, then evolution within the same budget."""
+        from placer.search.ranker import reserve
         metered = budget.meter(cost_model)
+        evo = self._evolution()
+        final = evo.config.final
         # The policy gets a small share of what is left (it needs a fraction
         # of a second, a few hundred evaluations): evolution keeps the rest.
         share = Budget(time=None if math.isinf(budget.remaining_time)
@@ -809,15 +844,35 @@ class Hybrid(_Learned):
         try:
             found = self._plans(problem, share.meter(metered.inner), share, seed,
                                 keep=self.seeds)
+            plans, values = _by_final(problem, metered.inner, share, found, final)
         finally:
             budget.charge(share.used)
-        plans = [plan for _, plan in found]
         if progress is not None and found:
             # the policy's best is the search's best so far: report it before
             # evolution spends its seeding time
             best = found[0][0]
             progress(Progress(self.name, budget.used, budget.elapsed, best, best,
                               best < INFEASIBLE, "policy", extra={"model": metered.name}))
+        if self.policy_slots or not plans:
+            evo.candidates = plans
+            plan = evo.search(problem, metered, budget, seed=seed, progress=progress)
+        else:
+            # evolution's own search and final ranking (and its polish of
+            # the winner by the final model), then its result against the
+            # policy's best by that model: kept for the comparison, an
+            # evaluation for its score and one (and the initial plans') for
+            # the report of a policy plan that wins
+            with reserve(budget, 2 + len(self.initial)):
+                plan = evo.search(problem, metered, budget, seed=seed, progress=progress)
+            plan = self._better(problem, metered, budget, plan, plans[0], values[0], final,
+                                progress)
+        plan.extra = dict(plan.extra or {}, policy_seeds=len(plans))
+        plan.method = self.name
+        return plan
+
+    def _evolution(self):
+        """The ``evolution`` strategy hybrid runs (its options, the plans
+        handed in set later)."""
         options = dict(self.evolution_options)
         if self.microbatches is not None:
             options.setdefault("microbatches", self.microbatches)
@@ -825,13 +880,26 @@ class Hybrid(_Learned):
             options.setdefault("schedule", self.schedule)
         options.setdefault("given_slots", self.policy_slots)
         try:
-            evo = get_strategy("evolution", initial=list(self.initial), candidates=plans,
-                               **options)
+            return get_strategy("evolution", initial=list(self.initial), **options)
         except StrategyError as exc:
             raise StrategyError(f"hybrid needs the evolution strategy: {exc.message}",
                                 fix="install the evolution package (deap) or use method='rl'"
                                 ) from None
-        plan = evo.search(problem, metered, budget, seed=seed, progress=progress)
-        plan.extra = dict(plan.extra or {}, policy_seeds=len(plans))
-        plan.method = self.name
-        return plan
+
+    def _better(self, problem, metered, budget, plan, policy_plan, policy_value, final,
+                progress):
+        """Evolution's ``plan`` unless ``policy_plan`` (objective
+        ``policy_value`` by ``final``, or by the search model when
+        ``final`` is None or the same) is better by over a billionth; a
+        policy plan that wins is reported as the result."""
+        ranker = final_ranker(final, metered, budget)
+        if ranker is metered:
+            value = plan.predicted["objective"]
+        else:
+            from placer.search.ranker import score_finalists
+            value = score_finalists(ranker, problem, [plan], budget,
+                                    policy=RankPolicy(keep=0))[0]
+        if not policy_value < value - 1e-9 * abs(value):
+            plan.predicted.update(evaluations=budget.used, search_seconds=budget.elapsed)
+            return plan
+        return self.finalize(problem, metered, budget, policy_plan, progress=progress)
