@@ -373,6 +373,52 @@ def test_rl_never_worse_than_baselines_and_hybrid_reports_policy_first(tmp_path)
     assert events[0].message == "policy" and events[0].best >= out.predicted["objective"]
 
 
+def test_hybrid_ranks_the_policys_plans_by_the_simulator_against_evolutions(tmp_path,
+                                                                             monkeypatch):
+    """With no policy slots, hybrid ranks the policy's plans by the
+    simulator and keeps evolution's plan unless the policy's best is
+    better by it (then that plan, reported)."""
+    import gnn.strategies as gs
+    from evolution.search import Evolution
+    from placer import Plan
+    from placer.search import Budget, get_strategy, strategies
+    if "evolution" not in strategies():
+        pytest.skip("evolution not installed")
+    save_policy(tmp_path / "p", tiny_policy(2))
+    problem = Problem(datasets.graph("unet.module"), datasets.cluster("hetero-lab"))
+    cost, sim = get_cost_model("analytical"), get_cost_model("simulator")
+    seen = {}
+
+    def spy(*args):
+        seen["plans"], seen["values"] = out = by_final(*args)
+        return out
+
+    by_final = gs._by_final
+    monkeypatch.setattr(gs, "_by_final", spy)
+
+    def run():
+        budget = Budget(evaluations=3000)
+        hybrid = get_strategy("hybrid", checkpoint=str(tmp_path / "p"), samples=4,
+                              max_units=48, evolution={"population": 8, "generations": 2})
+        return hybrid.search(problem, budget.meter(cost), budget, seed=0)
+
+    plan = run()
+    plans, values = seen["plans"], seen["values"]
+    assert len(plans) >= 2 and values == sorted(values)
+    assert values == pytest.approx([sim.estimate(problem, p).objective for p in plans],
+                                   rel=1e-9)
+    assert sim.estimate(problem, plan).objective <= values[0] * (1 + 1e-9)
+    assert plan.method == "hybrid" and plan.predicted["evaluations"] <= 3000
+    # an evolution that ends worse than the policy's best: that plan wins
+    worst = plans[-1]
+    monkeypatch.setattr(Evolution, "search", lambda self, problem, cost_model, budget, **kw:
+                        self.finalize(problem, cost_model, budget, Plan(
+                            dict(worst.placement), worst.microbatches, worst.schedule)))
+    plan = run()
+    assert plan.placement == seen["plans"][0].placement and plan.method == "hybrid"
+    assert plan.predicted["objective"] == pytest.approx(cost.estimate(problem, plan).objective)
+
+
 @pytest.mark.parametrize("graph, cluster, evaluations, seeds, options", [
     ("layered-n30-w4-s0", "hetero-lab", 1500, (0,), {"population": 16}),
     # nothing fits; evolution converges before its budget here
