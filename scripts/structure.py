@@ -1,6 +1,8 @@
 """Report the package's structure problems: import loops between modules,
 private names imported across modules, imports across a layer the other
-way (:data:`LAYERS`), and functions longer than a limit.
+way (:data:`LAYERS`; the modules :data:`ABOVE` a rule's package, which
+drive the strategies, are exempt from it), and functions longer than a
+limit.
 
     python scripts/structure.py            # a summary per kind
     python scripts/structure.py --list     # every finding
