@@ -54,7 +54,9 @@ from placer.search.base import (Budget, Progress, Strategy, get_strategy,
 from .dtfm_partition import (MAX_CHUNKS, Partition, by_model, islands, mutate, neighbours,
                              partition_of, transplant)
 from placer.search.evaluate import Evaluator, check_workers, resolve_workers
-from placer.space import LayoutGenome, OpGenome, Space, device_chain, local_search, shapes_for
+from placer.graph import scale_batch
+from placer.space import (LayoutGenome, OpGenome, Space, device_chain, even_allocation,
+                           local_search, shapes_for)
 from placer.search.ranker import RankPolicy, final_ranker, rank
 from placer.search.parallel import ProblemPool, pool_workers
 from placer.search.phases import polish_with, screen_exactly
@@ -638,33 +640,6 @@ def _unique(parts: list) -> list:
 def _best(parts: list, k: int) -> list:
     fits = np.array([x.fitness.values[0] for x in parts])
     return [parts[i] for i in np.argsort(fits, kind="stable")[:k].tolist()]
-
-
-def even_allocation(problem: "Problem", pp: int, dp: int, microbatches: int = 1,
-                    schedule: str = "1f1b", order: Sequence[int] | None = None) -> Plan:
-    """The even, Megatron-style plan: devices in ``order`` (rank order by
-    default) cut into ``pp`` groups of ``dp``, layers split evenly by work."""
-    space = Space(problem, [microbatches], [schedule])
-    order = list(range(problem.n_devices)) if order is None else list(order)
-    stages = [tuple(order[s * dp:(s + 1) * dp]) for s in range(pp)]
-    genome = LayoutGenome.balanced(space, stages, microbatches, schedule, "even").decode(space)
-    return genome.to_plan(space, "even")
-
-
-def scale_batch(graph, factor: float, name: str | None = None):
-    """``graph`` with a ``factor`` times larger batch: FLOPs, activations and
-    edge bytes scale, parameters do not (e.g. the paper's large global
-    batch from a traced batch of 8)."""
-    from placer.graph import Edge, Graph, Op
-    f = float(factor)
-    ops = [Op(o.id, o.op, o.flops * f, o.bwd_flops * f, o.param_bytes, o.output_bytes * f,
-              o.colocate, dict(o.extra)) for o in graph]
-    edges = [Edge(e.src, e.dst, e.bytes * f, dict(e.extra)) for e in graph.edges]
-    meta = dict(graph.meta)
-    if isinstance(meta.get("batch"), (int, float)):
-        meta["batch"] = int(round(meta["batch"] * f))
-    return Graph(name or f"{graph.name}.x{factor:g}", ops, edges, training=graph.training,
-                 meta=meta)
 
 
 register_strategy(DTFM)

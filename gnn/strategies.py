@@ -181,6 +181,7 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
             return
         rows, used = compacted(A)
         keys = [row.tobytes() for row in A]
+        table = tuple(space.table.extra())
         for sched in scheds:
             pick, counts = [], []
             for i, key in enumerate(keys):
@@ -196,8 +197,8 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
             t = times_at(cost_model, problem, rows[pick], counts, sched, used)
             for i, m, tt in zip(pick, counts, t.tolist()):
                 key = keys[i]
-                if key not in found or tt < found[key][0]:
-                    found[key] = (tt, A[i], int(m), sched, sources[i])
+                if key not in found or tt < found[key].objective:
+                    found[key] = PlanArrays(A[i], table, int(m), sched, sources[i], tt)
 
     # Screening scores every row at the first schedule only, in one call of
     # the cost model: the policy's rows and the simple baselines at every
@@ -210,28 +211,43 @@ def policy_plans(policy, problem: Problem, cost_model, budget: Budget, *, seed: 
         A = pg.expand(decoder.decode(1 + samples, greedy=1, rng=rng, temperature=temperature))
         score(*_screening_rows(problem, space, A, choices, baselines, layout_devices))
         for _ in range(max(refine, 0)):
-            single = [v for v in found.values() if v[1].max() < D]
+            single = [v for v in found.values() if v.assign.max() < D]
             if budget.exhausted() or not single:
                 break
-            best = min(single, key=lambda v: v[0])
+            best = min(single, key=_objective)
             k = 1 + min(batch, samples)
             rows = decoder.decode(k, greedy=1, rng=rng, temperature=temperature,
-                                  context=unit_row(pg, best[1]))
+                                  context=unit_row(pg, best.assign))
             # near the plan they refine: scored at its microbatch count (settled below)
-            score(pg.expand(rows), ["refined"] * k, ms=[best[2]])
-    top = sorted(found.values(), key=lambda v: v[0])[:max(settle, keep)]
+            score(pg.expand(rows), ["refined"] * k, ms=[best.microbatches])
+    top = sorted(found.values(), key=_objective)[:max(settle, keep)]
     if top and not budget.exhausted():
-        score(np.stack([v[1] for v in top]), [v[4] for v in top], choices, schedules)
+        score(np.stack([v.assign for v in top]), [v.origin for v in top], choices, schedules)
     if branches and baselines and not budget.exhausted():
         _branch_candidates(problem, space, score, done, found, choices)
     if cuts and not budget.exhausted():
         _cut_descents(space, cost_model, problem, budget, found, schedules)
-    out = _distinct(sorted(found.values(), key=lambda v: v[0]), keep)
+    out = _distinct(sorted(found.values(), key=_objective), keep)
     if polish > 0 and not budget.exhausted():
         out = _descents(space, cost_model, problem, budget, found, out, rng, schedules,
                         polish, polish_limit, polish_keep, widen, every_schedule)
+    # all over the table as it ended (each was made over the part of it
+    # numbered by then)
     table = tuple(space.table.extra())
-    return [PlanArrays(row, table, m, s, source, t) for t, row, m, s, source in out]
+    return [c.replace(groups=table) for c in out]
+
+
+def _objective(c: Candidate) -> float:
+    """A candidate's objective (the sort key of the candidates)."""
+    return c.objective
+
+
+def _candidate(space, objective: float, row: np.ndarray, microbatches: int, schedule: str,
+               origin: str) -> Candidate:
+    """A :class:`Candidate` of :func:`policy_plans` over ``space``'s group
+    table as it is now."""
+    return PlanArrays(row, tuple(space.table.extra()), microbatches, schedule, origin,
+                      objective)
 
 
 def _descents(space, cost_model, problem, budget: Budget, found: dict, out: list, rng,
@@ -241,36 +257,35 @@ def _descents(space, cost_model, problem, budget: Budget, found: dict, out: list
     from the policy's own best plan and, with ``widen``, of the widening
     descent from the best plan over several devices (also at the other
     ``schedules`` with ``every_schedule``); returns ``out`` (the kept
-    ``(objective, row, microbatches, schedule, source)`` tuples, best
-    first) with their steps joined."""
+    candidates, best first) with their steps joined."""
     # The policy's own best plan is the one local search can mend (baselines
     # are balanced already, or cut where it is cheap); one op-level plan
     # over a single device has only microbatch counts to change, which
     # settling covered. Each step of the descent joins the kept plans rather
     # than displacing one: along it the search model keeps improving where
     # the final model often does not.
-    own = [v for v in found.values() if v[4] in ("policy", "refined")]
+    own = [v for v in found.values() if v.origin in ("policy", "refined")]
     starts = []            # (start, widen)
     if own:
-        start = min(own, key=lambda v: v[0])
+        start = min(own, key=_objective)
         # a few rounds of descent gain a few percent to ~15% (measured on
         # the benchmark's cases): a start further behind the best is skipped
-        if start[0] <= POLISH_GAP * out[0][0]:
+        if start.objective <= POLISH_GAP * out[0].objective:
             starts.append((start, False))
     if widen:
         # the best plan over several devices, whatever its source (a
         # baseline pipeline is balanced or cut where it is cheap, but
         # one of its ops may gain from being data-parallel), descended
         # from with the replica moves as well
-        multi = [v for v in found.values() if len(np.unique(v[1])) > 1
-                 and v[4] != "branches"]
-        best = min(multi, key=lambda v: v[0]) if multi else None
-        if best is not None and best[0] <= POLISH_GAP * out[0][0]:
+        multi = [v for v in found.values() if len(np.unique(v.assign)) > 1
+                 and v.origin != "branches"]
+        best = min(multi, key=_objective) if multi else None
+        if best is not None and best.objective <= POLISH_GAP * out[0].objective:
             starts.append((best, True))
     # an infeasible start is descended from only when nothing found
     # fits: the descent then lowers the memory excess first (widening,
     # which copies parameters, is left out then)
-    fits = out[0][0] < INFEASIBLE
+    fits = out[0].objective < INFEASIBLE
     # the widening start also at the other schedules: a descent keeps its
     # schedule, and the two models disagree on which schedule a plan
     # prefers (experts-e8-l4@classes-d8: 1F1B's descent 20.71 ms by the
@@ -279,19 +294,19 @@ def _descents(space, cost_model, problem, budget: Budget, found: dict, out: list
     # and it is a descent more)
     starts = [(v, wide) for start, wide in starts
               for v in _at_schedules(cost_model, problem, space, start,
-                                     schedules if every_schedule and wide else [start[3]])]
+                                     schedules if every_schedule and wide else [start.schedule])]
     for start, wide in starts:
-        if start[0] >= INFEASIBLE and (fits or wide):
+        if start.objective >= INFEASIBLE and (fits or wide):
             continue
-        if len(np.unique(start[1])) < 2 or budget.exhausted():
+        if len(np.unique(start.assign)) < 2 or budget.exhausted():
             continue
         # the widening descent's last step only: its earlier ones are
         # its start with fewer ops widened (each a simulation to rank)
         steps = _polish(space, cost_model, problem, budget, start, rng, polish,
                         polish_limit, widen=wide)[:1 if wide else polish_keep]
-        keys = {v[1].tobytes() for v in steps}
-        out = sorted([v for v in out if v[1].tobytes() not in keys] + steps,
-                     key=lambda v: v[0])
+        keys = {v.assign.tobytes() for v in steps}
+        out = sorted([v for v in out if v.assign.tobytes() not in keys] + steps,
+                     key=_objective)
     return out
 
 
@@ -322,9 +337,9 @@ BRANCH_COUNTS = 1
 def _prune_source(found: dict, source: str, keep: int) -> None:
     """Drop from ``found`` all but the ``keep`` best plans of ``source``
     (distinct by objective, as the finalists are)."""
-    mine = sorted((v for v in found.values() if v[4] == source), key=lambda v: v[0])
+    mine = sorted((v for v in found.values() if v.origin == source), key=_objective)
     kept = {id(v) for v in _distinct(mine, keep)}
-    for key in [k for k, v in found.items() if v[4] == source and id(v) not in kept]:
+    for key in [k for k, v in found.items() if v.origin == source and id(v) not in kept]:
         del found[key]
 
 
@@ -382,31 +397,30 @@ def _runs(row: np.ndarray) -> int:
 def _cut_descents(space, cost_model, problem, budget: Budget, found: dict, schedules) -> None:
     """A :func:`_cut_descent` from the best plan over several devices
     (any source; at each schedule) on graphs of at most :data:`CUT_OPS`
-    ops; improved plans join ``found`` (row bytes -> ``(objective, row,
-    microbatches, schedule, source)``) as ``"polished"``."""
+    ops; improved plans join ``found`` (row bytes -> candidate) as
+    ``"polished"``."""
     if problem.n_ops > CUT_OPS:
         return
     # not from a branch-spread plan: the analytical model prices them
     # apart from the simulator (see :data:`BRANCH_KEEP`)
-    multi = [v for v in found.values() if 1 < _runs(v[1]) <= CUT_RUNS and v[0] < INFEASIBLE
-             and v[4] != "branches"]
+    multi = [v for v in found.values() if 1 < _runs(v.assign) <= CUT_RUNS
+             and v.objective < INFEASIBLE and v.origin != "branches"]
     if not multi:
         return
-    best = min(multi, key=lambda v: v[0])
+    best = min(multi, key=_objective)
     for start in _at_schedules(cost_model, problem, space, best, schedules):
         if budget.exhausted():
             break
         v = _cut_descent(space, cost_model, problem, budget, start, CUT_ROUNDS)
-        key = v[1].tobytes()
-        if v is not start and (key not in found or v[0] < found[key][0]):
+        key = v.assign.tobytes()
+        if v is not start and (key not in found or v.objective < found[key].objective):
             found[key] = v
 
 
-def _cut_descent(space, cost_model, problem, budget: Budget, start: tuple,
-                 rounds: int = 3) -> tuple:
+def _cut_descent(space, cost_model, problem, budget: Budget, start: Candidate,
+                 rounds: int = 3) -> Candidate:
     """Steepest descent over the positions of the boundaries between runs
-    of ``start``'s row (a ``(objective, row, microbatches, schedule,
-    source)`` of :func:`policy_plans`): each round moves the one boundary
+    of ``start``'s row (a candidate of :func:`policy_plans`): each round moves the one boundary
     whose move to a position between its neighbours improves most (at most
     :data:`CUT_ROWS` rows a round, spread evenly over the boundaries and
     their ranges; one cost-model call); the result (source
@@ -416,8 +430,8 @@ def _cut_descent(space, cost_model, problem, budget: Budget, start: tuple,
     expert stack on a pair of GPUs: the even split's 31.8 ms, the best
     cut's 29.0 ms by the simulator) three rounds of it do not get there."""
     from placer.space import compact
-    t, row, m, sched, _ = start
-    best, improved = t, False
+    row, m, sched = start.assign, start.microbatches, start.schedule
+    best, improved = start.objective, False
     for _ in range(rounds):
         bounds = np.r_[np.flatnonzero(np.r_[True, row[1:] != row[:-1]]), len(row)]
         B = len(bounds) - 2                        # boundaries between runs
@@ -448,33 +462,33 @@ def _cut_descent(space, cost_model, problem, budget: Budget, start: tuple,
         if not v[i] < best * (1 - 1e-9):
             break
         best, row, improved = float(v[i]), rows[i], True
-    return (best, row, m, sched, "polished") if improved else start
+    return _candidate(space, best, row, m, sched, "polished") if improved else start
 
 
-def _at_schedules(cost_model, problem, space, start: tuple, schedules) -> list[tuple]:
-    """``start`` (a ``(objective, row, microbatches, schedule, source)`` of
-    :func:`policy_plans`) and the same row and count at each other of
-    ``schedules``, scored by ``cost_model``."""
+def _at_schedules(cost_model, problem, space, start: Candidate,
+                  schedules) -> list[Candidate]:
+    """``start`` (a candidate of :func:`policy_plans`) and the same row and
+    count at each other of ``schedules``, scored by ``cost_model``."""
     from placer.space import compact
     out = [start]
     for sched in schedules:
-        if sched != start[3]:
-            rows, used = compact(start[1][None], space)
-            t = times_at(cost_model, problem, rows, [start[2]], sched, tuple(used))
-            out.append((float(t[0]), start[1], start[2], sched, start[4]))
+        if sched != start.schedule:
+            rows, used = compact(start.assign[None], space)
+            t = times_at(cost_model, problem, rows, [start.microbatches], sched, tuple(used))
+            out.append(start.replace(objective=float(t[0]), schedule=sched))
     return out
 
 
 def _distinct(ranked: list, keep: int) -> list:
-    """The first ``keep`` of ``ranked`` (``(objective, row, ...)`` tuples, best
-    first) with objectives apart by over a billionth: equal figures are
+    """The first ``keep`` of ``ranked`` (candidates, best first) with
+    objectives apart by over a billionth: equal figures are
     nearly always one plan on interchangeable devices (the one-device plan on
     each of four equal GPUs), which would fill every finalist's place."""
     out: list = []
     for v in ranked:
         if len(out) >= keep:
             break
-        if not any(abs(v[0] - u[0]) <= 1e-9 * abs(u[0]) for u in out):
+        if not any(abs(v.objective - u.objective) <= 1e-9 * abs(u.objective) for u in out):
             out.append(v)
     return out
 
@@ -484,22 +498,21 @@ def _distinct(ranked: list, keep: int) -> list:
 SCATTERED_RUNS = 64
 #: op-rows one polish round may hand the cost model (neighbours x ops)
 POLISH_WORK = 40_000
-def _polish(space, cost_model, problem, budget: Budget, start: tuple, rng, rounds: int,
-            limit: int = 48, widen: bool = False):
-    """Steepest descent from ``start`` (a ``(objective, row, microbatches,
-    schedule, source)`` of :func:`policy_plans`) over evolution's memetic
+def _polish(space, cost_model, problem, budget: Budget, start: Candidate, rng, rounds: int,
+            limit: int = 48, widen: bool = False) -> list[Candidate]:
+    """Steepest descent from ``start`` (a candidate of :func:`policy_plans`) over evolution's memetic
     neighbourhood (stage boundaries, boundary ops, neighbouring microbatch
     counts; the schedule kept, the finalists are settled at each), at most
     ``limit`` neighbours a round (fewer on graphs of more than
     :data:`POLISH_WORK` / ``limit`` ops), each round one cost-model call; returns the
-    plan of each improving round (one per distinct row), the same kind of
-    tuple, source ``"polished"``, last (best by ``cost_model``) first."""
+    plan of each improving round (one per distinct row) as a candidate,
+    source ``"polished"``, last (best by ``cost_model``) first."""
     from placer.space import compact
     from placer.space import OpGenome, neighbourhood
-    t, row, m, sched, _ = start
+    sched = start.schedule
     # the model's cost grows with rows x ops: big graphs get fewer neighbours
     limit = max(8, min(limit, POLISH_WORK // max(problem.n_ops, 1)))
-    g, best = OpGenome(row.copy(), m, sched), t
+    g, best = OpGenome(start.assign.copy(), start.microbatches, sched), start.objective
     steps: list = []
     for _ in range(rounds):
         if widen:
@@ -523,7 +536,8 @@ def _polish(space, cost_model, problem, budget: Budget, start: tuple, rng, round
         if steps and np.array_equal(cands[i].assign, g.assign):
             steps.pop()                  # a new microbatch count: one step per row
         g, best = cands[i], float(v[i])
-        steps.append((best, g.assign, int(g.microbatches), sched, "polished"))
+        steps.append(_candidate(space, best, g.assign, int(g.microbatches), sched,
+                                "polished"))
     return steps[::-1]
 
 

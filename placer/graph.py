@@ -458,6 +458,21 @@ class Graph:
         return {op.id: list(op.extra.get("members", [op.id])) for op in self}
 
 
+def scale_batch(graph, factor: float, name: str | None = None):
+    """``graph`` with a ``factor`` times larger batch: FLOPs, activations and
+    edge bytes scale, parameters do not (e.g. the paper's large global
+    batch from a traced batch of 8)."""
+    f = float(factor)
+    ops = [Op(o.id, o.op, o.flops * f, o.bwd_flops * f, o.param_bytes, o.output_bytes * f,
+              o.colocate, dict(o.extra)) for o in graph]
+    edges = [Edge(e.src, e.dst, e.bytes * f, dict(e.extra)) for e in graph.edges]
+    meta = dict(graph.meta)
+    if isinstance(meta.get("batch"), (int, float)):
+        meta["batch"] = int(round(meta["batch"] * f))
+    return Graph(name or f"{graph.name}.x{factor:g}", ops, edges, training=graph.training,
+                 meta=meta)
+
+
 def _lexicographic_order(ids: list[str], edges) -> list[str] | None:
     """Kahn's topological order of ``ids`` taking the earliest in file order
     among the ready ops (networkx's ``lexicographical_topological_sort`` by

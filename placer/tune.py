@@ -85,14 +85,12 @@ class Cases:
 
     def score(self, config: dict, seed: int = 0) -> tuple[float, dict]:
         """Mean ratio to the best heuristic over the cases, and per case."""
-        from evolution import Evolution
-
         from .cost import get_cost_model
-        from .search import Budget
+        from .search import Budget, get_strategy
         model = get_cost_model("analytical")
         ratios = {}
         for spec, problem, best in self.items:
-            strategy = Evolution(**config)
+            strategy = get_strategy("evolution", **config)
             budget = Budget(evaluations=self.evaluations)
             plan = strategy.search(problem, budget.meter(model), budget, seed)
             ratios[spec] = model.estimate(problem, plan).objective / best

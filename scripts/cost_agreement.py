@@ -40,10 +40,13 @@ def kendall_tau(a: np.ndarray, b: np.ndarray) -> float:
 
 def neighbourhoods(problem: Problem, starts: int = 4, seed: int = 0):
     """Yield ``(start, neighbours)`` genomes around rl's best candidates."""
-    from placer.space import OpGenome, neighbourhood
-    from gnn.strategies import _choices, _policy, _space, policy_plans, replica_moves
-    space = _space(problem, _choices(problem), ("1f1b",))
-    found = policy_plans(_policy(None), problem, get_cost_model("analytical"), Budget(),
+    from placer.space import OpGenome, Space, neighbourhood
+    from gnn.candidates import replica_moves
+    from gnn.checkpoint import load_policy
+    from gnn.problems import microbatch_choices
+    from gnn.strategies import policy_plans
+    space = Space(problem, microbatch_choices(problem), ("1f1b",))
+    found = policy_plans(load_policy(None), problem, get_cost_model("analytical"), Budget(),
                          keep=16, polish=0, widen=False)
     D = problem.n_devices
     # single-device groups only: the candidates' data-parallel ids belong to

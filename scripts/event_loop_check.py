@@ -44,6 +44,7 @@ from placer import datasets  # noqa: E402
 from placer.bench.cost import bench_cluster, bench_graph, random_plans  # noqa: E402
 from placer.cost import Problem, Simulator  # noqa: E402
 from placer.graph import Graph  # noqa: E402
+from placer.groups import GroupTable  # noqa: E402
 
 #: (graph, cluster, microbatches, Problem options); a graph name ending in
 #: ``!`` is run as inference
@@ -155,7 +156,7 @@ def timing(ref, plans: int, repeats: int, same: bool = False) -> None:
             p = problem(spec)
             sample = random_plans(p.graph, p.cluster, plans, seed=1, microbatches=spec[2])
             sample = [pl for pl in sample if pl.schedule == "1f1b"] or sample
-            table: dict = {}
+            table = GroupTable(p.n_devices)
             rows = np.stack([p.compile(pl, table).op_group for pl in sample])
             groups = p.compile(sample[-1], table).groups[p.n_devices:]
             ratios = {"kernel": [], "batch": [], "estimate": []}

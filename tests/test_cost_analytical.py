@@ -8,6 +8,7 @@ from placer import Cluster, Device, Edge, Graph, Op, Plan
 from placer.cost import Analytical, Problem, Simulator, cost_models, get_cost_model
 from placer.cost.problem import INFEASIBLE
 from placer.errors import PlanError
+from placer.groups import GroupTable
 
 RATE = 1e12
 
@@ -130,7 +131,7 @@ def test_array_path_matches_plans_on_random_plans():
     plans = random_plans(g, c, 30, seed=5, microbatches=4)
     ana = Analytical()
     reports = ana.estimate_many(p, plans)
-    table: dict = {}
+    table = GroupTable(p.n_devices)
     rows = np.stack([p.compile(plan, table).op_group for plan in plans])
     groups = p.compile(plans[-1], table).groups[p.n_devices:]
     for schedule in ("gpipe", "1f1b"):

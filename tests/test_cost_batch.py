@@ -11,6 +11,7 @@ from placer import Plan
 from placer.bench.cost import bench_cluster, bench_graph, random_plans
 from placer.cost import Analytical, Problem, Simulator
 from placer.errors import PlanError
+from placer.groups import GroupTable
 
 
 def _problem(n=300, devices=16, seed=2):
@@ -47,10 +48,14 @@ def test_compile_many_matches_compile():
     g, c, p = _problem()
     plans = random_plans(g, c, 30, seed=7)
     A, groups, m, schedules = p.compile_many(plans)
-    table: dict = {}
+    table = GroupTable(p.n_devices)
     rows = [p.compile(plan, table) for plan in plans]
     assert np.array_equal(A, np.stack([r.op_group for r in rows]))
     assert groups == rows[-1].groups
+    # each Compiled keeps the table as it was: later plans extend only the shared one
+    assert [len(r.groups) for r in rows] == sorted(len(r.groups) for r in rows)
+    assert all(r.groups == groups[:len(r.groups)] for r in rows)
+    assert len(table) == len(groups)
     assert m.tolist() == [plan.microbatches for plan in plans]
     assert schedules == [plan.schedule for plan in plans]
 

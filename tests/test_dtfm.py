@@ -164,3 +164,12 @@ def test_dtfm_screens_with_the_simulator_when_it_fits_the_time(monkeypatch):
         == "simulator"
     counted = placer.optimize(g, c, "dtfm", seed=0, time_budget=None, evaluations=200)
     assert counted.extra["dtfm"]["screen"] == "analytical"
+
+
+def test_shared_pieces_live_below_the_strategies():
+    """``even_allocation`` (the plan space) and ``scale_batch`` (a graph
+    transform) live below evolution; its old names are the same objects."""
+    from evolution import dtfm
+    from placer.graph import scale_batch
+    from placer.space import even_allocation
+    assert dtfm.even_allocation is even_allocation and dtfm.scale_batch is scale_batch

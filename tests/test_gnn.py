@@ -15,6 +15,7 @@ from placer import datasets  # noqa: E402
 from placer.cluster import Cluster, Device  # noqa: E402
 from placer.cost import Problem, get_cost_model  # noqa: E402
 from placer.errors import FormatError  # noqa: E402
+from placer.search.arrays import PlanArrays  # noqa: E402
 
 from gnn import dense  # noqa: E402
 from gnn.checkpoint import checkpoint_paths, load_policy, save_policy  # noqa: E402
@@ -593,16 +594,18 @@ def test_polish_steps_improve_and_are_scored_right():
     if space is None:
         pytest.skip("evolution not installed")
     row = space.repair(np.random.default_rng(3).integers(0, 3, problem.n_ops))
-    start = (float(times_at(cost, problem, row[None], [2])[0]), row, 2, "1f1b", "policy")
+    start = PlanArrays(row, (), 2, "1f1b", "policy",
+                       float(times_at(cost, problem, row[None], [2])[0]))
     steps = _polish(space, cost, problem, Budget(), start, np.random.default_rng(0), 4)
     assert steps, "a random three-device plan should be improvable"
-    values = [s[0] for s in steps]
-    assert values == sorted(values) and values[-1] < start[0]
-    assert len({s[1].tobytes() for s in steps}) == len(steps)
-    for t, assign, m, sched, source in steps:
-        assert source == "polished" and sched == "1f1b"
-        assert np.array_equal(space.repair(assign), assign)
-        assert t == pytest.approx(float(times_at(cost, problem, assign[None], [m])[0]))
+    values = [s.objective for s in steps]
+    assert values == sorted(values) and values[-1] < start.objective
+    assert len({s.assign.tobytes() for s in steps}) == len(steps)
+    for s in steps:
+        assert isinstance(s, PlanArrays) and s.origin == "polished" and s.schedule == "1f1b"
+        assert np.array_equal(space.repair(s.assign), s.assign)
+        assert s.objective == pytest.approx(
+            float(times_at(cost, problem, s.assign[None], [s.microbatches])[0]))
     budget = Budget(evaluations=10)
     _polish(space, budget.meter(cost), problem, budget, start, np.random.default_rng(0), 4)
     assert 0 < budget.used <= 9        # one kept for the caller's report
@@ -731,15 +734,17 @@ def test_widening_descent_beats_every_plan_the_old_polish_can_reach():
     best_single, best_all = t[single].min(), t.min()
     assert best_all < 0.9 * best_single           # data parallelism pays here
     pipe = np.array([0, 0, 0, 0, 1, 1, 0])
-    start = (float(times_at(cost, problem, pipe[None], [8])[0]), pipe, 8, "1f1b", "baseline")
+    start = PlanArrays(pipe, (), 8, "1f1b", "baseline",
+                       float(times_at(cost, problem, pipe[None], [8])[0]))
     old = _polish(space, cost, problem, Budget(), start, np.random.default_rng(0), 5)
-    assert all(s[1].max() < problem.n_devices for s in old)
-    assert min([start[0]] + [s[0] for s in old]) >= best_single
+    assert all(s.assign.max() < problem.n_devices for s in old)
+    assert min([start.objective] + [s.objective for s in old]) >= best_single
     new = _polish(space, cost, problem, Budget(), start, np.random.default_rng(0), 5,
                   widen=True)
-    assert new and (new[0][1] == both).any()
-    assert best_all <= new[0][0] < best_single and new[0][0] <= 1.1 * best_all
-    row, groups = compact(new[0][1][None], space)
+    assert new and (new[0].assign == both).any()
+    assert new[0].groups[both - problem.n_devices] == (0, 1)     # over the space's table
+    assert best_all <= new[0].objective < best_single and new[0].objective <= 1.1 * best_all
+    row, groups = compact(new[0].assign[None], space)
     assert float(times_at(sim, problem, row, [8], "1f1b", tuple(groups))[0]) \
         < times_at(sim, problem, A[single], [8] * int(single.sum()), "1f1b", ()).min()
 
@@ -747,7 +752,7 @@ def test_widening_descent_beats_every_plan_the_old_polish_can_reach():
         return policy_plans(tiny_policy(4), problem, cost, Budget(), samples=4, max_units=48,
                             keep=2, polish=3, widen=widen, microbatches=[8], cuts=False)
     plain, wide = plans(False), plans(True)
-    assert wide[0].objective == pytest.approx(new[0][0]) and wide[0].source == "polished"
+    assert wide[0].objective == pytest.approx(new[0].objective) and wide[0].source == "polished"
     assert wide[0].objective < plain[0].objective
     assert {c.assign.tobytes() for c in plain} <= {c.assign.tobytes() for c in wide}
 

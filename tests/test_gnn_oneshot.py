@@ -12,6 +12,7 @@ pytest.importorskip("deap")
 from placer import datasets  # noqa: E402
 from placer.cost import Problem, get_cost_model  # noqa: E402
 from placer.search import Budget  # noqa: E402
+from placer.search.arrays import PlanArrays  # noqa: E402
 
 from gnn import strategies  # noqa: E402
 from gnn.problems import site_devices, site_pipelines, site_replicas, times_at  # noqa: E402
@@ -51,21 +52,23 @@ def test_cut_descent_finds_the_best_two_stage_cut_by_brute_force():
     cuts = np.stack([np.r_[np.full(k, a), np.full(n - k, b)] for k in range(1, n)])
     brute = times_at(cost, problem, cuts, [8] * len(cuts), "1f1b")
     even = cuts[n // 2 - 1]
-    start = (float(brute[n // 2 - 1]), even, 8, "1f1b", "baseline")
-    assert brute.min() < start[0]
-    t, row, m, sched, source = strategies._cut_descent(space, cost, problem, Budget(), start)
-    assert source == "polished" and (m, sched) == (8, "1f1b")
-    assert t == pytest.approx(brute.min(), rel=1e-12)
-    assert t == pytest.approx(float(times_at(cost, problem, row[None], [8], "1f1b")[0]))
+    start = PlanArrays(even, (), 8, "1f1b", "baseline", float(brute[n // 2 - 1]))
+    assert brute.min() < start.objective
+    v = strategies._cut_descent(space, cost, problem, Budget(), start)
+    assert v.origin == "polished" and (v.microbatches, v.schedule) == (8, "1f1b")
+    assert v.objective == pytest.approx(brute.min(), rel=1e-12)
+    assert v.objective == pytest.approx(
+        float(times_at(cost, problem, v.assign[None], [8], "1f1b")[0]))
     # from the best cut, nothing improves: the start comes back
-    best = (t, row, 8, "1f1b", "baseline")
+    best = v.replace(origin="baseline")
     assert strategies._cut_descent(space, cost, problem, Budget(), best) is best
 
 
 def test_distinct_finalists_skip_equal_objectives():
-    rows = [(1.0, "a"), (1.0 + 1e-12, "b"), (1.5, "c"), (2.0, "d")]
-    assert [v[1] for v in strategies._distinct(rows, 3)] == ["a", "c", "d"]
-    assert [v[1] for v in strategies._distinct(rows, 1)] == ["a"]
+    rows = [PlanArrays(np.zeros(1, dtype=np.int64), origin=o, objective=t)
+            for t, o in ((1.0, "a"), (1.0 + 1e-12, "b"), (1.5, "c"), (2.0, "d"))]
+    assert [v.origin for v in strategies._distinct(rows, 3)] == ["a", "c", "d"]
+    assert [v.origin for v in strategies._distinct(rows, 1)] == ["a"]
 
 
 def test_final_ranking_pool_is_bounded_by_simulated_tasks():

@@ -61,15 +61,21 @@ def test_tasks_count_replicas_times_microbatches(problem):
         PlanArrays(assign).count()
 
 
-def test_group_table_numbers_sets_as_first_seen_and_builds_arrays():
+def test_group_table_numbers_sets_as_first_seen():
     t = GroupTable(4)
     assert t.id([3]) == 3 and t.id([2, 1]) == 4 and t.id((1, 2)) == 4 and t.id([0, 3]) == 5
     assert t.extra() == [(1, 2), (0, 3)] and t.size(5) == 2
     with pytest.raises(Exception, match="bad device set"):
         t.id([1, 1])
-    c = t.arrays(np.array([5, 5, 0]), 2, "1f1b", "seed")
-    assert c.groups == ((1, 2), (0, 3)) and c.origin == "seed"
+    # the batch path: new sets numbered in order, known ones looked up
+    assert t.ids([(0, 1, 2), (1, 2), (0, 1, 2), (2, 3)]) == [6, 4, 6, 7]
+    sets = t.sets()
+    assert sets == [(0,), (1,), (2,), (3,), (1, 2), (0, 3), (0, 1, 2), (2, 3)]
+    sets.append((9,))
+    assert len(t) == 8              # a copy: the table is not extended through it
     assert t.compact(np.array([5, 5, 0]))[1] == [(0, 3)]
+    from placer.groups import GroupTable as Low
+    assert Low is GroupTable        # one numbering, below the cost models
 
 
 def test_old_names_are_the_one_type(problem):

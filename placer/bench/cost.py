@@ -25,6 +25,7 @@ import numpy as np
 from .._io import PathLike, atomic_write_text, dump_json
 from ..cluster import Cluster, Device
 from ..graph import Edge, Graph, Op
+from ..groups import GroupTable
 from ..plan import Plan
 
 QUICK = {"sizes": (100,), "devices": (4,), "plans": 20, "leak_estimates": 200,
@@ -188,7 +189,7 @@ def bench_case(n: int, devices: int, plans: int = 200, *, microbatches: int = 8,
         sim_reports.append(sim.estimate(problem, plan))
     sim_elapsed = _clock() - t0
     ana_reports = ana.estimate_many(problem, batch)
-    table: dict = {}
+    table = GroupTable(problem.n_devices)
     arrays = np.stack([problem.compile(p, table).op_group for p in batch])
     groups = problem.compile(batch[-1], table).groups[problem.n_devices:]
     schedules = np.array([p.schedule for p in batch])

@@ -79,7 +79,7 @@ def reference(problem, choices: Sequence[int]) -> dict:
     over microbatch counts ``choices`` and both schedules."""
     import numpy as np
 
-    from evolution.dtfm import even_allocation
+    from ..space import even_allocation
     from ..cost import get_cost_model
     from ..search.buckets import choose_buckets
     plan = even_allocation(problem, 8, 8)

@@ -10,7 +10,7 @@ speed, tightened by the per-op launch overhead along paths; the plain
 JSON and a PNG comparing the ratios.
 
 A case's graph may carry a ``.xN`` suffix (``gpt-1.3b.module.x128``): the
-traced batch scaled N times (:func:`evolution.dtfm.scale_batch`), e.g. the
+traced batch scaled N times (:func:`placer.graph.scale_batch`), e.g. the
 large global batch of the DT-FM paper. Suites: ``quick``, ``hetero``
 (heterogeneous and geo-distributed), ``homo`` (homogeneous), ``dtfm``
 (the paper's five scenarios) and ``scale`` (planning time of 1,000- and
@@ -73,7 +73,7 @@ def load_case(spec: str):
         factor = float(f)
     g = graph(gname)
     if factor:
-        from evolution.dtfm import scale_batch
+        from ..graph import scale_batch
         g = scale_batch(g, factor)
     c = bench_cluster(int(cname[5:])) if cname.startswith("bench") else cluster(cname)
     return g, c

@@ -37,7 +37,8 @@ costs 75.29 s, as DT-FM's own scheduler code gives:
 
 >>> import placer
 >>> from placer.cost import Problem
->>> from evolution.dtfm import even_allocation, scale_batch
+>>> from placer.graph import scale_batch
+>>> from placer.space import even_allocation
 >>> g = scale_batch(placer.datasets.graph("gpt-1.3b.module"), 122)
 >>> problem = Problem(g, placer.Cluster.preset("dtfm-worldwide"))
 >>> plan = even_allocation(problem, 8, 8)

@@ -28,6 +28,7 @@ import numpy as np
 
 from ..cache import Cache
 from ..errors import PlanError
+from ..groups import GroupTable
 from ..plan import SCHEDULES
 from .options import CostOptions
 
@@ -238,28 +239,28 @@ class Problem:
         self._base_type = np.int16 if self.n_devices < 2 ** 15 else np.int32
 
     # --- plans ------------------------------------------------------------
-    def compile(self, plan: "Plan", groups: dict | None = None) -> Compiled:
-        """``plan`` as a :class:`Compiled` (group per op). ``groups`` maps a
-        tuple of device indices to a group id and is extended in place, so a
-        batch of plans can share one group table."""
+    def compile(self, plan: "Plan", groups: GroupTable | None = None) -> Compiled:
+        """``plan`` as a :class:`Compiled` (group per op). ``groups``, a
+        :class:`~placer.groups.GroupTable` of this problem's devices, numbers
+        the data-parallel sets and is extended in place, so a batch of plans
+        can share one group table."""
         _check_pipeline(plan)
         if groups is None:
-            groups = {}
+            groups = GroupTable(self.n_devices)
         base, multi, keys, inverse = self._devices_of(plan, cache=False)
         op_group = base.astype(np.int64)
         if len(multi):
-            op_group[multi] = np.array([self._group_id(k, groups) for k in keys])[inverse]
-        table = [(i,) for i in range(self.n_devices)]
-        table += sorted(groups, key=groups.__getitem__)
+            op_group[multi] = np.array(groups.ids(keys))[inverse]
         ar = getattr(plan, "allreduce", None) or {}
-        return Compiled(op_group, table, plan.microbatches, plan.schedule,
+        return Compiled(op_group, groups.sets(), plan.microbatches, plan.schedule,
                         ar.get("bucket_bytes"), ar.get("overlap"))
 
     def compile_many(self, plans: Sequence["Plan"]):
         """Plans as one ``(B, n_ops)`` int array of group ids over one shared
-        group table, with their microbatches and schedules:
-        ``(assignments, groups, microbatches, schedules)``. The ids are
-        int16 while the table has fewer than 2**15 groups (int32 beyond).
+        group table (a :class:`~placer.groups.GroupTable`'s sets), with their
+        microbatches and schedules: ``(assignments, groups, microbatches,
+        schedules)``. The ids are int16 while the table has fewer than 2**15
+        groups (int32 beyond).
 
         A plan's device indices are kept (per problem, while the plan lives)
         and reused while ``plan.placement`` is the same, unedited
@@ -268,13 +269,13 @@ class Problem:
         place after an estimate is not."""
         for plan in plans:
             _check_pipeline(plan)
-        groups: dict = {}
+        table = GroupTable(self.n_devices)
         compiled = list(map(self._devices_of, plans))
         dp = [i for i, c in enumerate(compiled) if len(c[1])]
         if dp:
             # group ids of every plan's distinct device sets
-            gids = np.array([self._group_id(k, groups) for i in dp for k in compiled[i][2]])
-        id_type = np.int16 if self.n_devices + len(groups) < 2 ** 15 else np.int32
+            gids = np.array(table.ids(k for i in dp for k in compiled[i][2]))
+        id_type = np.int16 if len(table) < 2 ** 15 else np.int32
         A = np.stack([c[0] for c in compiled]).astype(id_type, copy=False) if compiled else \
             np.zeros((0, self.n_ops), dtype=id_type)
         at = 0
@@ -282,17 +283,9 @@ class Problem:
             _, multi, keys, inverse = compiled[i]
             A[i, multi] = gids[at:at + len(keys)][inverse]
             at += len(keys)
-        table = [(i,) for i in range(self.n_devices)]
-        table += sorted(groups, key=groups.__getitem__)
         m = np.array([plan.microbatches for plan in plans], dtype=np.int64)
         schedules = [plan.schedule for plan in plans]
-        return A, table, m, schedules
-
-    def _group_id(self, key: tuple, groups: dict) -> int:
-        gid = groups.get(key)
-        if gid is None:
-            gid = groups[key] = self.n_devices + len(groups)
-        return gid
+        return A, table.sets(), m, schedules
 
     def _devices_of(self, plan: "Plan", cache: bool = True):
         """``(base, multi, keys, inverse)`` of a plan: each op's first device

@@ -14,17 +14,19 @@ moves through it, shared by evolution (``evolution``) and the policy
 - :mod:`placer.space.local`: the neighbourhood of a genome and the
   steepest descent through it (the memetic step, the policy's polish);
 - :mod:`placer.space.layouts`: balanced stage/replica layouts, the seeds
-  both start from.
+  both start from, and :func:`even_allocation` (the even, Megatron-style
+  plan the benchmarks compare with).
 
 Nothing here searches or imports a search: the strategies drive it.
 """
 
 from .arrays import PlanArrays, compact_rows
 from .genome import GroupTable, LayoutGenome, OpGenome, Space, compact
-from .layouts import device_chain, layout_seeds, shapes_for
+from .layouts import device_chain, even_allocation, layout_seeds, shapes_for
 from .local import local_search, neighbourhood
 from .moves import MUTATIONS, boundary_ops, crossover, mutate
 
-__all__ = ["MUTATIONS", "GroupTable", "LayoutGenome", "OpGenome", "PlanArrays", "Space", "boundary_ops",
-           "compact", "compact_rows", "crossover", "device_chain", "layout_seeds", "local_search", "mutate",
-           "neighbourhood", "shapes_for"]
+__all__ = ["MUTATIONS", "GroupTable", "LayoutGenome", "OpGenome", "PlanArrays", "Space",
+           "boundary_ops", "compact", "compact_rows", "crossover", "device_chain",
+           "even_allocation", "layout_seeds", "local_search", "mutate", "neighbourhood",
+           "shapes_for"]

@@ -4,10 +4,11 @@ An *assignment* is an int array indexed like ``problem.ids`` (topological
 order): a value ``d < D`` places the op on device ``d``, a value ``D + k``
 on the data-parallel set ``groups[k]`` (a tuple of device indices).
 :class:`PlanArrays` holds one with its microbatches, schedule and where it
-came from; :class:`GroupTable` numbers data-parallel sets for a search
-that meets them one at a time; :func:`compact_rows` renumbers a batch of
-assignments to the sets it uses (what a cost model's ``step_times`` should
-be given: its work grows with the table).
+came from. The sets are numbered by :class:`GroupTable` and a batch is
+renumbered to the sets it uses by :func:`compact_rows` (what a cost
+model's ``step_times`` should be given: its work grows with the table);
+both live in :mod:`placer.groups`, below the cost models, which number
+their sets with them too, and are named here for the searches.
 
 The cost models see a plan as a :class:`placer.cost.Compiled` (the whole
 group table, singletons included): :meth:`PlanArrays.compile` builds it
@@ -31,23 +32,13 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from ..errors import StrategyError
+from ..groups import GroupTable, compact_rows
 
 if TYPE_CHECKING:
     from ..cost import Compiled, Problem
     from ..plan import Plan
 
-
-def compact_rows(A: np.ndarray, groups: Sequence[tuple], D: int) -> tuple[np.ndarray, list]:
-    """Assignments ``A`` (one row or a batch) over the data-parallel sets
-    ``groups`` (ids ``D, D+1, ...``), renumbered to only the sets they use,
-    in id order: ``(rows, used sets)``; ``A`` itself when it uses none."""
-    A = np.asarray(A)
-    used = np.unique(A[A >= D])
-    if not len(used):
-        return A, []
-    lookup = np.arange(int(A.max()) + 1, dtype=np.int64)
-    lookup[used] = D + np.arange(len(used))
-    return lookup[A], [tuple(groups[g - D]) for g in used.tolist()]
+__all__ = ["GroupTable", "PlanArrays", "compact_rows"]
 
 
 @dataclass(eq=False)
@@ -133,51 +124,3 @@ class PlanArrays:
         c = problem.compile(plan)
         return cls(c.op_group, tuple(c.groups[problem.n_devices:]), int(c.microbatches),
                    c.schedule, origin)
-
-
-class GroupTable:
-    """Group id <-> sorted tuple of device indices; ids ``< D`` are the
-    devices themselves, data-parallel sets get ids ``D, D+1, ...`` in the
-    order they are first seen (so a seeded search numbers them the same)."""
-
-    def __init__(self, n_devices: int):
-        self.n_devices = int(n_devices)
-        self._ids: dict[tuple, int] = {}
-        self._sets: list[tuple] = [(d,) for d in range(self.n_devices)]
-
-    def __len__(self) -> int:
-        return len(self._sets)
-
-    def id(self, devices: Sequence[int]) -> int:
-        """The group id of a device set (registered on first use)."""
-        key = tuple(sorted(int(d) for d in devices))
-        if not key or len(set(key)) != len(key):
-            raise StrategyError(f"bad device set {devices!r}")
-        if len(key) == 1:
-            return key[0]
-        gid = self._ids.get(key)
-        if gid is None:
-            gid = self._ids[key] = len(self._sets)
-            self._sets.append(key)
-        return gid
-
-    def devices(self, gid: int) -> tuple:
-        """Device indices of group ``gid``."""
-        return self._sets[int(gid)]
-
-    def size(self, gid: int) -> int:
-        """How many devices group ``gid`` has."""
-        return len(self._sets[int(gid)])
-
-    def extra(self) -> list[tuple]:
-        """The data-parallel sets, in id order (``groups=`` of ``step_times``)."""
-        return self._sets[self.n_devices:]
-
-    def arrays(self, assign: np.ndarray, microbatches=None, schedule: str | None = None,
-               origin: str = "") -> PlanArrays:
-        """``assign`` (over this table's ids) as :class:`PlanArrays`."""
-        return PlanArrays(assign, tuple(self.extra()), microbatches, schedule, origin)
-
-    def compact(self, A: np.ndarray) -> tuple[np.ndarray, list]:
-        """:func:`compact_rows` of ``A`` over this table."""
-        return compact_rows(A, self._sets[self.n_devices:], self.n_devices)

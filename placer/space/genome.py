@@ -50,8 +50,8 @@ class OpGenome:
     def arrays(self, space: "Space") -> PlanArrays:
         """This genome as :class:`~placer.space.arrays.PlanArrays` over
         ``space``'s group table."""
-        return space.table.arrays(self.assign, int(self.microbatches), self.schedule,
-                                  self.origin)
+        return PlanArrays(self.assign, tuple(space.table.extra()), int(self.microbatches),
+                          self.schedule, self.origin)
 
     def to_plan(self, space: "Space", method: str = "evolution") -> Plan:
         """The :class:`placer.Plan` of this genome."""

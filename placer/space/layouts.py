@@ -6,7 +6,13 @@ keeps consecutive stages on fast links, and the layouts built from them
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Sequence
+
 from .genome import LayoutGenome, OpGenome, Space
+
+if TYPE_CHECKING:
+    from placer.cost import Problem
+    from placer.plan import Plan
 
 
 def shapes_for(D: int, n_ops: int) -> list[tuple[int, int]]:
@@ -69,4 +75,15 @@ def layout_seeds(space: Space, limit: int = 16,
     return out
 
 
-__all__ = ["device_chain", "layout_seeds", "shapes_for"]
+def even_allocation(problem: "Problem", pp: int, dp: int, microbatches: int = 1,
+                    schedule: str = "1f1b", order: Sequence[int] | None = None) -> Plan:
+    """The even, Megatron-style plan: devices in ``order`` (rank order by
+    default) cut into ``pp`` groups of ``dp``, layers split evenly by work."""
+    space = Space(problem, [microbatches], [schedule])
+    order = list(range(problem.n_devices)) if order is None else list(order)
+    stages = [tuple(order[s * dp:(s + 1) * dp]) for s in range(pp)]
+    genome = LayoutGenome.balanced(space, stages, microbatches, schedule, "even").decode(space)
+    return genome.to_plan(space, "even")
+
+
+__all__ = ["device_chain", "even_allocation", "layout_seeds", "shapes_for"]
