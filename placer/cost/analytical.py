@@ -76,6 +76,7 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
 
     In phases, per microbatch unless said::
 
+        A            = the plans as the runtime runs them (Problem.as_run)
         runs, slots  = the plans cut where their group changes
         cf, cb       = each device's forward and backward compute (_compute)
         crossings    = tensors between groups: latency, link loads (_crossings)
@@ -87,7 +88,7 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
         step         = (m - 1) * beta + fill, + the all-reduces' tail (_allreduce_step)
         peak         = the simulator's memory formula (_memory)
     """
-    A = np.asarray(A)
+    A, groups = p.as_run(np.asarray(A), groups)
     B, n = A.shape
     D = p.n_devices
     G = len(groups)

@@ -642,7 +642,9 @@ class Simulator(CostModel):
 
     def estimate_compiled(self, problem: Problem, c: Compiled, *,
                           timeline: bool = True) -> Report:
-        """Estimate an already compiled plan."""
+        """Estimate an already compiled plan (as the runtime runs it,
+        :meth:`Problem.as_run`)."""
+        c = problem.as_run_compiled(c)
         b = _Build(problem, c)
         step, starts, x_starts, ar_times = _run(problem, b, c)
         return _report(problem, c, b, step, starts, x_starts, ar_times, timeline)
@@ -652,8 +654,8 @@ class Simulator(CostModel):
         rows = np.atleast_2d(np.asarray(assignments, dtype=np.int64))
         out = np.empty(len(rows))
         for i, row in enumerate(rows):
-            c = problem.compile_array(row, groups, microbatches=microbatches,
-                                      schedule=schedule)
+            c = problem.as_run_compiled(problem.compile_array(
+                row, groups, microbatches=microbatches, schedule=schedule))
             b = _Build(problem, c)
             step = _run(problem, b, c)[0]
             out[i] = _objective(problem, b, step)
