@@ -3,7 +3,9 @@
 How a plan runs, as modelled here:
 
 - An op placed on ``k`` devices runs as ``k`` replicas, each on ``1/k`` of
-  the microbatch (data parallel). A device runs its op replicas one at a
+  the microbatch (data parallel), unless its piece holds an op that mixes
+  the batch (``mixes_batch``): then, as the runtime runs it, the piece runs
+  whole on the group's first device (:meth:`Problem.as_run`). A device runs its op replicas one at a
   time, for each microbatch in topological order.
 - Runs of consecutive replicas on one device that receive nothing from other
   devices are merged into *segments* (the device would run them back to back
