@@ -88,3 +88,38 @@ def op_pieces(g: np.ndarray, edge_src: np.ndarray, edge_dst: np.ndarray) -> np.n
     cross = rs != rd
     merged = merge_runs(run_group.tolist(), zip(rs[cross].tolist(), rd[cross].tolist()))
     return np.array(merged, dtype=np.int64)[run]
+
+
+def unshard_mixing(A: np.ndarray, groups: list, mixing: np.ndarray, edge_src: np.ndarray,
+                   edge_dst: np.ndarray) -> tuple:
+    """Plans ``A`` ((B, n) or (n,) group ids over the table ``groups`` of
+    device-index tuples, ops in topological order) as the runtime runs
+    them: a piece (:func:`op_pieces`) on several devices that holds an op
+    that mixes the batch (``mixing[i]``: batch statistics, a reduction over
+    the rows; see :mod:`placer.runtime.scaling`) runs unsharded on its
+    group's first device. Its ops move to a group of that one device that
+    stays apart from the device's own (the runtime keeps the piece as it
+    is: one task, merged with no other). Returns ``(A, groups)``: both
+    themselves when no plan has such a piece, else copies, the table
+    extended by those one-device groups."""
+    if not mixing.any():
+        return A, groups
+    rows = np.atleast_2d(A)
+    multi = np.array([len(t) > 1 for t in groups], dtype=bool)
+    need = np.flatnonzero(multi[rows[:, mixing]].any(axis=1))
+    if not len(need):
+        return A, groups
+    table = list(groups)
+    alone: dict[int, int] = {}          # multi group id -> its one-device twin
+    out = rows.astype(np.int64)
+    for r in need.tolist():
+        g = out[r]
+        piece = op_pieces(g, edge_src, edge_dst)
+        moved = np.flatnonzero(np.isin(piece, piece[mixing & multi[g]]))
+        for k in np.unique(g[moved]).tolist():
+            if k not in alone:
+                alone[k] = len(table)
+                table.append((min(groups[k]),))
+        out[r, moved] = [alone[k] for k in g[moved].tolist()]
+    out = out.astype(rows.dtype) if len(table) < np.iinfo(rows.dtype).max else out
+    return (out if A.ndim == 2 else out[0]), table

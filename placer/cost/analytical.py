@@ -76,6 +76,7 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
 
     In phases, per microbatch unless said::
 
+        A            = the plans as the runtime runs them (Problem.as_run)
         runs, slots  = the plans cut where their group changes
         cf, cb       = each device's forward and backward compute (_compute)
         crossings    = tensors between groups: latency, link loads (_crossings)
@@ -87,7 +88,7 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
         step         = (m - 1) * beta + fill, + the all-reduces' tail (_allreduce_step)
         peak         = the simulator's memory formula (_memory)
     """
-    A = np.asarray(A)
+    A, groups = p.as_run(np.asarray(A), groups)
     B, n = A.shape
     D = p.n_devices
     G = len(groups)
@@ -102,7 +103,8 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     # per-slot sums from prefix sums at run boundaries
     sl = _slots(gt, rn, D, G, pre["cum"][rn.run_end] - pre["cum"][rn.run_start])
 
-    heads = _task_heads(p, A, rn) if p.task_overhead else None
+    pieces = _run_pieces(p, A, rn) if p.granularity == "piece" else None
+    heads = _task_heads(p, rn, pieces) if p.task_overhead else None
     cp = _compute(p, A, groups, gt, pre, rn, sl, m, per_mb, heads)
     x = _crossings(p, groups, gt, pre, rn, per_mb)
     cf, cb = cp.cf, cp.cb
@@ -114,7 +116,7 @@ def evaluate(p: Problem, A: np.ndarray, groups: Sequence[tuple], m, gpipe) -> _B
     lk = _links(p, B, pre["speed"], per_mb[:, 0], x.k_single, x.w_single, x.k_dp, x.w_dp)
     bt = _beta(lk, cf, cb, comp, gpipe, training)
 
-    fl = _fill(p, gt, pre, rn, x, m, per_mb, G, phases, heads)
+    fl = _fill(p, gt, pre, rn, x, m, per_mb, G, phases, heads, pieces)
     fill = fl.fill if cp.loss_fill is None else fl.fill + cp.loss_fill
     # every op of a microbatch runs, so it takes at least any device's share
     fill = np.maximum(fill, comp.max(axis=1))
@@ -259,23 +261,40 @@ def _compute(p: Problem, A, groups, gt: dict, pre: dict, rn: _Runs, sl: "_Slots"
     return _Compute(cf, cb, lb, t_b, s_slow, loss_fill, s_inv, s_per_mb)
 
 
-def _task_heads(p: Problem, A, rn: _Runs) -> np.ndarray:
+def _task_heads(p: Problem, rn: _Runs, pieces=None) -> np.ndarray:
     """Per run: 1.0 where it starts a runtime task. Every run does, except
     under ``granularity="piece"``, where the runtime merges runs of one
-    group into pieces (:func:`placer.pieces.op_pieces`) and a piece is one
+    group into pieces (``pieces``: :func:`_run_pieces`) and a piece is one
     task however many runs it holds (its other runs: 0.0)."""
     heads = np.ones(len(rn.run_row))
-    if p.granularity != "piece":
+    if pieces is None:
         return heads
+    heads[:] = 0.0
+    heads[np.unique(pieces.run_piece, return_index=True)[1]] = 1.0
+    return heads
+
+
+class _Pieces(NamedTuple):
+    """The plans' pieces (:func:`placer.pieces.op_pieces`), row-major: each
+    run's piece, and per plan its first piece and piece count."""
+    run_piece: np.ndarray
+    first: np.ndarray
+    count: np.ndarray
+
+
+def _run_pieces(p: Problem, A, rn: _Runs) -> _Pieces:
+    """Each run's piece as the runtime merges runs of one group
+    (``granularity="piece"``)."""
     from ..pieces import op_pieces
+    local = np.arange(len(rn.run_row)) - rn.row_first[rn.run_row]
     for row in np.flatnonzero(rn.runs > 1):
         first = rn.row_first[row]
         runs = slice(first, first + rn.runs[row])
-        piece = op_pieces(np.asarray(A[row]), p.edge_src, p.edge_dst)[rn.run_start[runs]]
-        seen = np.zeros(len(piece), dtype=bool)
-        seen[np.unique(piece, return_index=True)[1]] = True
-        heads[runs] = seen
-    return heads
+        local[runs] = op_pieces(np.asarray(A[row]), p.edge_src, p.edge_dst)[rn.run_start[runs]]
+    count = np.zeros(len(rn.runs), dtype=np.int64)
+    np.maximum.at(count, rn.run_row, local + 1)
+    first = np.r_[0, np.cumsum(count)[:-1]].astype(np.int64)
+    return _Pieces(first[rn.run_row] + local, first, count)
 
 
 class _Crossings(NamedTuple):
@@ -422,7 +441,7 @@ class _Fill(NamedTuple):
 
 
 def _fill(p: Problem, gt: dict, pre: dict, rn: _Runs, x: _Crossings, m, per_mb, G: int,
-          phases: float, heads=None) -> _Fill:
+          phases: float, heads=None, pieces=None) -> _Fill:
     """One microbatch through the pipeline (forward and backward): the
     longest path over the plan's runs (see :func:`_run_paths`). A group
     runs its ops one after another, so a run takes its ops' whole work on
@@ -459,6 +478,12 @@ def _fill(p: Problem, gt: dict, pre: dict, rn: _Runs, x: _Crossings, m, per_mb, 
         lat_e = x.x_pass * x.x_lat
         if p.task_overhead:
             lat_e = lat_e + p.task_overhead * phases   # the source run's task starts first
+        if pieces is not None and p.training:
+            end, start = _piece_paths(p, pre, rn, pieces, x, run_cls, scale, run_w, heads,
+                                      per_mb, G, run_whole if p.has_fixed else None)
+            fill = np.zeros(B)
+            np.maximum.at(fill, run_row, end)
+            return _Fill(fill, start, run_w)
         cost_e = crossing_costs(serial, run_cls, scale, run_start, x.x_from, x.x_to, x.r_src,
                                 x.r_dst, lat_e, per_op)
         if p.has_fixed:
@@ -472,6 +497,43 @@ def _fill(p: Problem, gt: dict, pre: dict, rn: _Runs, x: _Crossings, m, per_mb, 
         fill = np.zeros(B)
         np.maximum.at(fill, run_row, end)
     return _Fill(fill, start, run_w)
+
+
+def _piece_paths(p: Problem, pre: dict, rn: _Runs, pieces: _Pieces, x: _Crossings, run_cls,
+                 scale, run_w, heads, per_mb, G: int, run_whole):
+    """:func:`_fill`'s longest path as the runtime runs a plan
+    (``granularity="piece"``, training): over its pieces, each run whole
+    once all its inputs arrived and sending its outputs when it ends, the
+    forward through the pieces and then the backward back through them (a
+    piece's backward waits for its consumers' gradients). Over runs, with
+    the phases lumped, a piece merged of runs seemed to start on part of
+    its inputs and a branch on another device to overlap what it feeds
+    (optuna's op-level plans at 0.5-0.75x the simulator's step). Returns
+    each run's piece's backward end and forward start."""
+    from .analytical_loops import run_paths_phased
+    run_start, run_end, run_row = rn.run_start, rn.run_end, rn.run_row
+    fwd = pre["fwd_cum"]
+    run_f = (fwd[run_end, run_cls] - fwd[run_start, run_cls]) * scale \
+        + (run_end - run_start) * p.op_overhead
+    if p.task_overhead:
+        run_f = run_f + p.task_overhead * heads
+    if run_whole is not None:
+        cum = pre["cum"][:, 6]
+        run_f = run_f + (cum[run_end] - cum[run_start]) * run_whole
+    P = int(pieces.count.sum())
+    rp = pieces.run_piece
+    group = np.empty(P, dtype=np.int64)
+    group[rp] = rn.run_group
+    w_f = np.bincount(rp, run_f, minlength=P)
+    w_b = np.bincount(rp, run_w - run_f, minlength=P)
+    src, dst = rp[x.r_src], rp[x.r_dst]
+    mb = per_mb[run_row[x.r_src], 0]
+    inflow_f = np.bincount(dst, x.x_w * mb, minlength=P)
+    inflow_b = np.bincount(src, (x.x_pass - 1.0) * x.x_w * mb, minlength=P)
+    lat_b = np.where(x.x_pass > 1.0, x.x_lat, -1.0)
+    end, start = run_paths_phased(pieces.first, pieces.count, group, w_f, w_b, src, dst,
+                                  x.x_lat, lat_b, inflow_f, inflow_b, G)
+    return end[rp], start[rp]
 
 
 class _FirstRuns(NamedTuple):
@@ -842,6 +904,10 @@ def _build_precomputed(p: Problem) -> dict:
     own = own.reshape(n, -1)
     serial_cum = np.zeros((n + 1, own.shape[1]))
     np.cumsum(own, axis=0, out=serial_cum[1:])
+    # the forward's part of it (a recomputed forward runs in the backward)
+    fwd = (p.times.forward if p.times is not None else p.flops).reshape(n, -1)
+    fwd_cum = np.zeros((n + 1, fwd.shape[1]))
+    np.cumsum(fwd, axis=0, out=fwd_cum[1:])
     speed = np.minimum(p.bandwidth, np.minimum(p.nic_bandwidth[:, None],
                                                p.nic_bandwidth[None, :]))
     src, dst, _ = _edges_by_source(p)
@@ -854,7 +920,7 @@ def _build_precomputed(p: Problem) -> dict:
     hit = {"cum": cum,
            "bwd_share": bwd_total / work_total if work_total > 0 else 0.5,
            "sparse_max": np.stack(levels), "log2": log2,
-           "serial_cum": serial_cum,
+           "serial_cum": serial_cum, "fwd_cum": fwd_cum,
            "speed": speed, "inv_speed": (1.0 / speed).ravel(),
            "latency": p.latency.ravel(), "lags": max(int(outdeg.max()) - 1, 0),
            "cut_sets": _cut_sets(src, dst, n)}

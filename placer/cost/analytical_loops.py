@@ -197,3 +197,84 @@ def links_dense(B, D, k_single, w_single, k_dp, w_dp, per_mb, speed, nic):
             out[r, d] = out[r, d] / nic[d]
             inn[r, d] = inn[r, d] / nic[d]
     return row, link, load, top, arg, both_max, out, inn, recv
+
+
+@njit(cache=True)
+def _by_key(keys, R):
+    """CSR of indices ``0..len(keys)-1`` grouped by ``keys`` (in order)."""
+    ptr = np.zeros(R + 1, np.int64)
+    for e in range(len(keys)):
+        ptr[keys[e] + 1] += 1
+    for r in range(R):
+        ptr[r + 1] += ptr[r]
+    fill = ptr[:-1].copy()
+    out = np.empty(len(keys), np.int64)
+    for e in range(len(keys)):
+        out[fill[keys[e]]] = e
+        fill[keys[e]] += 1
+    return ptr, out
+
+
+@njit(cache=True)
+def run_paths_phased(row_first, runs, run_group, w_f, w_b, r_src, r_dst, lat_f, lat_b,
+                     inflow_f, inflow_b, G):
+    """Longest paths over each plan's runs, the forward then the backward
+    (see :func:`placer.cost.analytical._fill` under ``granularity="piece"``):
+    forward, a run starts once its group's previous run ended and every
+    tensor crossing into it arrived (``lat_f[e]`` after its source run's
+    forward end, then the run's transfers ``inflow_f``); the backward starts
+    when the last forward ended and walks the runs in reverse, a run's
+    waiting for its group's later run and for the gradients of its outputs
+    (``lat_b[e]`` after the consuming run's backward end, ``lat_b < 0``: no
+    gradient goes back, then ``inflow_b``). Returns each run's backward end
+    and forward start."""
+    R = len(run_group)
+    ptr_in, into = _by_key(r_dst, R)
+    ptr_out, outof = _by_key(r_src, R)
+    end_f = np.zeros(R)
+    start_f = np.zeros(R)
+    end_b = np.zeros(R)
+    last = np.full(G, -1, np.int64)
+    for b in range(len(runs)):
+        first = row_first[b]
+        stop = first + runs[b]
+        top = 0.0
+        for r in range(first, stop):
+            begin = 0.0
+            if ptr_in[r + 1] > ptr_in[r]:
+                best = -np.inf
+                for i in range(ptr_in[r], ptr_in[r + 1]):
+                    e = into[i]
+                    v = end_f[r_src[e]] + lat_f[e]
+                    if v > best:
+                        best = v
+                begin = best + inflow_f[r]
+            g = run_group[r]
+            if last[g] >= 0 and end_f[last[g]] > begin:
+                begin = end_f[last[g]]
+            start_f[r] = begin
+            end_f[r] = begin + w_f[r]
+            last[g] = r
+            if end_f[r] > top:
+                top = end_f[r]
+        for r in range(first, stop):
+            last[run_group[r]] = -1
+        for r in range(stop - 1, first - 1, -1):
+            begin = top
+            best = -np.inf
+            for i in range(ptr_out[r], ptr_out[r + 1]):
+                e = outof[i]
+                if lat_b[e] >= 0.0:
+                    v = end_b[r_dst[e]] + lat_b[e]
+                    if v > best:
+                        best = v
+            if best > -np.inf and best + inflow_b[r] > begin:
+                begin = best + inflow_b[r]
+            g = run_group[r]
+            if last[g] >= 0 and end_b[last[g]] > begin:
+                begin = end_b[last[g]]
+            end_b[r] = begin + w_b[r]
+            last[g] = r
+        for r in range(first, stop):
+            last[run_group[r]] = -1
+    return end_b, start_f

@@ -20,7 +20,7 @@ device sets listed in ``groups``.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Sequence
 
@@ -199,6 +199,10 @@ class Problem:
         #: sends back to it from other devices (see output_gradients)
         self.output_grad = output_gradients(ops, self.edge_src, self.edge_dst) \
             if self.training else np.zeros(self.n_ops, dtype=bool)
+        #: per op: whether it mixes the batch (an op's ``mixes_batch``, see
+        #: :mod:`placer.runtime.scaling`): a data-parallel piece holding one
+        #: runs unsharded (:meth:`as_run`). False for most graphs.
+        self.mixing = np.array([bool(o.extra.get("mixes_batch")) for o in ops], dtype=bool)
         in_bytes = np.bincount(self.edge_dst, self.edge_bytes, minlength=self.n_ops) \
             if self.n_edges else np.zeros(self.n_ops)
         # Transient memory while an op runs: its inputs and its output (and, in
@@ -363,6 +367,23 @@ class Problem:
                                 ("overlap", compiled.overlap)) if v is not None}
         return Plan(placement, compiled.microbatches, compiled.schedule, method,
                     allreduce=ar or None)
+
+    def as_run(self, assignments: np.ndarray, groups: list) -> tuple:
+        """Plans as group-id arrays ((B, n_ops) or (n_ops,) over the group
+        table ``groups``) as the runtime runs them: a data-parallel piece
+        holding an op that mixes the batch runs whole on the group's first
+        device (:func:`placer.pieces.unshard_mixing`). Both cost models
+        estimate plans so. Returns ``(assignments, groups)``, the same
+        objects when nothing changes."""
+        if not self.mixing.any():
+            return assignments, groups
+        from ..pieces import unshard_mixing
+        return unshard_mixing(assignments, groups, self.mixing, self.edge_src, self.edge_dst)
+
+    def as_run_compiled(self, c: Compiled) -> Compiled:
+        """:meth:`as_run` of a compiled plan (``c`` itself when nothing changes)."""
+        g, table = self.as_run(c.op_group, c.groups)
+        return c if g is c.op_group else replace(c, op_group=g, groups=table)
 
     # --- shared pieces of both models ---------------------------------------
     def member_matrix(self, groups: list) -> np.ndarray:

@@ -3,7 +3,9 @@
 How a plan runs, as modelled here:
 
 - An op placed on ``k`` devices runs as ``k`` replicas, each on ``1/k`` of
-  the microbatch (data parallel). A device runs its op replicas one at a
+  the microbatch (data parallel), unless its piece holds an op that mixes
+  the batch (``mixes_batch``): then, as the runtime runs it, the piece runs
+  whole on the group's first device (:meth:`Problem.as_run`). A device runs its op replicas one at a
   time, for each microbatch in topological order.
 - Runs of consecutive replicas on one device that receive nothing from other
   devices are merged into *segments* (the device would run them back to back
@@ -642,7 +644,9 @@ class Simulator(CostModel):
 
     def estimate_compiled(self, problem: Problem, c: Compiled, *,
                           timeline: bool = True) -> Report:
-        """Estimate an already compiled plan."""
+        """Estimate an already compiled plan (as the runtime runs it,
+        :meth:`Problem.as_run`)."""
+        c = problem.as_run_compiled(c)
         b = _Build(problem, c)
         step, starts, x_starts, ar_times = _run(problem, b, c)
         return _report(problem, c, b, step, starts, x_starts, ar_times, timeline)
@@ -652,8 +656,8 @@ class Simulator(CostModel):
         rows = np.atleast_2d(np.asarray(assignments, dtype=np.int64))
         out = np.empty(len(rows))
         for i, row in enumerate(rows):
-            c = problem.compile_array(row, groups, microbatches=microbatches,
-                                      schedule=schedule)
+            c = problem.as_run_compiled(problem.compile_array(
+                row, groups, microbatches=microbatches, schedule=schedule))
             b = _Build(problem, c)
             step = _run(problem, b, c)[0]
             out[i] = _objective(problem, b, step)

@@ -551,27 +551,8 @@ def _assemble(model, gm, top, inputs, node_groups, name_piece, piece_of, merged,
     # which pieces may shard: probe the inner nodes
     gfull, gpart = probe(gm, inputs, batch, small)
     notes = []
-    tainted: set[str] = {n.name for n, m in zip(
-        [n for n in gm.graph.nodes if n.op == "placeholder"], mask) if m}
-    mixing_pieces: set[int] = set()
-    for node in gm.graph.nodes:
-        if node.op in ("placeholder", "output", "get_attr"):
-            continue
-        info = _info(gfull[node.name], gpart[node.name], batch, small) \
-            if node.name in gfull else ValueInfo(False)
-        fed = any(i.name in tainted for i in node.all_input_nodes)
-        stat = node.op == "call_module" and isinstance(gm.get_submodule(node.target),
-                                                       _BATCH_STAT_MODULES) \
-            and gm.get_submodule(node.target).training
-        stat = stat or (node.op == "call_function"
-                        and getattr(node.target, "__name__", "") == "batch_norm")
-        desc = gfull.get(node.name, ("other",))
-        if stat:
-            mixing_pieces.add(piece_of_name(name_piece, node.name))
-        if fed and (info.batched or desc[0] == "container"):
-            tainted.add(node.name)
-        elif fed and desc[0] == "tensor":
-            mixing_pieces.add(piece_of_name(name_piece, node.name))
+    mixing_pieces = {piece_of_name(name_piece, name)
+                     for name in mixing_nodes(gm, inputs, gfull, gpart, batch, small)}
     if batch == small:
         shard = False
     for piece in pieces:
@@ -588,6 +569,40 @@ def _assemble(model, gm, top, inputs, node_groups, name_piece, piece_of, merged,
     placeholder_names = [n.name for n in placeholders]
     return Split(pieces, len(placeholders), placeholder_names, spec, out_sources, values,
                  batch, param_names, notes)
+
+
+def mixing_nodes(gm: torch.fx.GraphModule, inputs: list, full: dict, part: dict,
+                 batch: int, small: int) -> set[str]:
+    """fx node names of ``gm`` that mix the batch: a batch-statistics layer
+    in training, or a tensor computed from batched data that is not itself
+    batched along dim 0 (a reduction over the rows, a MoE's dispatch into
+    per-expert capacity). ``full``/``part``: :func:`probe` of ``gm`` at
+    ``batch`` and ``small`` rows. A piece holding one runs unsharded; the
+    cost models read the same marks (``mixes_batch``, see
+    :mod:`placer.runtime.scaling`)."""
+    tainted: set[str] = {n.name for n, m in zip(
+        [n for n in gm.graph.nodes if n.op == "placeholder"], _batched_mask(inputs, batch))
+        if m}
+    out: set[str] = set()
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output", "get_attr"):
+            continue
+        info = _info(full[node.name], part[node.name], batch, small) \
+            if node.name in full else ValueInfo(False)
+        fed = any(i.name in tainted for i in node.all_input_nodes)
+        stat = node.op == "call_module" and isinstance(gm.get_submodule(node.target),
+                                                       _BATCH_STAT_MODULES) \
+            and gm.get_submodule(node.target).training
+        stat = stat or (node.op == "call_function"
+                        and getattr(node.target, "__name__", "") == "batch_norm")
+        desc = full.get(node.name, ("other",))
+        if stat:
+            out.add(node.name)
+        if fed and (info.batched or desc[0] == "container"):
+            tainted.add(node.name)
+        elif fed and desc[0] == "tensor":
+            out.add(node.name)
+    return out
 
 
 def piece_of_name(name_piece: dict, name: str) -> int:
