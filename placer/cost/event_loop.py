@@ -160,7 +160,6 @@ def _rq_pop(heap, base, size, d):
     return top
 
 
-
 @_kernel
 def _push(s, seq, n_ev, time, kind, ident):
     """Push the next event onto the loop's heap; returns (seq, n_ev)."""
