@@ -13,15 +13,16 @@ as a Python ``heapq`` version's, bit for bit. With ``NUMBA_DISABLE_JIT=1``
 the same code runs as plain Python (slowly), which is what the tests compare
 against.
 
-:func:`run_events` allocates the loop's state, bundles it with its inputs
-in one :class:`LoopState` and hands it to :func:`_loop`, which takes events
-in time order and gives each kind to a kernel of its own. The kernels, and
-the heaps under them, are compiled without numba's reference counting
-(``_nrt=False``): they allocate nothing and only index arrays that
-:func:`run_events` holds. With it, every array a kernel is passed or takes
-from the bundle costs two calls into numba's runtime: with counting, these
-kernels ran 4-11 times as long as the loop written as one function, and
-without it they take about 0.7 of its time.
+:func:`run_events` drives the loop; each kind of event has a kernel of its
+own, and what starting a task needs travels as one :class:`Starts` bundle.
+The kernels, and the heaps under them, are compiled without numba's
+reference counting (``_nrt=False``): they allocate nothing and only index
+arrays that :func:`run_events` holds. With it, every array a kernel is
+passed or takes from a bundle costs two calls into numba's runtime (the
+split loop ran a third slower than the loop written as one function; a
+bundle of everything ran four to eleven times as long). Without it, this
+split takes about 0.7 of the one function's time. One bundle for every
+kernel ran as fast but took three times as long to compile.
 """
 
 from __future__ import annotations
@@ -36,28 +37,25 @@ DONE, XREADY, XARRIVE, LINKFREE = 0, 1, 2, 3
 #: a loop kernel: allocates nothing, so no reference counting (module doc)
 _kernel = njit(cache=True, _nrt=False)
 
-LoopState = namedtuple("LoopState", [
-    # sizes: microbatches, local tasks and transfers, devices; the priority
-    # offset of a device's waiting phase; the schedule; training or not
-    "m", "NS", "NX", "D", "later", "gpipe", "training",
-    # per local task (CSR: the transfers it sends, the buckets it readies)
-    "task_dur", "task_dev", "prio", "nxt", "f_to_b", "b_to_f", "b_to_f_cap",
-    "ox_ptr", "ox_x", "ox_off", "ar_ptr", "ar_k", "ar_off",
-    # per local transfer (CSR: the tasks it feeds)
-    "xs", "xd", "xdur", "xlat", "x_out", "x_in", "x_bytes", "xc_ptr", "xc_s",
-    # per global task and transfer
-    "pend", "start", "x_pend", "x_ready", "x_start", "q_next",
-    # per device: ready heaps in one array, interfaces, collective stream
-    "rq", "rq_base", "rq_size", "idle", "free_at", "resume", "nic_out", "nic_in", "coll",
-    # per directed link: when it frees, token bucket, queue of transfers
-    "link_free", "burst", "tokens", "tok_t", "q_head", "q_tail",
-    # per all-reduce bucket
-    "ar_pending", "ar_ready", "ar_mem_ptr", "ar_mem", "ar_seconds", "ar_s", "ar_e",
-    # the event heap: time, sequence number (the tie break), kind, task/transfer/link
+Starts = namedtuple("Starts", [
+    # microbatches, local tasks and transfers; the priority offset of a
+    # device's waiting phase
+    "m", "NS", "NX", "later",
+    # per device: ready heaps in one array (``_rq_push``), state
+    "rq", "rq_base", "rq_size", "idle", "resume", "free_at", "coll",
+    # per global task; per local task (CSR: the transfers it sends)
+    "start", "task_dur", "ox_ptr", "ox_x", "ox_off",
+    # the event heap (``_ev_push``)
     "ev_t", "ev_q", "ev_k", "ev_i",
+    # per global transfer
+    "x_ready", "x_pend",
+    # the all-reduce buckets each local task of the last microbatch readies
+    # (CSR), and per bucket
+    "ar_ptr", "ar_k", "ar_off", "ar_ready", "ar_pending", "ar_mem_ptr", "ar_mem",
+    "ar_seconds", "ar_s", "ar_e",
 ])
-LoopState.__doc__ = """What the loop's kernels read and write, inputs and state, as
-:func:`run_events` names them."""
+Starts.__doc__ = """What :func:`_dispatch` reads and writes to start a task, as
+:func:`run_events` names it."""
 
 
 @njit(cache=True)
@@ -161,254 +159,57 @@ def _rq_pop(heap, base, size, d):
 
 
 @_kernel
-def _push(s, seq, n_ev, time, kind, ident):
-    """Push the next event onto the loop's heap; returns (seq, n_ev)."""
-    seq += 1
-    return seq, _ev_push(s.ev_t, s.ev_q, s.ev_k, s.ev_i, n_ev, time, seq, kind, ident)
-
-
-@_kernel
-def _ready(s, d, t, local):
-    """Queue global task ``t`` (local ``local``) on device ``d``'s ready heap."""
-    _rq_push(s.rq, s.rq_base, s.rq_size, d, t + s.prio[local])
-
-
-@_kernel
-def _allreduce(s, k):
-    """Bucket ``k``'s last gradient is ready: run its all-reduce."""
-    # a device's all-reduces run one at a time on a collective stream of
-    # their own (as NCCL's), beside point-to-point traffic
-    coll, ar_mem = s.coll, s.ar_mem
-    s0 = s.ar_ready[k]
-    for i in range(s.ar_mem_ptr[k], s.ar_mem_ptr[k + 1]):
-        if coll[ar_mem[i]] > s0:
-            s0 = coll[ar_mem[i]]
-    e0 = s0 + s.ar_seconds[k]
-    for i in range(s.ar_mem_ptr[k], s.ar_mem_ptr[k + 1]):
-        coll[ar_mem[i]] = e0
-    s.ar_s[k] = s0
-    s.ar_e[k] = e0
-
-
-@_kernel
-def _dispatch(s, d, now, seq, n_ev):
+def _dispatch(d, now, seq, n_ev, st):
     """Start device ``d``'s most urgent ready task if it is idle: schedule
     its end, ready the transfers (and, in the last microbatch, the
     all-reduce buckets) it completes. A task that does not follow its
     device's previous one at once (the device waited, or it is the first)
     starts ``resume[d]`` late. Returns (seq, n_ev)."""
-    if not s.idle[d] or s.rq_size[d] == 0:
+    (m, NS, NX, later, rq, rq_base, rq_size, idle, resume, free_at, coll, start, task_dur,
+     ox_ptr, ox_x, ox_off, ev_t, ev_q, ev_k, ev_i, x_ready, x_pend, ar_ptr, ar_k, ar_off,
+     ar_ready, ar_pending, ar_mem_ptr, ar_mem, ar_seconds, ar_s, ar_e) = st
+    if not idle[d] or rq_size[d] == 0:
         return seq, n_ev
-    key = _rq_pop(s.rq, s.rq_base, s.rq_size, d)
-    task = key - s.later if key >= s.later else key
-    s.idle[d] = False
-    if now > s.free_at[d]:
-        now = now + s.resume[d]
-    s.start[task] = now
-    mb = task // s.NS
-    local = task - mb * s.NS
-    seq, n_ev = _push(s, seq, n_ev, now + s.task_dur[local], DONE, task)
-    x_ready, x_pend = s.x_ready, s.x_pend
-    base = mb * s.NX
-    for j in range(s.ox_ptr[local], s.ox_ptr[local + 1]):
-        gx = base + s.ox_x[j]
-        t = now + s.ox_off[j]
+    key = _rq_pop(rq, rq_base, rq_size, d)
+    task = key - later if key >= later else key
+    idle[d] = False
+    if now > free_at[d]:
+        now = now + resume[d]
+    start[task] = now
+    mb = task // NS
+    local = task - mb * NS
+    seq += 1
+    n_ev = _ev_push(ev_t, ev_q, ev_k, ev_i, n_ev, now + task_dur[local], seq, DONE, task)
+    base = mb * NX
+    for j in range(ox_ptr[local], ox_ptr[local + 1]):
+        gx = base + ox_x[j]
+        t = now + ox_off[j]
         if t > x_ready[gx]:
             x_ready[gx] = t
         x_pend[gx] -= 1
         if x_pend[gx] == 0:
-            seq, n_ev = _push(s, seq, n_ev, x_ready[gx], XREADY, gx)
-    if mb == s.m - 1:
-        for j in range(s.ar_ptr[local], s.ar_ptr[local + 1]):
-            k = s.ar_k[j]
-            t = now + s.ar_off[j]
-            if t > s.ar_ready[k]:
-                s.ar_ready[k] = t
-            s.ar_pending[k] -= 1
-            if s.ar_pending[k] == 0:
-                _allreduce(s, k)
+            seq += 1
+            n_ev = _ev_push(ev_t, ev_q, ev_k, ev_i, n_ev, x_ready[gx], seq, XREADY, gx)
+    if mb == m - 1:
+        for j in range(ar_ptr[local], ar_ptr[local + 1]):
+            k = ar_k[j]
+            t = now + ar_off[j]
+            if t > ar_ready[k]:
+                ar_ready[k] = t
+            ar_pending[k] -= 1
+            if ar_pending[k] == 0:
+                # a device's all-reduces run one at a time on a collective
+                # stream of their own (as NCCL's), beside point-to-point traffic
+                s0 = ar_ready[k]
+                for i in range(ar_mem_ptr[k], ar_mem_ptr[k + 1]):
+                    if coll[ar_mem[i]] > s0:
+                        s0 = coll[ar_mem[i]]
+                e0 = s0 + ar_seconds[k]
+                for i in range(ar_mem_ptr[k], ar_mem_ptr[k + 1]):
+                    coll[ar_mem[i]] = e0
+                ar_s[k] = s0
+                ar_e[k] = e0
     return seq, n_ev
-
-
-@_kernel
-def _release(s, ident):
-    """Count the end of task ``ident`` against the tasks that wait on it on
-    its device (its successor, the schedule's hops between phases) and queue
-    those now ready. Returns the device of a forward it readied in a later
-    microbatch (1F1B; -1: none)."""
-    NS, m, pend, task_dev = s.NS, s.m, s.pend, s.task_dev
-    mb = ident // NS
-    local = ident - mb * NS
-    base = mb * NS
-    other = -1
-    u = s.nxt[local]
-    if u >= 0:
-        t = base + u
-        pend[t] -= 1
-        if pend[t] == 0:
-            _ready(s, task_dev[u], t, u)
-    if s.training:
-        u = s.f_to_b[local]
-        if u >= 0:
-            if s.gpipe:
-                if mb == m - 1:
-                    for j in range(m):
-                        t = j * NS + u
-                        pend[t] -= 1
-                        if pend[t] == 0:
-                            _ready(s, task_dev[u], t, u)
-            else:
-                t = base + u
-                pend[t] -= 1
-                if pend[t] == 0:
-                    _ready(s, task_dev[u], t, u)
-        u = s.b_to_f[local]
-        cap = s.b_to_f_cap[local]
-        if u >= 0 and mb + cap < m:
-            t = (mb + cap) * NS + u
-            pend[t] -= 1
-            if pend[t] == 0:
-                _ready(s, task_dev[u], t, u)
-                other = task_dev[u]
-    return other
-
-
-@_kernel
-def _on_done(s, now, ident, seq, n_ev):
-    """Task ``ident`` ended: its device is free, the tasks waiting on it
-    may start. Returns (seq, n_ev)."""
-    d = s.task_dev[ident % s.NS]
-    s.idle[d] = True
-    s.free_at[d] = now
-    other = _release(s, ident)
-    if s.rq_size[d] > 0:
-        seq, n_ev = _dispatch(s, d, now, seq, n_ev)
-    if other >= 0 and s.idle[other] and s.rq_size[other] > 0:
-        seq, n_ev = _dispatch(s, other, now, seq, n_ev)
-    return seq, n_ev
-
-
-@_kernel
-def _burst(s, link, nbytes, dur, t0):
-    """The share of a transfer's ``nbytes`` that ``link``'s token bucket
-    cannot cover when it starts at ``t0`` (refilled at the rate of the
-    transfer's ``dur``); takes the tokens it uses."""
-    tokens, tok_t = s.tokens, s.tok_t
-    rate = nbytes / dur
-    tk = tokens[link] + (t0 - tok_t[link]) * rate
-    if tk > s.burst[link]:
-        tk = s.burst[link]
-    if tk >= nbytes:
-        tokens[link] = tk - nbytes
-        tok_t[link] = t0
-        return 0.0
-    share = (nbytes - tk) / nbytes
-    tokens[link] = 0.0
-    tok_t[link] = t0 + dur * share
-    return share
-
-
-@_kernel
-def _on_link(s, now, kind, ident, seq, n_ev):
-    """A transfer is ready (``XREADY``, ``ident`` the transfer) or a link
-    freed (``LINKFREE``, ``ident`` the link): queue the transfer behind a
-    busy link, or start the one at the link's head once both interfaces are
-    free and schedule its arrival. Returns (seq, n_ev)."""
-    q_head, q_tail, q_next = s.q_head, s.q_tail, s.q_next
-    if kind == XREADY:
-        x = ident % s.NX
-        link = s.xs[x] * s.D + s.xd[x]
-        if s.link_free[link] > now:
-            # one tensor at a time per link, first come first served;
-            # the first in line asks to be woken when the link frees
-            if q_head[link] < 0:
-                seq, n_ev = _push(s, seq, n_ev, s.link_free[link], LINKFREE, link)
-                q_head[link] = ident
-            else:
-                q_next[q_tail[link]] = ident
-            q_tail[link] = ident
-            q_next[ident] = -1
-            return seq, n_ev
-    else:
-        link = ident
-        ident = q_head[link]
-        q_head[link] = q_next[ident]
-        if q_head[link] < 0:
-            q_tail[link] = -1
-        x = ident % s.NX
-    # interfaces are held only once the link is free, so a tensor
-    # queued behind a slow link does not block the device's others
-    nic_out, nic_in = s.nic_out, s.nic_in
-    a = s.xs[x]
-    c2 = s.xd[x]
-    t0 = now
-    if nic_out[a] > t0:
-        t0 = nic_out[a]
-    if nic_in[c2] > t0:
-        t0 = nic_in[c2]
-    dur = s.xdur[x]
-    share = 1.0
-    if s.burst[link] > 0.0 and dur > 0.0:
-        share = _burst(s, link, s.x_bytes[x], dur, t0)
-        dur = dur * share
-    t1 = t0 + dur
-    s.link_free[link] = t1
-    nic_out[a] = t0 + s.x_out[x] * share
-    nic_in[c2] = t0 + s.x_in[x] * share
-    s.x_start[ident] = t0
-    seq, n_ev = _push(s, seq, n_ev, t1 + s.xlat[x], XARRIVE, ident)
-    if kind == LINKFREE and q_head[link] >= 0:
-        seq, n_ev = _push(s, seq, n_ev, t1, LINKFREE, link)
-    return seq, n_ev
-
-
-@_kernel
-def _on_arrive(s, now, ident, seq, n_ev):
-    """Transfer ``ident`` landed: the tasks it feeds may start. Returns
-    (seq, n_ev)."""
-    NS, pend, task_dev = s.NS, s.pend, s.task_dev
-    mb = ident // s.NX
-    x = ident - mb * s.NX
-    base = mb * NS
-    for j in range(s.xc_ptr[x], s.xc_ptr[x + 1]):
-        u = s.xc_s[j]
-        t = base + u
-        pend[t] -= 1
-        if pend[t] == 0:
-            e = task_dev[u]
-            _ready(s, e, t, u)
-            if s.idle[e]:
-                seq, n_ev = _dispatch(s, e, now, seq, n_ev)
-    return seq, n_ev
-
-
-@_kernel
-def _loop(s):
-    """Run the simulation to its last event; returns the last task end or
-    transfer arrival."""
-    seq = n_ev = 0
-    for task in range(s.NS * s.m):
-        if s.pend[task] == 0:
-            local = task % s.NS
-            _ready(s, s.task_dev[local], task, local)
-    for d in range(s.D):
-        seq, n_ev = _dispatch(s, d, 0.0, seq, n_ev)
-    end_time = 0.0
-    while n_ev > 0:
-        now = s.ev_t[0]
-        kind = s.ev_k[0]
-        ident = s.ev_i[0]
-        n_ev = _ev_pop(s.ev_t, s.ev_q, s.ev_k, s.ev_i, n_ev)
-        if kind == DONE:
-            end_time = now
-            seq, n_ev = _on_done(s, now, ident, seq, n_ev)
-        elif kind == XREADY or kind == LINKFREE:
-            seq, n_ev = _on_link(s, now, kind, ident, seq, n_ev)
-        else:
-            if now > end_time:
-                end_time = now
-            seq, n_ev = _on_arrive(s, now, ident, seq, n_ev)
-    return end_time
 
 
 @njit(cache=True)
@@ -438,6 +239,125 @@ def _ready_heaps(m, NS, D, task_dev):
     return rq_base
 
 
+@_kernel
+def _release(ident, m, NS, gpipe, training, pend, rq, rq_base, rq_size, task_dev, prio, nxt,
+             f_to_b, b_to_f, b_to_f_cap):
+    """Count the end of task ``ident`` against the tasks of its device that
+    wait on it (its successor, the schedule's hops between phases) and queue
+    those now ready. Returns the device of a forward it readied in a later
+    microbatch (1F1B; -1: none)."""
+    mb = ident // NS
+    local = ident - mb * NS
+    base = mb * NS
+    other = -1
+    s = nxt[local]
+    if s >= 0:
+        t = base + s
+        pend[t] -= 1
+        if pend[t] == 0:
+            _rq_push(rq, rq_base, rq_size, task_dev[s], t + prio[s])
+    if training:
+        s = f_to_b[local]
+        if s >= 0:
+            if gpipe:
+                if mb == m - 1:
+                    for j in range(m):
+                        t = j * NS + s
+                        pend[t] -= 1
+                        if pend[t] == 0:
+                            _rq_push(rq, rq_base, rq_size, task_dev[s], t + prio[s])
+            else:
+                t = base + s
+                pend[t] -= 1
+                if pend[t] == 0:
+                    _rq_push(rq, rq_base, rq_size, task_dev[s], t + prio[s])
+        s = b_to_f[local]
+        if s >= 0 and mb + b_to_f_cap[local] < m:
+            t = (mb + b_to_f_cap[local]) * NS + s
+            pend[t] -= 1
+            if pend[t] == 0:
+                _rq_push(rq, rq_base, rq_size, task_dev[s], t + prio[s])
+                other = task_dev[s]
+    return other
+
+
+@_kernel
+def _burst(tokens, tok_t, burst, link, nbytes, dur, t0):
+    """The share of a transfer's ``nbytes`` that ``link``'s token bucket
+    cannot cover when it starts at ``t0`` (refilled at the rate of the
+    transfer's ``dur``); takes the tokens it uses."""
+    rate = nbytes / dur
+    tk = tokens[link] + (t0 - tok_t[link]) * rate
+    if tk > burst[link]:
+        tk = burst[link]
+    if tk >= nbytes:
+        tokens[link] = tk - nbytes
+        tok_t[link] = t0
+        return 0.0
+    share = (nbytes - tk) / nbytes
+    tokens[link] = 0.0
+    tok_t[link] = t0 + dur * share
+    return share
+
+
+@_kernel
+def _on_link(now, kind, ident, seq, n_ev, NX, D, xs, xd, xdur, xlat, x_out, x_in, x_bytes,
+             burst, tokens, tok_t, link_free, q_head, q_tail, q_next, nic_out, nic_in,
+             x_start, ev_t, ev_q, ev_k, ev_i):
+    """A transfer is ready (``XREADY``, ``ident`` the transfer) or a link
+    freed (``LINKFREE``, ``ident`` the link): queue the transfer behind a
+    busy link, or start the one at the link's head once both interfaces are
+    free and schedule its arrival. Returns (seq, n_ev)."""
+    if kind == XREADY:
+        x = ident % NX
+        link = xs[x] * D + xd[x]
+        if link_free[link] > now:
+            # one tensor at a time per link, first come first served;
+            # the first in line asks to be woken when the link frees
+            if q_head[link] < 0:
+                seq += 1
+                n_ev = _ev_push(ev_t, ev_q, ev_k, ev_i, n_ev, link_free[link], seq,
+                                LINKFREE, link)
+                q_head[link] = ident
+            else:
+                q_next[q_tail[link]] = ident
+            q_tail[link] = ident
+            q_next[ident] = -1
+            return seq, n_ev
+    else:
+        link = ident
+        ident = q_head[link]
+        q_head[link] = q_next[ident]
+        if q_head[link] < 0:
+            q_tail[link] = -1
+        x = ident % NX
+    # interfaces are held only once the link is free, so a tensor
+    # queued behind a slow link does not block the device's others
+    a = xs[x]
+    c2 = xd[x]
+    t0 = now
+    if nic_out[a] > t0:
+        t0 = nic_out[a]
+    if nic_in[c2] > t0:
+        t0 = nic_in[c2]
+    dur = xdur[x]
+    share = 1.0
+    if burst[link] > 0.0 and dur > 0.0:
+        share = _burst(tokens, tok_t, burst, link, x_bytes[x], dur, t0)
+        dur = dur * share
+    t1 = t0 + dur
+    link_free[link] = t1
+    nic_out[a] = t0 + x_out[x] * share
+    nic_in[c2] = t0 + x_in[x] * share
+    x_start[ident] = t0
+    seq += 1
+    n_ev = _ev_push(ev_t, ev_q, ev_k, ev_i, n_ev, t1 + xlat[x], seq, XARRIVE, ident)
+    if kind == LINKFREE and q_head[link] >= 0:
+        seq += 1
+        n_ev = _ev_push(ev_t, ev_q, ev_k, ev_i, n_ev, t1, seq, LINKFREE, link)
+    return seq, n_ev
+
+
 @njit(cache=True)
 def run_events(m, NS, NX, D, gpipe, training,
                pend, x_pend, task_dur, task_dev, prio, nxt,
@@ -462,24 +382,82 @@ def run_events(m, NS, NX, D, gpipe, training,
     CSR arrays: ``ox_*`` the transfers each local task sends (with their
     offsets from its start), ``xc_*`` the tasks each transfer feeds, ``ar_*``
     the all-reduce buckets each local task of the last microbatch readies,
-    ``ar_mem*`` each bucket's devices."""
+    ``ar_mem*`` each bucket's devices.
+
+    The loop takes the earliest event, ends a task (``_release``, then
+    ``_dispatch`` on the devices it freed or fed), moves a transfer onto
+    its link (``_on_link``) or lands one (its consumers may start)."""
     n_tasks = NS * m
     n_x = NX * m
+    later = n_tasks
+    rq_base = _ready_heaps(m, NS, D, task_dev)
+    rq = np.empty(max(n_tasks, 1), np.int64)
+    rq_size = np.zeros(D, np.int64)
+    idle = np.ones(D, np.bool_)
     cap = n_tasks + 3 * n_x + 8
-    L = D * D
-    s = LoopState(
-        m, NS, NX, D, n_tasks, gpipe, training,
-        task_dur, task_dev, prio, nxt, f_to_b, b_to_f, b_to_f_cap,
-        ox_ptr, ox_x, ox_off, ar_ptr, ar_k, ar_off,
-        xs, xd, xdur, xlat, x_out, x_in, x_bytes, xc_ptr, xc_s,
-        pend, start, x_pend, np.zeros(n_x), x_start, np.full(max(n_x, 1), -1, np.int64),
-        np.empty(max(n_tasks, 1), np.int64), _ready_heaps(m, NS, D, task_dev),
-        np.zeros(D, np.int64), np.ones(D, np.bool_),
-        np.full(D, -1.0),       # when each device's last task ended
-        resume, np.zeros(D), np.zeros(D), np.zeros(D),
-        np.zeros(L), burst, burst.copy(), np.zeros(L),
-        np.full(L, -1, np.int64), np.full(L, -1, np.int64),
-        ar_pending, np.zeros(len(ar_pending)), ar_mem_ptr, ar_mem, ar_seconds, ar_s, ar_e,
-        np.empty(cap), np.empty(cap, np.int64), np.empty(cap, np.int64),
-        np.empty(cap, np.int64))
-    return _end(_loop(s), pend, ar_e)
+    ev_t = np.empty(cap)
+    ev_q = np.empty(cap, np.int64)
+    ev_k = np.empty(cap, np.int64)
+    ev_i = np.empty(cap, np.int64)
+    n_ev = 0
+    seq = 0
+    x_ready = np.zeros(n_x)
+    link_free = np.zeros(D * D)
+    tokens = burst.copy()
+    tok_t = np.zeros(D * D)
+    q_head = np.full(D * D, -1, np.int64)
+    q_tail = np.full(D * D, -1, np.int64)
+    q_next = np.full(max(n_x, 1), -1, np.int64)
+    nic_out = np.zeros(D)
+    nic_in = np.zeros(D)
+    coll = np.zeros(D)
+    ar_ready = np.zeros(len(ar_pending))
+    free_at = np.full(D, -1.0)      # when each device's last task ended
+    st = Starts(m, NS, NX, later, rq, rq_base, rq_size, idle, resume, free_at, coll, start,
+                task_dur, ox_ptr, ox_x, ox_off, ev_t, ev_q, ev_k, ev_i, x_ready, x_pend, ar_ptr,
+                ar_k, ar_off, ar_ready, ar_pending, ar_mem_ptr, ar_mem, ar_seconds, ar_s, ar_e)
+
+    for task in range(n_tasks):
+        if pend[task] == 0:
+            local = task % NS
+            _rq_push(rq, rq_base, rq_size, task_dev[local], task + prio[local])
+    for d in range(D):
+        seq, n_ev = _dispatch(d, 0.0, seq, n_ev, st)
+    end_time = 0.0
+    while n_ev > 0:
+        now = ev_t[0]
+        kind = ev_k[0]
+        ident = ev_i[0]
+        n_ev = _ev_pop(ev_t, ev_q, ev_k, ev_i, n_ev)
+        if kind == DONE:
+            end_time = now
+            d = task_dev[ident % NS]
+            idle[d] = True
+            free_at[d] = now
+            other = _release(ident, m, NS, gpipe, training, pend, rq, rq_base, rq_size,
+                             task_dev, prio, nxt, f_to_b, b_to_f, b_to_f_cap)
+            if rq_size[d] > 0:
+                seq, n_ev = _dispatch(d, now, seq, n_ev, st)
+            if other >= 0 and idle[other] and rq_size[other] > 0:
+                seq, n_ev = _dispatch(other, now, seq, n_ev, st)
+        elif kind == XREADY or kind == LINKFREE:
+            seq, n_ev = _on_link(now, kind, ident, seq, n_ev, NX, D, xs, xd, xdur, xlat,
+                                 x_out, x_in, x_bytes, burst, tokens, tok_t, link_free,
+                                 q_head, q_tail, q_next, nic_out, nic_in, x_start,
+                                 ev_t, ev_q, ev_k, ev_i)
+        else:
+            if now > end_time:
+                end_time = now
+            mb = ident // NX
+            x = ident - mb * NX
+            base = mb * NS
+            for j in range(xc_ptr[x], xc_ptr[x + 1]):
+                s = xc_s[j]
+                t = base + s
+                pend[t] -= 1
+                if pend[t] == 0:
+                    e = task_dev[s]
+                    _rq_push(rq, rq_base, rq_size, e, t + prio[s])
+                    if idle[e]:
+                        seq, n_ev = _dispatch(e, now, seq, n_ev, st)
+    return _end(end_time, pend, ar_e)
