@@ -10,9 +10,10 @@ current one and runs both in one process:
   and ends, end time, tasks never run) and every ``Report`` field must be
   bit-identical.
 - ``--time``: the kernel alone (on the arguments the simulator passed it,
-  five times each), the simulator's batch path (``step_times``) and single
-  ``estimate`` calls, the two kernels alternated; prints the new/old ratio's
-  median and spread per problem.
+  each call's fastest of five), the simulator's batch path (``step_times``)
+  and single ``estimate`` calls (each the fastest of three), the two
+  kernels alternated; prints the new/old ratio's median and spread per
+  problem.
 - ``--compile``: the first call's compile time of each kernel, in fresh
   processes with an empty numba cache.
 
@@ -171,15 +172,19 @@ def timing(ref, plans: int, repeats: int, same: bool = False) -> None:
             for r in range(repeats):
                 t = {}
                 for name in (("old", "new") if r % 2 == 0 else ("new", "old")):
-                    fresh = [[x.copy() if isinstance(x, np.ndarray) else x for x in a]
-                             for a in calls for _ in range(5)]
-                    t[name, "kernel"] = _timed(lambda: [kernels[name](*a) for a in fresh])
+                    # each call's fastest of five (on fresh copies): a call
+                    # takes microseconds, so one preemption would swamp a sum
+                    fresh = [[[x.copy() if isinstance(x, np.ndarray) else x for x in a]
+                              for _ in range(5)] for a in calls]
+                    t[name, "kernel"] = sum(min(_timed(lambda: kernels[name](*f)) for f in copies)
+                                            for copies in fresh)
                     use(kernels[name])
-                    t[name, "estimate"] = _timed(
+                    t[name, "estimate"] = min(_timed(
                         lambda: [Simulator().estimate(p, pl) for pl in sample])
-                    t[name, "batch"] = _timed(lambda: Simulator().step_times(
+                        for _ in range(3))
+                    t[name, "batch"] = min(_timed(lambda: Simulator().step_times(
                         p, rows, groups=groups, microbatches=spec[2],
-                        schedule=sample[0].schedule))
+                        schedule=sample[0].schedule)) for _ in range(3))
                 for what in ratios:
                     ratios[what].append(t["new", what] / t["old", what])
             line = " ".join(f"{k} {statistics.median(v):.3f} [{min(v):.3f}-{max(v):.3f}]"
