@@ -415,7 +415,8 @@ def predictions(calibration: dict, plans: list) -> dict[str, list[float]]:
     from placer.cost import Problem, get_cost_model
     from placer.runtime.common import as_run
     from placer.runtime.contention import predict_shared
-    from placer.runtime.calibration import calibrated_options, reference_factor, reference_plan
+    from placer.runtime.calibration import (calibrated_options, message_plan, reference_factor,
+                                            reference_plan)
     cg = placer.Graph.from_dict(calibration["graph"])
     cc = placer.Cluster.from_dict(calibration["cluster"])
     calibration = {**calibration, "graph": cg, "cluster": cc}
@@ -426,7 +427,7 @@ def predictions(calibration: dict, plans: list) -> dict[str, list[float]]:
         # (run_case measures it at 2 microbatches, 1f1b, on every rank); its
         # fit scales the graph and options (see reference_factor)
         ref = reference_plan(cg, cc.names, 2)
-        factor = reference_factor(calibration, ref, options)
+        factor = reference_factor(calibration, ref, options, message_plan(cg, cc.names, 2))
         cg = calibration["graph"]
     problem = Problem(cg, cc, **options)
     analytical = get_cost_model("analytical")
@@ -516,6 +517,7 @@ def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans
                 "op_overhead", "task_overhead", "message_overhead", "resume_overhead",
                 "collective_efficiency", "reference_factor", "reference_factor_raw",
                 "compute_scale", "reference_compute_factor", "reference_message_extra",
+                "reference_step", "reference_messages_step",
                 "cpu_share", "cpu_share_all", "speed_drift")},
             "links": {k: {"bandwidth": v["bandwidth"], "latency": v["latency"]}
                       for k, v in calibration.get("links", {}).items()},
