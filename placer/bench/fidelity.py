@@ -4,8 +4,10 @@ For each case (a small model on 2-4 CPU ranks, over loopback or over
 network-namespace links shaped with ``tc tbf``) a population of plans —
 random feasible ones (one device, pipelines, op-level scatters, branch
 splits, data-parallel segments), every registered strategy's plan and
-evolution's finalists (several seeds) — is measured on gloo ranks (median
-step after warm-up) and predicted three ways on the case's calibration:
+evolution's finalists (several seeds) — is measured on gloo ranks (each
+plan in 3 bursts, seconds apart, of a median step after warm-up: the
+smallest burst counts, see :func:`measure_plans`) and predicted three ways
+on the case's calibration:
 
 - ``simulator``: the event simulator on the calibrated graph and cluster;
 - ``analytical``: the analytical model on the same;
@@ -249,11 +251,12 @@ def measure_plans(plans: list, model: "Model | str", *, batch: int | None = None
     shared virtual machine's speed changes from one half-second to the
     next, and a burst sees one speed: the same one-device plan of the
     bench's MoE, on one pinned core, measured 11-21 ms from burst to burst
-    (each burst's steps within 1-2 ms), with no difference between the
-    cores (:mod:`placer.bench.fidelity`'s module doc). One burst in a slow
-    phase made identical plans differ by 1.3x and that alone set the
-    regret; the smallest burst is the plan on the host as calibrated (the
-    calibration takes medians of repeats)."""
+    (each burst's steps within 1-2 ms; 12 bursts on each core and 12
+    unpinned: no difference between the cores or the ranks, while other
+    work kept the other core busy). One burst in a slow phase made
+    identical plans differ by 1.3x, and that alone set the regret; the
+    smallest burst is the plan on the host as calibrated (the calibration
+    takes medians of repeats)."""
     from placer.runtime.ranks import rank_devices
     if isinstance(model, str):
         model = Model(model, batch or 4)
