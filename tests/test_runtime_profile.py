@@ -106,6 +106,11 @@ def test_calibrated_launch_predicts_from_its_own_measurements():
     from placer.runtime.dist import REFERENCE_FACTOR_BOUNDS
     assert set(cal["reference_compute"]) == {"a", "b"} and cal["reference_step"] > 0
     assert cal["reference_messages_step"] > 0 and cal["reference_messages_predicted"] > 0
+    samples = cal["reference_samples"]
+    assert set(samples["pipeline"]) == set(samples["messages"]) == {"a", "b"}
+    # the step: the slowest rank's median
+    assert max(x for d in "ab" for x in samples["messages"][d]["step"]) >= \
+        cal["reference_messages_step"]
     raw = (cal["reference_step"] + cal["reference_messages_step"]) / (
         cal["reference_predicted"] + cal["reference_messages_predicted"])
     assert cal["reference_factor_raw"] == pytest.approx(raw)

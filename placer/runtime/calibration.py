@@ -300,6 +300,12 @@ def combine_calibration(rounds: list[dict], graph, devs: list[str], tdev,
                                    for v in reference.values()), default=None),
             "reference_messages_step": max((med(x for r in v for x in r["step"])
                                             for v in heavy.values()), default=None),
+            # every reference step, for a later look at how they spread
+            "reference_samples": {kind: {d: {k: [x for r in v for x in r[k]]
+                                             for k in ("compute", "step")}
+                                         for d, v in steps.items()}
+                                  for kind, steps in (("pipeline", reference),
+                                                      ("messages", heavy))},
             "rounds": len(every),
             "links": {f"{devs[i]}-{devs[j]}": v for (i, j), v in pairs.items()},
             "allreduce": allreduce}
