@@ -74,9 +74,12 @@ def test_one_start_measures_several_plans_and_predicts_them(tmp_path):
     from placer.runtime.dist import reference_plan
     plans = [reference_plan(graph, ["r0", "r1"], 2),
              random_plans(graph, ["r0", "r1"], 2, seed=1)[1]]
-    results = measure_plans(plans, model, steps=1, warmup=0, calibrate_first=True)
+    results = measure_plans(plans, model, steps=1, warmup=0, calibrate_first=True, bursts=2)
     assert [("error" in r) for r in results] == [False, False], results
-    assert all(r["step_time"] > 0 and len(r["step_times"]) == 1 for r in results)
+    # each plan measured twice, in turn with the other; its step the faster burst
+    assert all(r["step_time"] > 0 and len(r["step_times"]) == 2 for r in results)
+    assert all(r["burst_medians"] == r["step_times"] for r in results)    # one step a burst
+    assert all(r["step_time"] == min(r["burst_medians"]) for r in results)
     cal = results[0]["calibration"]
     assert "calibration" not in results[1]
     preds = fidelity.predictions(cal, plans)

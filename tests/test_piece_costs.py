@@ -126,6 +126,38 @@ def test_the_reference_factor_in_parts_matches_the_reference_and_is_stable():
     assert cal["graph"] is graph and again == pytest.approx(first)
 
 
+def test_the_cost_per_message_is_fitted_on_the_message_plan_too():
+    from placer.runtime.calibration import (MESSAGE_SEGMENTS, message_plan, reference_factor,
+                                            reference_plan)
+    g = scale_graph(_chain(40), 0.1)     # steps of ~14 ms, as the bench's models
+    ref, heavy = reference_plan(g, ["r0", "r1"], 2), message_plan(g, ["r0", "r1"], 2)
+    order = g.topological_order()
+    cuts = sum(heavy.placement[x] != heavy.placement[y] for x, y in zip(order, order[1:]))
+    assert cuts == MESSAGE_SEGMENTS - 1 and heavy.devices_used() == {"r0", "r1"}
+    options = {**RUNTIME_OPTIONS, "op_overhead": 1e-5, "task_overhead": 1e-4,
+               "message_overhead": 5e-5}
+
+    def steps(extra: float) -> list[float]:
+        opts = {**options, "message_overhead": 5e-5 + extra}
+        return [predict_shared(g, _calibration(g)["cluster"], p, **opts).step_time
+                for p in (ref, heavy)]
+    # the ranks paid 300 us more a message; the pipeline's step came out
+    # 10% slow on top (a slow moment of the host)
+    truth = steps(3e-4)
+    fits = []
+    for with_heavy in (False, True):
+        cal = _calibration(g)
+        cal.update(reference_step=1.1 * truth[0], reference_messages_step=truth[1],
+                   reference_compute_factor=1.0)
+        reference_factor(cal, ref, dict(options), heavy if with_heavy else None)
+        fits.append(cal["reference_message_extra"])
+        assert (cal["reference_messages_predicted"] is not None) == with_heavy
+    # one cut: the pipeline's noise all went into its few messages; over
+    # both plans it is shared among the message plan's many
+    assert abs(fits[1] - 3e-4) < 0.25 * abs(fits[0] - 3e-4)
+    assert fits[1] == pytest.approx(3e-4, rel=0.25)
+
+
 def test_a_data_parallel_group_wider_than_the_rows_runs_unsharded():
     g = _chain(batch=4)
     both = Plan({op: ["r0", "r1"] for op in g.ids}, microbatches=4)

@@ -100,11 +100,19 @@ def test_calibrated_launch_predicts_from_its_own_measurements():
     # messages cost a fixed part and (maybe) a per-byte part
     assert cal["message_overhead"] >= 0
     assert cal["message_copy_rate"] is None or cal["message_copy_rate"] > 0
-    # the reference pipeline ran on both ranks and scaled the prediction by
-    # its measured step over its predicted one, within the bounds
+    # the reference pipeline and the message plan ran on both ranks and
+    # scaled the prediction by their measured steps over their predicted
+    # ones, within the bounds
     from placer.runtime.dist import REFERENCE_FACTOR_BOUNDS
     assert set(cal["reference_compute"]) == {"a", "b"} and cal["reference_step"] > 0
-    raw = cal["reference_step"] / cal["reference_predicted"]
+    assert cal["reference_messages_step"] > 0 and cal["reference_messages_predicted"] > 0
+    samples = cal["reference_samples"]
+    assert set(samples["pipeline"]) == set(samples["messages"]) == {"a", "b"}
+    # the step: the slowest rank's median
+    assert max(x for d in "ab" for x in samples["messages"][d]["step"]) >= \
+        cal["reference_messages_step"]
+    raw = (cal["reference_step"] + cal["reference_messages_step"]) / (
+        cal["reference_predicted"] + cal["reference_messages_predicted"])
     assert cal["reference_factor_raw"] == pytest.approx(raw)
     lo, hi = REFERENCE_FACTOR_BOUNDS
     assert cal["reference_factor"] == pytest.approx(min(hi, max(lo, raw)))

@@ -255,7 +255,8 @@ def _prediction(setup: RankSetup, cluster, problem_options, calibration, referen
         from .contention import predict_shared
         options = {**calibrated_options(calibration), **(problem_options or {})}
         # the factor's fit scales the calibrated graph and options (see there)
-        factor = (reference_factor(calibration, reference.plan, options)
+        factor = (reference_factor(calibration, reference.plan, options,
+                                   reference.messages)
                   if reference is not None else 1.0)
         cg, cc = calibration["graph"], calibration["cluster"]
         prediction = predict_shared(cg, cc, plan, **options)
@@ -336,7 +337,7 @@ class RankCalibration:
         self.model, self.example_inputs, self.setup = model, example_inputs, setup
         self.loss_fn, self.targets = loss_fn, targets
         self.rounds, self.shares, self.between = [], [], []
-        self.reference = None
+        self.reference = self.messages = None
         self.rounds_before: set = set()
         self.warmup = 0
         # how much the ranks slow each other down is timed on the model's own ops
@@ -377,10 +378,15 @@ class RankCalibration:
         rounds run before."""
         setup = self.setup
         if training and dist.get_world_size() > 1 and setup.tdev.type == "cpu":
-            self.reference = Reference.build(
+            refs = [Reference.build(
                 self.model, self.example_inputs, setup.graph, plan, setup.devs, setup.me,
                 setup.tdev, setup.transport, loss_fn=loss_fn or default_loss,
-                loss_reduction=loss_reduction, seed=seed)
+                loss_reduction=loss_reduction, seed=seed, kind=kind)
+                for kind in ("pipeline", "messages")]
+            self.reference, self.messages = refs
+            if self.reference is not None and self.messages is not None:
+                # the plan reference_factor fits the cost per message on
+                self.reference.messages = self.messages.plan
         # the other calibration rounds interleaved with the measured steps, so
         # both sample the same load of a shared machine (the first ran before)
         chunk = -(-steps // min(CALIBRATION_ROUNDS, steps))
@@ -396,10 +402,11 @@ class RankCalibration:
             # shares are sampled before every measured step, too
             with STATUS.wait(None, "calibration"):
                 self.shares.append(core_shares(self.setup.tdev, 0.05, self.probe))
-                if self.reference is not None:
-                    # a reference step beside each measured one: both
-                    # see the host's speed of the moment
-                    self.between.append(self.reference.run(1, self.setup.spin, self.targets))
+                # a reference step beside each measured one: both see the
+                # host's speed of the moment
+                for ref in (self.reference, self.messages):
+                    if ref is not None:
+                        self.between.append(ref.run(1, self.setup.spin, self.targets))
 
     def combine(self) -> dict | None:
         """Rank 0: every rank's rounds and samples combined
