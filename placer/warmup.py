@@ -73,6 +73,7 @@ def warmup(policy: bool = True) -> dict:
     """Run every kernel once on a tiny problem, so numba compiles and caches
     them; returns what was compiled and how long it took."""
     from .api import optimize, simulate
+    from .cost import Problem, get_cost_model
     from .plan import Plan
     todo = uncompiled(policy)
     start = time.perf_counter()
@@ -82,6 +83,8 @@ def warmup(policy: bool = True) -> dict:
         plan = Plan({op: (["a0"] if k < 4 else ["b0", "b1"] if k < 7 else ["a1"])
                      for k, op in enumerate(ids)}, microbatches=2, schedule=schedule)
         simulate(graph, cluster, plan)
+    # the analytical model's longest path over the runtime's pieces
+    get_cost_model("analytical").estimate(Problem(graph, cluster, granularity="piece"), plan)
     for method in ("heft", "evolution") + (("rl",) if policy else ()):
         optimize(graph, cluster, method, seed=0, time_budget=None, evaluations=40)
     return {"compiled": todo, "kernels": len(kernels(policy)),
