@@ -55,24 +55,30 @@ def crossing_edges(ptr, edge, small, hr, hc, src, dst, run_group, total):
 
 
 @njit(cache=True)
+def _by_key(keys, R):
+    """CSR of indices ``0..len(keys)-1`` grouped by ``keys`` (in order)."""
+    ptr = np.zeros(R + 1, np.int64)
+    for e in range(len(keys)):
+        ptr[keys[e] + 1] += 1
+    for r in range(R):
+        ptr[r + 1] += ptr[r]
+    fill = ptr[:-1].copy()
+    out = np.empty(len(keys), np.int64)
+    for e in range(len(keys)):
+        out[fill[keys[e]]] = e
+        fill[keys[e]] += 1
+    return ptr, out
+
+
+@njit(cache=True)
 def run_paths(row_first, runs, run_group, run_w, r_src, r_dst, cost_e, inflow, G):
     """Longest paths over each plan's runs (see
     :func:`placer.cost.analytical._run_paths`): a tensor ``e`` reaches its
     run ``cost_e[e]`` after its source run's start. Returns each run's end
     and start."""
     R = len(run_group)
-    E = len(r_dst)
     # tensors by the run they enter, in their order
-    ptr = np.zeros(R + 1, np.int64)
-    for e in range(E):
-        ptr[r_dst[e] + 1] += 1
-    for r in range(R):
-        ptr[r + 1] += ptr[r]
-    fill = ptr[:-1].copy()
-    into = np.empty(E, np.int64)
-    for e in range(E):
-        into[fill[r_dst[e]]] = e
-        fill[r_dst[e]] += 1
+    ptr, into = _by_key(r_dst, R)
     h = np.zeros(R)
     ready = inflow.copy()
     last = np.full(G, -1, np.int64)          # the group's previous run in this plan
@@ -197,22 +203,6 @@ def links_dense(B, D, k_single, w_single, k_dp, w_dp, per_mb, speed, nic):
             out[r, d] = out[r, d] / nic[d]
             inn[r, d] = inn[r, d] / nic[d]
     return row, link, load, top, arg, both_max, out, inn, recv
-
-
-@njit(cache=True)
-def _by_key(keys, R):
-    """CSR of indices ``0..len(keys)-1`` grouped by ``keys`` (in order)."""
-    ptr = np.zeros(R + 1, np.int64)
-    for e in range(len(keys)):
-        ptr[keys[e] + 1] += 1
-    for r in range(R):
-        ptr[r + 1] += ptr[r]
-    fill = ptr[:-1].copy()
-    out = np.empty(len(keys), np.int64)
-    for e in range(len(keys)):
-        out[fill[keys[e]]] = e
-        fill[keys[e]] += 1
-    return ptr, out
 
 
 @njit(cache=True)

@@ -203,6 +203,7 @@ class Problem:
         #: :mod:`placer.runtime.scaling`): a data-parallel piece holding one
         #: runs unsharded (:meth:`as_run`). False for most graphs.
         self.mixing = np.array([bool(o.extra.get("mixes_batch")) for o in ops], dtype=bool)
+        self.has_mixing = bool(self.mixing.any())
         in_bytes = np.bincount(self.edge_dst, self.edge_bytes, minlength=self.n_ops) \
             if self.n_edges else np.zeros(self.n_ops)
         # Transient memory while an op runs: its inputs and its output (and, in
@@ -375,7 +376,7 @@ class Problem:
         device (:func:`placer.pieces.unshard_mixing`). Both cost models
         estimate plans so. Returns ``(assignments, groups)``, the same
         objects when nothing changes."""
-        if not self.mixing.any():
+        if not self.has_mixing:
             return assignments, groups
         from ..pieces import unshard_mixing
         return unshard_mixing(assignments, groups, self.mixing, self.edge_src, self.edge_dst)

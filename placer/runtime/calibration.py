@@ -350,15 +350,8 @@ def reference_plan(graph, devs: list[str], microbatches: int, schedule: str = "1
     """A contiguous pipeline of ``graph`` over ``devs`` in topological order
     (equal op counts; colocated ops follow the first of their group): the
     workload on which :class:`Reference` times ops inside the runtime."""
-    from ..plan import Plan
-    order = graph.topological_order()
-    k = len(devs)
-    placement = {op: [devs[min(k - 1, i * k // max(len(order), 1))]]
-                 for i, op in enumerate(order)}
-    for members in graph.colocation_groups().values():
-        for op in members[1:]:
-            placement[op] = list(placement[members[0]])
-    return Plan(placement, microbatches=max(1, int(microbatches)), schedule=schedule)
+    from .piece_costs import segments_plan
+    return segments_plan(graph, devs, len(devs), microbatches, schedule)
 
 
 #: segments of :func:`message_plan` (at most; one per op of a smaller graph)
@@ -371,15 +364,9 @@ def message_plan(graph, devs: list[str], microbatches: int, schedule: str = "1f1
     group): a plan whose step sends many messages (each cut, each way, each
     microbatch), on which :func:`reference_factor` fits the cost per message
     (see :class:`Reference`)."""
-    from ..plan import Plan
-    order = graph.topological_order()
-    parts = max(1, min(MESSAGE_SEGMENTS, len(order)))
-    placement = {op: [devs[(i * parts // max(len(order), 1)) % len(devs)]]
-                 for i, op in enumerate(order)}
-    for members in graph.colocation_groups().values():
-        for op in members[1:]:
-            placement[op] = list(placement[members[0]])
-    return Plan(placement, microbatches=max(1, int(microbatches)), schedule=schedule)
+    from .piece_costs import segments_plan
+    runs = max(1, min(MESSAGE_SEGMENTS, len(graph)))
+    return segments_plan(graph, devs, runs, microbatches, schedule)
 
 
 class Reference:
@@ -546,7 +533,8 @@ def reference_factor(calibration: dict, ref_plan, options: dict,
         extra = _solve(step, measured + (heavy or 0.0), -base, MESSAGE_EXTRA_MAX)
         options["message_overhead"] = base + extra
     report = predict_shared(graph, cluster, ref_plan, **options)
-    both = step(0.0)
+    both = report.step_time + sum(predict_shared(graph, cluster, p, **options).step_time
+                                  for p in plans[1:])
     raw = (measured + (heavy or 0.0)) / both if measured and both > 0 else 1.0
     factor = min(hi, max(lo, raw))
     calibration.update(reference_factor=factor, reference_factor_raw=raw,

@@ -16,7 +16,7 @@ from ..cost.report import Report
 from ..errors import PlanError
 from .engine import microbatch_rows
 from .scaling import with_fixed_bytes
-from .split import capture, first_batch, node_groups, split
+from .split import capture, first_batch, node_groups, probe_rows, split
 
 LOSS_REDUCTIONS = ("mean", "sum")
 
@@ -151,8 +151,7 @@ def prepare(model, plan, example_inputs, *, graph=None, granularity=None, leaf_m
     mb_rows = microbatch_rows(batch, max(1, int(plan.microbatches)))
     widest = max(len(g) for g in groups.values())
     if (len(mb_rows) > 1 or widest > 1) and batch > 1:
-        # any other size tells batched values apart; 2+ rows keep BatchNorm happy
-        small = batch // 2 if batch >= 4 else batch - 1
+        small = probe_rows(batch)
     else:
         small = batch
     sp = split(model, gm, inputs, groups, batch=batch, small=small)

@@ -40,20 +40,26 @@ def piece_plans(graph) -> list:
     :data:`PIECE_RUNS` runs alternating between devices ``a`` and ``b``
     in two microbatches (where the batch allows; colocated ops follow the
     first of their group)."""
-    from ..plan import Plan
     from ..search.base import microbatch_candidates
-    order = graph.topological_order()
-    groups = graph.colocation_groups().values()
     m = max(m for m in microbatch_candidates(graph, 2))
-    out = []
-    for runs, mb in ((1, 1), (PIECE_RUNS, m)):
-        placement = {op: ["a" if (i * runs // max(len(order), 1)) % 2 == 0 else "b"]
-                     for i, op in enumerate(order)}
-        for members in groups:
-            for op in members[1:]:
-                placement[op] = list(placement[members[0]])
-        out.append(Plan(placement, microbatches=mb))
-    return out
+    return [segments_plan(graph, ["a", "b"], runs, mb) for runs, mb in ((1, 1), (PIECE_RUNS, m))]
+
+
+def segments_plan(graph, devs: list[str], runs: int, microbatches: int = 1,
+                  schedule: str = "1f1b"):
+    """``graph``'s topological order cut into ``runs`` runs of equal op
+    counts, placed on ``devs`` in turn; colocated ops
+    follow the first of their group. The calibration's plans are all of
+    this shape (:func:`piece_plans`,
+    :func:`placer.runtime.calibration.reference_plan` and ``message_plan``)."""
+    from ..plan import Plan
+    order = graph.topological_order()
+    n = max(len(order), 1)
+    placement = {op: [devs[(i * runs // n) % len(devs)]] for i, op in enumerate(order)}
+    for members in graph.colocation_groups().values():
+        for op in members[1:]:
+            placement[op] = list(placement[members[0]])
+    return Plan(placement, microbatches=max(1, int(microbatches)), schedule=schedule)
 
 
 #: the last model's runners (building one splits the model: seconds for a

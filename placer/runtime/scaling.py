@@ -55,11 +55,6 @@ def _node_bytes(node, values: dict) -> float | None:
     return sum(parts) if parts else None
 
 
-def _small(batch: int) -> int:
-    """The second batch size the probe runs (as the runtime's split does)."""
-    return batch // 2 if batch >= 4 else batch - 1
-
-
 def node_fixed_fractions(gm: torch.fx.GraphModule, inputs: list, batch: int,
                          probed: tuple | None = None) -> dict:
     """fx node name -> the fraction of its value's bytes that does not
@@ -67,10 +62,10 @@ def node_fixed_fractions(gm: torch.fx.GraphModule, inputs: list, batch: int,
     ``bytes(rows) = fixed + per_row * rows`` fitted on the value's bytes at
     ``batch`` rows and at about half of them. ``probed``: the probe's
     ``(full, part)`` at those sizes when already run."""
-    from .split import probe
+    from .split import probe, probe_rows
     if batch < 2:
         return {}
-    small = _small(batch)
+    small = probe_rows(batch)
     full, part = probed or probe(gm, inputs, batch, small)
     out = {}
     for node in gm.graph.nodes:
@@ -92,10 +87,10 @@ def mixing_ops(graph, gm: torch.fx.GraphModule, inputs: list, batch: int,
     (:func:`placer.runtime.split.mixing_nodes` of its capture ``gm``); a
     node that is no op counts for the op whose device it follows in the
     runtime's split (its first input's)."""
-    from .split import mixing_nodes, probe
+    from .split import mixing_nodes, probe, probe_rows
     if batch < 2:
         return set()
-    small = _small(batch)
+    small = probe_rows(batch)
     full, part = probed or probe(gm, inputs, batch, small)
     names = mixing_nodes(gm, inputs, full, part, batch, small)
     if not names:
@@ -141,10 +136,10 @@ def _marks(graph) -> tuple:
 
 def _probe_marks(graph, gm, inputs, batch: int) -> tuple:
     """``(fractions, mixing)`` of ``graph``'s capture ``gm`` from one probe."""
-    from .split import probe
+    from .split import probe, probe_rows
     if batch < 2:
         return {}, set()
-    probed = probe(gm, inputs, batch, _small(batch))
+    probed = probe(gm, inputs, batch, probe_rows(batch))
     return (node_fixed_fractions(gm, inputs, batch, probed),
             mixing_ops(graph, gm, inputs, batch, probed))
 

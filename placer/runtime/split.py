@@ -571,6 +571,12 @@ def _assemble(model, gm, top, inputs, node_groups, name_piece, piece_of, merged,
                  batch, param_names, notes)
 
 
+def probe_rows(batch: int) -> int:
+    """The second batch size :func:`probe` runs beside ``batch`` rows: any
+    other size tells batched values apart; 2+ rows keep BatchNorm happy."""
+    return batch // 2 if batch >= 4 else batch - 1
+
+
 def mixing_nodes(gm: torch.fx.GraphModule, inputs: list, full: dict, part: dict,
                  batch: int, small: int) -> set[str]:
     """fx node names of ``gm`` that mix the batch: a batch-statistics layer
