@@ -122,6 +122,26 @@ def _plain(value):
     return value.to_dict()
 
 
+def test_plans_that_run_alike_are_one_plan():
+    placement = {"a": ["r0"], "b": ["r1"]}
+    key = fidelity._key
+    assert key(placer.Plan(placement, 1, "gpipe")) == key(placer.Plan(dict(placement), 1))
+    assert key(placer.Plan(placement, 2, "gpipe")) != key(placer.Plan(placement, 2, "1f1b"))
+    assert key(placer.Plan(placement, 1)) != key(placer.Plan({**placement, "b": ["r0"]}, 1))
+
+
+def test_the_references_are_taken_as_measured_plans():
+    cal = {"reference_step": 0.040, "reference_messages_step": 0.080,
+           "reference_compute": {"r0": 0.02, "r1": 0.02}, "op_overhead": 1e-5}
+    pipeline = {"calibration": cal, "step_time": 0.034, "compute": {"r0": 0.015, "r1": 0.016}}
+    out = fidelity.measured_references(pipeline, {"step_time": 0.07})
+    assert (out["reference_step"], out["reference_messages_step"]) == (0.034, 0.07)
+    assert out["reference_compute"] == {"r0": 0.015, "r1": 0.016}
+    assert (out["reference_step_beside"], out["reference_messages_step_beside"]) == (0.04, 0.08)
+    assert out["reference_compute_beside"] == cal["reference_compute"]
+    assert cal["reference_step"] == 0.040 and out["op_overhead"] == 1e-5   # a copy
+
+
 def test_a_failing_plan_is_reported_and_the_rest_still_run():
     model = Model("gpt-125m", 4, 8)
     graph = placer.trace(*model.build())
@@ -141,8 +161,15 @@ def test_quick_bench_writes_results_and_scatters(tmp_path):
     case = saved["cases"][0]
     assert len(case["plans"]) >= 10 and not case["failed"]
     # every strategy's plan is measured, once where two strategies agree
-    assert {"reference", "random", "heft", "m_etf"} <= {r["origin"] for r in case["plans"]} \
+    assert {"random", "heft", "m_etf"} <= {r["origin"] for r in case["plans"]} \
         | set(case["duplicates"])
+    # the calibration's two plans are measured as the others are, not scored
+    refs = case["references"]
+    assert [r["origin"] for r in refs] == list(fidelity.CALIBRATING)
+    assert not set(fidelity.CALIBRATING) & {r["origin"] for r in case["plans"]}
+    assert case["calibration"]["reference_step"] == refs[0]["measured"] > 0
+    assert case["calibration"]["reference_messages_step"] == refs[1]["measured"] > 0
+    assert refs[0]["beside"] > 0
     for name in ("simulator", "analytical", "calibrated"):
         m = case["metrics"][name]
         assert -1 <= m["kendall_tau"] <= 1 and m["regret"] >= 1

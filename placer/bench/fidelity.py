@@ -138,8 +138,9 @@ def agreement(predicted: list[float], measured: list[float]) -> dict:
 # the population
 # --------------------------------------------------------------------------
 def _key(plan) -> tuple:
+    """What makes two plans the same run (one microbatch: any schedule)."""
     return (tuple(sorted((k, tuple(v)) for k, v in plan.placement.items())),
-            plan.microbatches, plan.schedule)
+            plan.microbatches, plan.schedule if plan.microbatches > 1 else None)
 
 
 def _colocated(graph, placement: dict) -> dict:
@@ -450,7 +451,7 @@ def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans
              steps: int = 5, warmup: int = 2, evaluations: int = 300, evo_seeds: int = 3,
              seed: int = 0, rate: str | None = None, bursts: int = 1, log=print) -> dict:
     """Measure and predict one case's population; see the module doc."""
-    from placer.runtime.calibration import reference_plan
+    from placer.runtime.calibration import message_plan, reference_plan
     model = MODELS[model_key]
     module, inputs = model.build()
     graph = placer.trace(module, inputs)
@@ -471,32 +472,35 @@ def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans
         # 1. calibrate on the reference pipeline, then random plans on every
         # device in the same start (they need no calibration to be chosen)
         # strategies often agree (several one-device plans): randoms fill up
-        randoms = random_plans(graph, devices, max(plans // 2, plans - 8), seed)
+        randoms = random_plans(graph, devices, max(plans // 2, plans - 6), seed)
         randoms += [placer.Plan({op: [d] for op in graph.ids}) for d in devices]
-        ref = reference_plan(graph, devices, 2)
-        first = measure([ref] + [p for p in randoms if len(p.devices_used()) == nproc],
+        refs = [reference_plan(graph, devices, 2), message_plan(graph, devices, 2)]
+        first = measure(refs + [p for p in randoms if len(p.devices_used()) == nproc],
                         calibrate_first=True)
-        if "calibration" not in first[0]:
+        if "calibration" not in first[0] or "step_time" not in first[1]:
             raise PlacerError(f"{model_key}/{network}: the calibration run failed: "
-                              f"{first[0].get('error')}")
-        calibration = first[0]["calibration"]
+                              f"{first[0].get('error') or first[1].get('error')}")
+        calibration = measured_references(first[0], first[1])
         # 2. the strategies' plans, searched on that calibration
         from placer.runtime.calibration import calibrated_options
         cg = placer.Graph.from_dict(calibration["graph"])
         cc = placer.Cluster.from_dict(calibration["cluster"])
         found = strategy_plans(cg, cc, calibrated_options(calibration),
                                evaluations=evaluations, seeds=evo_seeds, seed=seed)
-        population = [("reference", ref)] + \
+        population = list(zip(CALIBRATING, refs)) + \
             [("random", p) for p in randoms if len(p.devices_used()) == nproc]
         results = list(first)
         seen = {_key(p) for _, p in population}
         rest = [(o, p) for o, p in found if _key(p) not in seen and not seen.add(_key(p))]
         # strategies whose plan another had already (measured once)
         duplicates = [o for o, p in found if all(p is not q for _, q in rest)]
-        rest += [("random", p) for p in randoms if len(p.devices_used()) < nproc]
+        rest += [("random", p) for p in randoms if len(p.devices_used()) < nproc
+                 and _key(p) not in seen and not seen.add(_key(p))]
         results += measure([p for _, p in rest])
         population += rest
-    ok = [i for i, r in enumerate(results) if "step_time" in r]
+    # the plans the calibration was fitted on are not scored
+    ok = [i for i, r in enumerate(results)
+          if "step_time" in r and population[i][0] not in CALIBRATING]
     plans_ok = [population[i][1] for i in ok]
     measured = [results[i]["step_time"] for i in ok]
     preds = predictions(calibration, plans_ok)
@@ -511,16 +515,23 @@ def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans
                      **{k: v[j] for k, v in preds.items()}})
     failed = [{"origin": population[i][0], "error": results[i]["error"]}
               for i in range(len(results)) if "step_time" not in results[i]]
+    references = [{"origin": population[i][0], "measured": results[i]["step_time"],
+                   "burst_medians": results[i].get("burst_medians"),
+                   "beside": calibration.get(f"{key}_beside")}
+                  for i, key in zip(range(len(CALIBRATING)),
+                                    ("reference_step", "reference_messages_step"))]
     return {"model": model_key, "zoo": model.name, "batch": model.batch,
             "network": network, "rate": rate, "nproc": nproc, "steps": steps,
             "warmup": warmup, "bursts": bursts, "plans": rows, "failed": failed, "duplicates": duplicates,
+            "references": references,
             "metrics": {k: agreement(v, measured) for k, v in preds.items()}
             if len(measured) >= 2 else {},
             "calibration": {k: calibration.get(k) for k in (
                 "op_overhead", "task_overhead", "message_overhead", "resume_overhead",
                 "collective_efficiency", "reference_factor", "reference_factor_raw",
                 "compute_scale", "reference_compute_factor", "reference_message_extra",
-                "reference_step", "reference_messages_step",
+                "reference_step", "reference_messages_step", "reference_step_beside",
+                "reference_messages_step_beside",
                 "cpu_share", "cpu_share_all", "speed_drift")},
             "links": {k: {"bandwidth": v["bandwidth"], "latency": v["latency"]}
                       for k, v in calibration.get("links", {}).items()},
@@ -531,6 +542,40 @@ def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans
                     # each rank's measured compute and communication seconds a step
                     "parts": [{"compute": results[i].get("compute"),
                                "comm": results[i].get("comm")} for i in ok]}}
+
+
+#: origins of the two plans the calibration is fitted on (measured first,
+#: as every plan is; see :func:`measured_references`), not scored
+CALIBRATING = ("reference", "reference-messages")
+
+
+def measured_references(pipeline: dict, messages: dict) -> dict:
+    """The calibration of a start whose first two plans were
+    :func:`~placer.runtime.calibration.reference_plan` (calibrating) and
+    :func:`~placer.runtime.calibration.message_plan`, their steps and the
+    pipeline's compute taken as :func:`measure_plans` measured them (the
+    smallest burst median) instead of the reference steps run beside the
+    calibrating burst (kept as ``reference_step_beside``,
+    ``reference_messages_step_beside`` and ``reference_compute_beside``).
+
+    Why: the plans are each measured at their fastest of three bursts, the
+    references beside one burst; on a host whose speed changes from
+    second to second the two differ by the host's phase (inception over
+    loopback: reference steps beside 40.2 ms, the same pipeline as a plan
+    33.8, every one-device plan then predicted 28-36% slow), and over a
+    ``tbf`` link a reference step run after a pause starts with the
+    bucket's burst allowance that back-to-back steps do not have (gpt:
+    27.8 ms beside, 33.0 as a plan)."""
+    calibration = dict(pipeline["calibration"])
+    calibration.update(
+        reference_step_beside=calibration.get("reference_step"),
+        reference_messages_step_beside=calibration.get("reference_messages_step"),
+        reference_compute_beside=calibration.get("reference_compute"),
+        reference_step=pipeline["step_time"],
+        reference_messages_step=messages["step_time"])
+    if pipeline.get("compute"):
+        calibration["reference_compute"] = dict(pipeline["compute"])
+    return calibration
 
 
 def _op_level(graph, plan) -> bool:
@@ -643,11 +688,15 @@ def repredict(path: str) -> dict:
     """The metrics (as in a case's ``metrics``) of a case kept by
     ``bench_fidelity(raw=...)``, predicted again from its calibration."""
     raw = _kept(path)
-    plans = [placer.Plan.from_dict(p) for p in raw["plans"]]
+    # sets kept before the references were measured as plans scored the pipeline
+    scored = [i for i, o in enumerate(raw.get("origins") or [""] * len(raw["plans"]))
+              if o not in CALIBRATING]
+    plans = [placer.Plan.from_dict(raw["plans"][i]) for i in scored]
+    measured = [raw["measured"][i] for i in scored]
     preds = predictions(raw["calibration"], plans)
     return {k: {m: v[m] for m in ("kendall_tau", "median_abs_error", "p90_abs_error",
                                   "regret")}
-            for k, v in ((k, agreement(v, raw["measured"])) for k, v in preds.items())}
+            for k, v in ((k, agreement(v, measured)) for k, v in preds.items())}
 
 
 def refresh(results: str, raws: list[str], log=print) -> dict:
