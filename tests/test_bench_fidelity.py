@@ -211,3 +211,16 @@ def test_link_fits_survive_calibration_rounds_that_stopped_early():
         cluster = ranks_cluster(["r0", "r1"], placer.Device("cpu", 1e11, 1e10),
                                 {"pairs": {(0, 1): link}})
         assert cluster.link("r0", "r1")[1] == pytest.approx(want)
+
+
+def test_the_rank_that_failed_first_names_the_error(tmp_path):
+    (tmp_path / "rank0.log").write_text(
+        "fidelity-error: plan 3: RuntimeError: [pair.cc:553] Connection closed by peer\n")
+    (tmp_path / "rank1.log").write_text(
+        "noise\nfidelity-error: plan 3: RuntimeError: shape mismatch in piece 2\n")
+    assert fidelity._failed_plan(str(tmp_path), 2) == (
+        3, "plan 3: RuntimeError: shape mismatch in piece 2")
+    (tmp_path / "rank1.log").write_text("killed\n")
+    assert fidelity._failed_plan(str(tmp_path), 2)[0] == 3
+    (tmp_path / "rank0.log").write_text("")
+    assert fidelity._failed_plan(str(tmp_path), 2) is None

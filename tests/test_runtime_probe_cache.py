@@ -53,3 +53,32 @@ def test_the_cache_is_bounded(monkeypatch):
     for rows in (4, 6, 8):
         split_mod.probe(gm, [torch.randn(rows, 8)], rows, 2)
     assert len(split_mod._PROBES) == 2
+
+
+class _SliceBetween(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 16), torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.b(self.a(x)[:, :8])
+
+
+def test_two_cuts_with_alike_top_code_are_kept_apart(monkeypatch):
+    """A split module's own code and weights can be the same for two cuts
+    (two pieces called in turn, the slice between the layers on either
+    side of the cut); what crosses between them is not."""
+    from torch.fx.passes.split_module import split_module
+    monkeypatch.setattr(split_mod, "_PROBES", {})
+    model = _SliceBetween()
+    inputs = [torch.randn(6, 8)]
+    tops = []
+    for last in ("a", "getitem"):      # the first piece ends before / after the slice
+        gm = torch.fx.symbolic_trace(model)
+        names = [n.name for n in gm.graph.nodes]
+        tops.append(split_module(gm, model, lambda n, last=last: int(
+            names.index(n.name) > names.index(last))))
+    assert tops[0].code == tops[1].code
+    first = split_mod.probe(tops[0], inputs, 6, 3)
+    second = split_mod.probe(tops[1], inputs, 6, 3)
+    assert first != second and second == _fresh(tops[1], inputs, 6, 3)

@@ -326,27 +326,55 @@ def _launch_batch(plans, model: Model, devs: list[str], *, steps, warmup, nets,
                 if p.poll() is None:
                     p.kill()
                 p.wait()
-        out = []
+        kept = []
         for k in range(len(plans)):
             path = os.path.join(tmp, f"plan{k}.pt")
-            if not os.path.exists(path):
-                out.append({"error": _failure(tmp, world, k)})
+            kept.append(torch.load(path, weights_only=True) if os.path.exists(path) else None)
+        # a plan that failed in a later burst has a file from the earlier ones
+        failed = None
+        if any(p.returncode for p in procs):
+            failed = _failed_plan(tmp, world)
+            if failed is None:      # no rank said: where the last burst stopped
+                done = [len(r["burst_medians"]) if r else 0 for r in kept]
+                k = next((i for i, n in enumerate(done) if n < done[0]),
+                         0 if done[0] < bursts else None)
+                failed = (k, f"plan {k}: the ranks stopped without a result (crash)") \
+                    if k is not None else None
+        out = []
+        for k, res in enumerate(kept):
+            if failed is not None and failed[0] == k or res is None:
+                out.append({"error": failed[1] if failed is not None and failed[0] == k
+                            else f"plan {k}: the ranks stopped without a result "
+                                 "(timeout or crash)"})
                 break
-            out.append(torch.load(path, weights_only=True))
+            out.append(res)
         return out
 
 
-def _failure(tmp: str, world: int, k: int) -> str:
-    """The first error line of the ranks' logs (or that they timed out)."""
+#: gloo's words when a peer of the rank went away (not the cause)
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+def _failed_plan(tmp: str, world: int) -> tuple[int, str] | None:
+    """(plan index, its error) from the ranks' logs: a rank's own error
+    before a rank that only lost its peer; None when no rank said."""
+    import re
+    found = []
     for r in range(world):
         try:
             with open(os.path.join(tmp, f"rank{r}.log")) as f:
                 lines = [ln for ln in f.read().splitlines() if "fidelity-error:" in ln]
         except OSError:
             continue
-        if lines:
-            return lines[-1].split("fidelity-error:", 1)[1].strip()
-    return f"plan {k}: the ranks stopped without a result (timeout or crash)"
+        for line in lines:
+            text = line.split("fidelity-error:", 1)[1].strip()
+            match = re.match(r"plan (\d+):", text)
+            if match:
+                found.append((any(w in text for w in _PEER_GONE), int(match[1]), text))
+    if not found:
+        return None
+    _peer, k, text = min(found)
+    return k, text
 
 
 def worker(spec_path: str) -> int:
@@ -472,7 +500,7 @@ def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans
         # 1. calibrate on the reference pipeline, then random plans on every
         # device in the same start (they need no calibration to be chosen)
         # strategies often agree (several one-device plans): randoms fill up
-        randoms = random_plans(graph, devices, max(plans // 2, plans - 6), seed)
+        randoms = random_plans(graph, devices, max(plans // 2, plans - 4), seed)
         randoms += [placer.Plan({op: [d] for op in graph.ids}) for d in devices]
         refs = [reference_plan(graph, devices, 2), message_plan(graph, devices, 2)]
         first = measure(refs + [p for p in randoms if len(p.devices_used()) == nproc],

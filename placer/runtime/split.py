@@ -237,9 +237,10 @@ def _tensor_sig(t) -> tuple:
 
 def _probe_key(gm: torch.fx.GraphModule, inputs: list, batch: int, small: int) -> tuple:
     """What a meta probe of ``gm`` depends on: its code, its submodules'
-    kinds and settings, its weights' and the inputs' shapes, dtypes and
+    kinds, settings and code (a split module's pieces), its weights' and the inputs' shapes, dtypes and
     gradient flags, and the two batch sizes."""
-    modules = tuple((name, type(m).__qualname__, m.extra_repr())
+    # a split module's own code may be alike for two cuts: its pieces' is not
+    modules = tuple((name, type(m).__qualname__, m.extra_repr(), getattr(m, "code", None))
                     for name, m in gm.named_modules())
     weights = tuple((name, _tensor_sig(t)) for name, t in
                     [*gm.named_parameters(remove_duplicate=False),
