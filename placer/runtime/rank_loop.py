@@ -88,6 +88,19 @@ def run_rank(model: torch.nn.Module, plan, example_inputs, *, steps: int = 3, wa
     torch.manual_seed(seed)
     setup = _set_up(model, plan, example_inputs, graph=graph, cluster=cluster, device=device,
                     training=training, busy_poll=busy_poll, p2p_tag0=p2p_tag0)
+    try:
+        return _run_set_up(setup, model, optimizer, loss_fn, targets, example_inputs,
+                           cluster=cluster, training=training, loss_reduction=loss_reduction,
+                           problem_options=problem_options, seed=seed, calibrate=calibrate,
+                           steps=steps, warmup=warmup)
+    finally:
+        setup.transport.close()
+
+
+def _run_set_up(setup: "RankSetup", model, optimizer, loss_fn, targets, example_inputs, *,
+                cluster, training: bool, loss_reduction: str, problem_options, seed: int,
+                calibrate: bool, steps: int, warmup: int) -> dict | None:
+    """:func:`run_rank` once this rank is set up."""
     hook = (RankCalibration(model, example_inputs, setup, loss_fn, targets)
             if calibrate else None)
     order_on = (setup.graph, cluster, {**RUNTIME_OPTIONS, **(problem_options or {})})

@@ -70,6 +70,7 @@ class Watcher:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._threads = 0
+        self._started: list[threading.Thread] = []
         self._busy = 0
         self._arrived = threading.Condition()
 
@@ -81,13 +82,33 @@ class Watcher:
             if start:
                 self._threads += 1
         if start:
-            threading.Thread(target=self._run, name="placer-recv-watch", daemon=True).start()
+            thread = threading.Thread(target=self._run, name="placer-recv-watch", daemon=True)
+            with self._lock:
+                self._started.append(thread)
+            thread.start()
         self._queue.put(handle)
         return handle
+
+    def close(self) -> None:
+        """End the threads once the receives handed to them are done (a
+        transport lives for one plan's run: threads left behind by every
+        plan a process ran made its later steps slower; see
+        :meth:`placer.runtime.transport.DistTransport.close`)."""
+        with self._lock:
+            threads, self._started = self._started, []
+            self._threads = 0
+        for _ in threads:
+            self._queue.put(None)
+        # gone before the caller goes on: a thread still leaving at the
+        # interpreter's exit made the process abort
+        for thread in threads:
+            thread.join(timeout=1.0)
 
     def _run(self) -> None:
         while True:
             handle = self._queue.get()
+            if handle is None:
+                return
             try:
                 handle.work.wait()
             except BaseException as exc:   # re-raised by the rank in Handle.wait
