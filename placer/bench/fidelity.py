@@ -15,7 +15,9 @@ on the case's calibration:
   simulator with the ranks' CPU contention
   (:func:`placer.runtime.contention.predict_shared`) on the reference
   pipeline's fit (:func:`placer.runtime.calibration.reference_factor`:
-  its compute, its messages, then a factor for the rest).
+  its compute, its messages, then a factor for the rest), the reference
+  pipeline and the message plan measured as every plan is
+  (:func:`measured_references`; they are reported apart, not scored).
 
 Every prediction is of the plan as the runtime runs it
 (:func:`placer.runtime.common.as_run`).
