@@ -224,3 +224,33 @@ def test_the_rank_that_failed_first_names_the_error(tmp_path):
     assert fidelity._failed_plan(str(tmp_path), 2)[0] == 3
     (tmp_path / "rank0.log").write_text("")
     assert fidelity._failed_plan(str(tmp_path), 2) is None
+
+
+def test_rounds_merge_into_one_result_per_plan():
+    first = [{"step_time": 0.02, "burst_medians": [0.02, 0.03], "step_times": [0.02, 0.03],
+              "compute": {"r0": 1}, "calibration": {"x": 1}},
+             {"step_time": 0.05, "burst_medians": [0.05], "step_times": [0.05]},
+             {"step_time": 0.05, "burst_medians": [0.05], "step_times": [0.05]},
+             {"error": "plan 3: broke"}]
+    again = [{"step_time": 0.01, "burst_medians": [0.01], "step_times": [0.01],
+              "compute": {"r0": 2}},
+             {"step_time": 0.06, "burst_medians": [0.06], "step_times": [0.06]},
+             {"error": "plan 2: broke later"},
+             {"step_time": 0.01, "burst_medians": [0.01], "step_times": [0.01]}]
+    out = fidelity.merge_rounds(first, again)
+    assert out[0]["step_time"] == 0.01 and out[0]["compute"] == {"r0": 2}
+    assert out[0]["burst_medians"] == [0.02, 0.03, 0.01] and out[0]["calibration"] == {"x": 1}
+    assert out[1]["step_time"] == 0.05 and out[1]["burst_medians"] == [0.05, 0.06]
+    assert out[2] == {"error": "plan 2: broke later"} and out[3] == {"error": "plan 3: broke"}
+
+
+@pytest.mark.slow
+def test_a_case_in_two_rounds_measures_every_plan_in_both():
+    case = fidelity.run_case("gnmt", plans=6, steps=1, warmup=0, evaluations=20, evo_seeds=1,
+                             bursts=2, rounds=2, log=lambda *_: None)
+    assert case["rounds"] == 2 and not case["failed"] and len(case["plans"]) >= 6
+    assert all(len(r["burst_medians"]) == 2 for r in case["plans"])
+    assert all(r["measured"] == min(r["burst_medians"]) for r in case["plans"])
+    refs = case["references"]
+    assert all(len(r["burst_medians"]) == 2 for r in refs)
+    assert case["calibration"]["reference_step"] == min(refs[0]["burst_medians"])
