@@ -51,6 +51,9 @@ def test_agreement_errors_and_regret():
     tie = agreement([18.0, 18.0, 18.0, 80.0], [10.0, 20.0, 40.0, 80.0])
     assert tie["regret"] == pytest.approx(2.0) and tie["regret_first"] == pytest.approx(1.0)
     assert tie["tied_best"] == 3
+    # a fit that went below zero still ties (and ranks) its best
+    low = agreement([-1.0, 2.0, -1.0], [10.0, 20.0, 30.0])
+    assert low["tied_best"] == 2 and low["regret"] == pytest.approx(2.0)
 
 
 def test_random_plans_are_valid_mixed_and_follow_the_microbatch_rule():

@@ -128,7 +128,7 @@ def agreement(predicted: list[float], measured: list[float]) -> dict:
     errors = [abs(p - m) / m for p, m in zip(predicted, measured)]
     best = min(range(len(predicted)), key=lambda i: (predicted[i], i))
     tied = [m for p, m in zip(predicted, measured)
-            if p <= predicted[best] * (1 + 1e-9)]
+            if p <= predicted[best] + abs(predicted[best]) * 1e-9]
     return {"kendall_tau": kendall_tau(predicted, measured),
             "median_abs_error": statistics.median(errors),
             "p90_abs_error": _quantile(errors, 0.9),
