@@ -911,8 +911,11 @@ class Hybrid(_Learned):
             value = plan.predicted["objective"]
         else:
             from placer.search.ranker import score_finalists
-            value = score_finalists(ranker, problem, [plan], budget,
-                                    policy=RankPolicy(keep=0))[0]
+            scored = score_finalists(ranker, problem, [plan], budget,
+                                     policy=RankPolicy(keep=0))
+            # no time left to score it by the final model: the two cannot be
+            # compared by one model, and evolution's plan stands
+            value = scored[0] if scored else -math.inf
         if not policy_value < value - 1e-9 * abs(value):
             plan.predicted.update(evaluations=budget.used, search_seconds=budget.elapsed)
             return plan

@@ -420,6 +420,26 @@ def test_hybrid_ranks_the_policys_plans_by_the_simulator_against_evolutions(tmp_
     assert plan.predicted["objective"] == pytest.approx(cost.estimate(problem, plan).objective)
 
 
+def test_hybrid_keeps_evolutions_plan_when_no_time_is_left_to_score_it(monkeypatch):
+    """Out of time before the final model scored evolution's plan (the
+    ranker's time rule scores none): the policy's plan, scored by another
+    model, cannot be compared with it, and evolution's plan stands."""
+    import placer.search.ranker as ranker
+    from placer import Plan
+    from placer.search import Budget, get_strategy
+    monkeypatch.setattr(ranker, "score_finalists", lambda *args, **kw: [])
+    problem = Problem(datasets.graph("layered-n30-w4-s0"), datasets.cluster("hetero-lab"))
+    first, second = problem.cluster.names[:2]
+    plan = Plan({op: [first] for op in problem.graph.ids})
+    plan.predicted = {"objective": 1.0}
+    policy_plan = Plan({op: [second] for op in problem.graph.ids})
+    budget = Budget(time=0.5)
+    hybrid = get_strategy("hybrid")
+    out = hybrid._better(problem, budget.meter(get_cost_model("analytical")), budget, plan,
+                         policy_plan, 1e-6, "simulator", None)
+    assert out is plan and "search_seconds" in out.predicted
+
+
 @pytest.mark.parametrize("graph, cluster, evaluations, seeds, options", [
     ("layered-n30-w4-s0", "hetero-lab", 1500, (0,), {"population": 16}),
     # nothing fits; evolution converges before its budget here
