@@ -10,15 +10,22 @@ from placer import Cluster, Device, Edge, Graph, Op, Plan
 from placer.cost import Problem, get_cost_model
 
 
+def _two_devices(name: str, edges: list[tuple[str, str]],
+                 placement: dict[str, str]) -> tuple[Graph, Cluster, Plan]:
+    """Ops of 1 + 2 GFLOP (forward, backward) in ``placement``'s order,
+    1 kB tensors, on two 1-TFLOP devices joined by an instant link."""
+    ops = [Op(n, flops=1e9, bwd_flops=2e9) for n in placement]
+    g = Graph(name, ops, [Edge(a, b, 1e3) for a, b in edges], training=True)
+    devs = [Device(n, 1e12, 1e10, efficiency=1.0) for n in sorted(set(placement.values()))]
+    return g, Cluster.from_rules("two", devs, default=(1e15, 0.0)), \
+        Plan({op: [d] for op, d in placement.items()})
+
+
 def _fork() -> tuple[Graph, Cluster, Plan]:
     # s -> p, s -> t, t -> q, p -> q; x runs s and t (two runs, one piece),
     # y runs p and q (likewise)
-    ops = [Op(n, flops=1e9, bwd_flops=2e9) for n in ("s", "p", "t", "q")]
-    g = Graph("fork", ops, [Edge("s", "p", 1e3), Edge("s", "t", 1e3), Edge("t", "q", 1e3),
-                            Edge("p", "q", 1e3)], training=True)
-    devs = [Device(n, 1e12, 1e10, efficiency=1.0) for n in ("x", "y")]
-    return g, Cluster.from_rules("two", devs, default=(1e15, 0.0)), \
-        Plan({"s": ["x"], "p": ["y"], "t": ["x"], "q": ["y"]})
+    return _two_devices("fork", [("s", "p"), ("s", "t"), ("t", "q"), ("p", "q")],
+                        {"s": "x", "p": "y", "t": "x", "q": "y"})
 
 
 def test_a_task_per_piece_not_per_run():
@@ -72,12 +79,8 @@ def _merged_piece() -> tuple[Graph, Cluster, Plan]:
     # x -> p, x -> q, p -> s, q -> s in the order x p q s: d1 runs p and s,
     # two runs with q on d0 between them, merged into one piece (no path of
     # two steps joins p to s), which starts once q's output is there too
-    ops = [Op(n, flops=1e9, bwd_flops=2e9) for n in ("x", "p", "q", "s")]
-    g = Graph("merged", ops, [Edge("x", "q", 1e3), Edge("x", "p", 1e3), Edge("p", "s", 1e3),
-                              Edge("q", "s", 1e3)], training=True)
-    devs = [Device(n, 1e12, 1e10, efficiency=1.0) for n in ("d0", "d1")]
-    return g, Cluster.from_rules("two", devs, default=(1e15, 0.0)), \
-        Plan({"x": ["d0"], "p": ["d1"], "q": ["d0"], "s": ["d1"]})
+    return _two_devices("merged", [("x", "q"), ("x", "p"), ("p", "s"), ("q", "s")],
+                        {"x": "d0", "p": "d1", "q": "d0", "s": "d1"})
 
 
 @pytest.mark.parametrize("m", [1, 2])

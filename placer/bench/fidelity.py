@@ -427,19 +427,30 @@ def _keep_burst(keep: dict, res: dict, gradients: bool) -> None:
     burst's steps and median, and the step time, compute and communication
     of the burst with the smallest median (see :func:`measure_plans`)."""
     rep = res["report"]
-    if not keep:
-        keep.update(loss=res["loss"], schedule=res["schedule"], step_times=[],
-                    burst_medians=[])
-        if gradients:
-            keep["gradients"] = res["gradients"]
-        if "calibration" in res:
-            keep["calibration"] = res["calibration"]
-            keep["predicted"] = rep["predicted"]
-    keep["step_times"] = keep["step_times"] + list(rep["step_times"])
-    keep["burst_medians"] = keep["burst_medians"] + [rep["step_time"]]
-    if rep["step_time"] <= min(keep["burst_medians"]):
-        keep.update(step_time=rep["step_time"], compute=rep.get("compute"),
-                    comm=rep.get("comm"))
+    burst = {"step_times": list(rep["step_times"]), "burst_medians": [rep["step_time"]],
+             "step_time": rep["step_time"], "compute": rep.get("compute"),
+             "comm": rep.get("comm")}
+    if keep:
+        keep.update(_with_bursts(keep, burst))
+        return
+    keep.update(burst, loss=res["loss"], schedule=res["schedule"])
+    if gradients:
+        keep["gradients"] = res["gradients"]
+    if "calibration" in res:
+        keep["calibration"] = res["calibration"]
+        keep["predicted"] = rep["predicted"]
+
+
+def _with_bursts(kept: dict, more: dict) -> dict:
+    """``kept`` (a plan's measured bursts) with those of ``more`` added:
+    every burst's steps and median, and the step time, compute and
+    communication of the fastest burst (a tie: the later)."""
+    out = {**kept, "burst_medians": kept["burst_medians"] + more["burst_medians"],
+           "step_times": kept["step_times"] + more["step_times"]}
+    if more["step_time"] <= kept["step_time"]:
+        out.update(step_time=more["step_time"], compute=more.get("compute"),
+                   comm=more.get("comm"))
+    return out
 
 
 # --------------------------------------------------------------------------
@@ -563,8 +574,7 @@ def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans
     references = [{"origin": population[i][0], "measured": results[i]["step_time"],
                    "burst_medians": results[i].get("burst_medians"),
                    "beside": calibration.get(f"{key}_beside")}
-                  for i, key in zip(range(len(CALIBRATING)),
-                                    ("reference_step", "reference_messages_step"))]
+                  for i, key in enumerate(("reference_step", "reference_messages_step"))]
     return {"model": model_key, "zoo": model.name, "batch": model.batch,
             "network": network, "rate": rate, "nproc": nproc, "steps": steps,
             "warmup": warmup, "bursts": bursts, "rounds": rounds, "plans": rows, "failed": failed, "duplicates": duplicates,
@@ -594,18 +604,8 @@ def merge_rounds(first: list[dict], again: list[dict]) -> list[dict]:
     (``burst_medians``, ``step_times``), the step, compute and
     communication of the fastest, the first round's calibration; a plan
     that failed in either round is failed (its error)."""
-    out = []
-    for a, b in zip(first, again):
-        if "error" in a or "error" in b:
-            out.append({"error": a.get("error") or b["error"]})
-            continue
-        merged = {**a, "burst_medians": a["burst_medians"] + b["burst_medians"],
-                  "step_times": a["step_times"] + b["step_times"]}
-        if b["step_time"] < a["step_time"]:
-            merged.update(step_time=b["step_time"], compute=b.get("compute"),
-                          comm=b.get("comm"))
-        out.append(merged)
-    return out
+    return [{"error": a.get("error") or b["error"]} if "error" in a or "error" in b
+            else _with_bursts(a, b) for a, b in zip(first, again)]
 
 
 #: origins of the two plans the calibration is fitted on (measured first,

@@ -71,6 +71,20 @@ def _by_key(keys, R):
 
 
 @njit(cache=True)
+def _latest(ptr, order, r, at, times, cost):
+    """The latest ``times[at[e]] + cost[e]`` over the tensors ``e`` listed
+    for run ``r`` (``order[ptr[r]:ptr[r + 1]]``, a :func:`_by_key` CSR), in
+    their order; -inf when none."""
+    best = -np.inf
+    for i in range(ptr[r], ptr[r + 1]):
+        e = order[i]
+        v = times[at[e]] + cost[e]
+        if v > best:
+            best = v
+    return best
+
+
+@njit(cache=True)
 def run_paths(row_first, runs, run_group, run_w, r_src, r_dst, cost_e, inflow, G):
     """Longest paths over each plan's runs (see
     :func:`placer.cost.analytical._run_paths`): a tensor ``e`` reaches its
@@ -86,13 +100,7 @@ def run_paths(row_first, runs, run_group, run_w, r_src, r_dst, cost_e, inflow, G
         first = row_first[b]
         for r in range(first, first + runs[b]):
             if ptr[r + 1] > ptr[r]:
-                best = -np.inf
-                for i in range(ptr[r], ptr[r + 1]):
-                    e = into[i]
-                    v = ready[r_src[e]] + cost_e[e]
-                    if v > best:
-                        best = v
-                ready[r] += best
+                ready[r] += _latest(ptr, into, r, r_src, ready, cost_e)
             g = run_group[r]
             begin = ready[r]
             if last[g] >= 0 and h[last[g]] > begin:
@@ -232,13 +240,7 @@ def run_paths_phased(row_first, runs, run_group, w_f, w_b, r_src, r_dst, lat_f, 
         for r in range(first, stop):
             begin = 0.0
             if ptr_in[r + 1] > ptr_in[r]:
-                best = -np.inf
-                for i in range(ptr_in[r], ptr_in[r + 1]):
-                    e = into[i]
-                    v = end_f[r_src[e]] + lat_f[e]
-                    if v > best:
-                        best = v
-                begin = best + inflow_f[r]
+                begin = _latest(ptr_in, into, r, r_src, end_f, lat_f) + inflow_f[r]
             g = run_group[r]
             if last[g] >= 0 and end_f[last[g]] > begin:
                 begin = end_f[last[g]]
