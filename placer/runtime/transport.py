@@ -223,9 +223,10 @@ class DistTransport:
         on gnmt over two gloo ranks, 150 threads a plan, 8,061 after 54
         plans, and the same plans' steps 1.3-2x slower in the third round
         than in the first (6 threads throughout with them stopped). The
-        all-reduce groups stay: destroying a gloo subgroup made the
-        process abort at exit ("terminate called without an active
-        exception")."""
+        all-reduce groups stay: a first try that destroyed them, without
+        joining the threads, aborted at exit ("terminate called without an
+        active exception"); not destroying them alone did too, joining
+        fixed it, and destroying them with the join was not tried."""
         self.watcher.close()
 
     def make_groups(self, holder_sets) -> None:
