@@ -137,8 +137,9 @@ def test_the_references_are_taken_as_measured_plans():
     cal = {"reference_step": 0.040, "reference_messages_step": 0.080,
            "reference_compute": {"r0": 0.02, "r1": 0.02}, "op_overhead": 1e-5}
     pipeline = {"calibration": cal, "step_time": 0.034, "compute": {"r0": 0.015, "r1": 0.016}}
-    out = fidelity.measured_references(pipeline, {"step_time": 0.07})
+    out = fidelity.measured_references(pipeline, {"step_time": 0.07}, {"step_time": 0.021})
     assert (out["reference_step"], out["reference_messages_step"]) == (0.034, 0.07)
+    assert out["reference_one_step"] == 0.021
     assert out["reference_compute"] == {"r0": 0.015, "r1": 0.016}
     assert (out["reference_step_beside"], out["reference_messages_step_beside"]) == (0.04, 0.08)
     assert out["reference_compute_beside"] == cal["reference_compute"]
@@ -172,6 +173,7 @@ def test_quick_bench_writes_results_and_scatters(tmp_path):
     assert not set(fidelity.CALIBRATING) & {r["origin"] for r in case["plans"]}
     assert case["calibration"]["reference_step"] == refs[0]["measured"] > 0
     assert case["calibration"]["reference_messages_step"] == refs[1]["measured"] > 0
+    assert case["calibration"]["reference_one_step"] == refs[2]["measured"] > 0
     assert refs[0]["beside"] > 0
     for name in ("simulator", "analytical", "calibrated"):
         m = case["metrics"][name]

@@ -126,6 +126,61 @@ def test_the_reference_factor_in_parts_matches_the_reference_and_is_stable():
     assert cal["graph"] is graph and again == pytest.approx(first)
 
 
+def test_the_compute_is_fitted_on_the_one_device_plan_when_it_was_measured():
+    from placer.runtime.calibration import one_device_plan, reference_factor, reference_plan
+    g = _chain()
+    ref, one = reference_plan(g, ["r0", "r1"], 2), one_device_plan(g, ["r0", "r1"])
+    assert one.devices_used() == {"r0"} and one.microbatches == 1
+    options = {**RUNTIME_OPTIONS, "op_overhead": 1e-5, "task_overhead": 1e-4}
+    cal = _calibration(g)
+    alone = predict_shared(g, cal["cluster"], one, **options).step_time
+    step = predict_shared(g, cal["cluster"], ref, **options).step_time
+    # the pipeline's ranks computed 1.4x the ops' times; the plan that
+    # sends nothing ran 1.1x its prediction: the compute follows the latter
+    cal.update(reference_compute={"r0": 1.0, "r1": 1.0}, reference_step=1.3 * step,
+               reference_one_step=1.1 * alone, op_overhead=1e-5, task_overhead=1e-4)
+    fitted = dict(options)
+    reference_factor(cal, ref, fitted, None, one)
+    assert cal["reference_compute_factor"] == pytest.approx(1.1, rel=1e-3)
+    assert predict_shared(cal["graph"], cal["cluster"], one, **fitted).step_time == \
+        pytest.approx(1.1 * alone, rel=1e-3)
+    assert fitted["op_overhead"] == pytest.approx(1.1e-5, rel=1e-3)
+
+
+def test_unfitted_undoes_the_reference_fit_so_it_can_be_fitted_again():
+    from placer.runtime.calibration import FIT_KEYS, reference_factor, reference_plan, unfitted
+    g = _chain()
+    cal = _calibration(g)
+    ref = reference_plan(g, ["r0", "r1"], 2)
+    options = {**RUNTIME_OPTIONS, "op_overhead": 1e-5, "task_overhead": 1e-4}
+    quiet = predict_shared(g, cal["cluster"], ref, **options)
+    compute = {}
+    for e in quiet.events():
+        if e.category in ("forward", "backward"):
+            compute[e.lane] = compute.get(e.lane, 0.0) + e.duration
+    # a slow phase beside: compute 1.3x; the fit scales the graph and costs
+    cal.update(reference_compute={d: 1.3 * v for d, v in compute.items()},
+               reference_step=1.3 * quiet.step_time, op_overhead=1e-5, task_overhead=1e-4)
+    reference_factor(cal, ref, dict(options))
+    assert cal["reference_compute_factor"] == pytest.approx(1.3, rel=1e-3)
+    for kept in (cal, {**cal, "graph": cal["graph"].to_dict()}):
+        back = unfitted(kept)
+        assert not set(FIT_KEYS) & set(back)
+        graph = back["graph"] if isinstance(back["graph"], Graph) else \
+            Graph.from_dict(back["graph"])
+        assert type(back["graph"]) is type(kept["graph"])
+        for op in g:
+            assert graph.op(op.id).flops == pytest.approx(op.flops, rel=1e-9)
+        assert (back["op_overhead"], back["task_overhead"]) == pytest.approx((1e-5, 1e-4))
+    assert cal["reference_compute_factor"] == pytest.approx(1.3, rel=1e-3)   # a copy
+    # fitted again on other measurements: the first fit's factor is gone
+    again = unfitted(cal)
+    again["reference_compute"] = dict(compute)
+    reference_factor(again, ref, dict(options))
+    assert again["reference_compute_factor"] == pytest.approx(1.0, abs=1e-3)
+    assert unfitted(again) is not again and unfitted({"graph": g})["graph"] is g
+
+
 def test_the_cost_per_message_is_fitted_on_the_message_plan_too():
     from placer.runtime.calibration import (MESSAGE_SEGMENTS, message_plan, reference_factor,
                                             reference_plan)

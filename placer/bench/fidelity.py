@@ -15,10 +15,11 @@ on the case's calibration:
 - ``calibrated``: what ``launch(..., calibrate=True)`` reports: the
   simulator with the ranks' CPU contention
   (:func:`placer.runtime.contention.predict_shared`) on the reference
-  pipeline's fit (:func:`placer.runtime.calibration.reference_factor`:
-  its compute, its messages, then a factor for the rest), the reference
-  pipeline and the message plan measured as every plan is
-  (:func:`measured_references`; they are reported apart, not scored).
+  references' fit (:func:`placer.runtime.calibration.reference_factor`:
+  the compute on the one-device plan, the messages on the reference
+  pipeline and the message plan, then a factor for the rest), the three
+  measured as every plan is (:func:`measured_references`; they are
+  reported apart, not scored).
 
 Every prediction is of the plan as the runtime runs it
 (:func:`placer.runtime.common.as_run`).
@@ -461,8 +462,12 @@ def predictions(calibration: dict, plans: list) -> dict[str, list[float]]:
     from placer.cost import Problem, get_cost_model
     from placer.runtime.common import as_run
     from placer.runtime.contention import predict_shared
-    from placer.runtime.calibration import (calibrated_options, message_plan, reference_factor,
-                                            reference_plan)
+    from placer.runtime.calibration import (calibrated_options, message_plan, one_device_plan,
+                                            reference_factor, reference_plan, unfitted)
+    if calibration.get("reference_step"):
+        # fitted afresh on the references kept (sets kept before
+        # measured_references undid rank 0's fit hold it still)
+        calibration = unfitted(calibration)
     cg = placer.Graph.from_dict(calibration["graph"])
     cc = placer.Cluster.from_dict(calibration["cluster"])
     calibration = {**calibration, "graph": cg, "cluster": cc}
@@ -473,7 +478,9 @@ def predictions(calibration: dict, plans: list) -> dict[str, list[float]]:
         # (run_case measures it at 2 microbatches, 1f1b, on every rank); its
         # fit scales the graph and options (see reference_factor)
         ref = reference_plan(cg, cc.names, 2)
-        factor = reference_factor(calibration, ref, options, message_plan(cg, cc.names, 2))
+        one = one_device_plan(cg, cc.names) if calibration.get("reference_one_step") else None
+        factor = reference_factor(calibration, ref, options, message_plan(cg, cc.names, 2),
+                                  one)
         cg = calibration["graph"]
     problem = Problem(cg, cc, **options)
     analytical = get_cost_model("analytical")
@@ -497,7 +504,7 @@ def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans
     ``bursts``: a plan's bursts in all; ``rounds``: the starts are made that
     many times, minutes apart, the first with ``bursts - rounds + 1`` of a
     plan's bursts and the others with one each (:func:`merge_rounds`)."""
-    from placer.runtime.calibration import message_plan, reference_plan
+    from placer.runtime.calibration import message_plan, one_device_plan, reference_plan
     model = MODELS[model_key]
     module, inputs = model.build()
     graph = placer.trace(module, inputs)
@@ -520,15 +527,16 @@ def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans
         # 1. calibrate on the reference pipeline, then random plans on every
         # device in the same start (they need no calibration to be chosen)
         # strategies often agree (several one-device plans): randoms fill up
-        randoms = random_plans(graph, devices, max(plans // 2, plans - 4), seed)
+        randoms = random_plans(graph, devices, max(plans // 2, plans - 3), seed)
         randoms += [placer.Plan({op: [d] for op in graph.ids}) for d in devices]
-        refs = [reference_plan(graph, devices, 2), message_plan(graph, devices, 2)]
+        refs = [reference_plan(graph, devices, 2), message_plan(graph, devices, 2),
+                one_device_plan(graph, devices)]
         first = measure(refs + [p for p in randoms if len(p.devices_used()) == nproc],
                         calibrate_first=True)
-        if "calibration" not in first[0] or "step_time" not in first[1]:
+        if "calibration" not in first[0] or any("step_time" not in r for r in first[1:3]):
             raise PlacerError(f"{model_key}/{network}: the calibration run failed: "
-                              f"{first[0].get('error') or first[1].get('error')}")
-        calibration = measured_references(first[0], first[1])
+                              + next(r["error"] for r in first[:3] if "error" in r))
+        calibration = measured_references(*first[:3])
         # 2. the strategies' plans, searched on that calibration
         from placer.runtime.calibration import calibrated_options
         cg = placer.Graph.from_dict(calibration["graph"])
@@ -550,10 +558,10 @@ def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans
         # during one start no longer sets its plans' steps
         for _ in range(rounds - 1):
             results = merge_rounds(results, measure([p for _, p in population], n=1))
-        if "step_time" not in results[0] or "step_time" not in results[1]:
+        if any("step_time" not in r for r in results[:3]):
             raise PlacerError(f"{model_key}/{network}: a reference plan failed in a later "
-                              f"round: {results[0].get('error') or results[1].get('error')}")
-        calibration = measured_references(results[0], results[1])
+                              "round: " + next(r["error"] for r in results[:3] if "error" in r))
+        calibration = measured_references(*results[:3])
     # the plans the calibration was fitted on are not scored
     ok = [i for i, r in enumerate(results)
           if "step_time" in r and population[i][0] not in CALIBRATING]
@@ -574,7 +582,8 @@ def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans
     references = [{"origin": population[i][0], "measured": results[i]["step_time"],
                    "burst_medians": results[i].get("burst_medians"),
                    "beside": calibration.get(f"{key}_beside")}
-                  for i, key in enumerate(("reference_step", "reference_messages_step"))]
+                  for i, key in enumerate(("reference_step", "reference_messages_step",
+                                           "reference_one_step"))]
     return {"model": model_key, "zoo": model.name, "batch": model.batch,
             "network": network, "rate": rate, "nproc": nproc, "steps": steps,
             "warmup": warmup, "bursts": bursts, "rounds": rounds, "plans": rows, "failed": failed, "duplicates": duplicates,
@@ -585,7 +594,8 @@ def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans
                 "op_overhead", "task_overhead", "message_overhead", "resume_overhead",
                 "collective_efficiency", "reference_factor", "reference_factor_raw",
                 "compute_scale", "reference_compute_factor", "reference_message_extra",
-                "reference_step", "reference_messages_step", "reference_step_beside",
+                "reference_step", "reference_messages_step", "reference_one_step",
+                "reference_step_beside",
                 "reference_messages_step_beside",
                 "cpu_share", "cpu_share_all", "speed_drift")},
             "links": {k: {"bandwidth": v["bandwidth"], "latency": v["latency"]}
@@ -608,16 +618,18 @@ def merge_rounds(first: list[dict], again: list[dict]) -> list[dict]:
             else _with_bursts(a, b) for a, b in zip(first, again)]
 
 
-#: origins of the two plans the calibration is fitted on (measured first,
-#: as every plan is; see :func:`measured_references`), not scored
-CALIBRATING = ("reference", "reference-messages")
+#: origins of the plans the calibration is fitted on (measured first, as
+#: every plan is; see :func:`measured_references`), not scored
+CALIBRATING = ("reference", "reference-messages", "reference-one")
 
 
-def measured_references(pipeline: dict, messages: dict) -> dict:
-    """The calibration of a start whose first two plans were
-    :func:`~placer.runtime.calibration.reference_plan` (calibrating) and
-    :func:`~placer.runtime.calibration.message_plan`, their steps and the
-    pipeline's compute taken as :func:`measure_plans` measured them (the
+def measured_references(pipeline: dict, messages: dict, one: dict | None = None) -> dict:
+    """The calibration of a start whose first plans were
+    :func:`~placer.runtime.calibration.reference_plan` (calibrating),
+    :func:`~placer.runtime.calibration.message_plan` and
+    :func:`~placer.runtime.calibration.one_device_plan` (``one``), their
+    steps and the pipeline's compute taken as :func:`measure_plans`
+    measured them (the
     smallest burst median) instead of the reference steps run beside the
     calibrating burst (kept as ``reference_step_beside``,
     ``reference_messages_step_beside`` and ``reference_compute_beside``).
@@ -629,14 +641,21 @@ def measured_references(pipeline: dict, messages: dict) -> dict:
     33.8, every one-device plan then predicted 28-36% slow), and over a
     ``tbf`` link a reference step run after a pause starts with the
     bucket's burst allowance that back-to-back steps do not have (gpt:
-    27.8 ms beside, 33.0 as a plan)."""
-    calibration = dict(pipeline["calibration"])
+    27.8 ms beside, 33.0 as a plan). The fit rank 0 made on the steps
+    beside is undone (:func:`~placer.runtime.calibration.unfitted`): it
+    scaled the graph's compute by what those steps measured, and a later
+    fit keeps a compute factor it finds."""
+    from placer.runtime.calibration import unfitted
+    # rank 0 fitted it on the steps beside: that fit goes (see unfitted)
+    calibration = unfitted(pipeline["calibration"])
     calibration.update(
         reference_step_beside=calibration.get("reference_step"),
         reference_messages_step_beside=calibration.get("reference_messages_step"),
         reference_compute_beside=calibration.get("reference_compute"),
         reference_step=pipeline["step_time"],
         reference_messages_step=messages["step_time"])
+    if one is not None:
+        calibration["reference_one_step"] = one["step_time"]
     if pipeline.get("compute"):
         calibration["reference_compute"] = dict(pipeline["compute"])
     return calibration
