@@ -134,17 +134,36 @@ def test_the_compute_is_fitted_on_the_one_device_plan_when_it_was_measured():
     options = {**RUNTIME_OPTIONS, "op_overhead": 1e-5, "task_overhead": 1e-4}
     cal = _calibration(g)
     alone = predict_shared(g, cal["cluster"], one, **options).step_time
-    step = predict_shared(g, cal["cluster"], ref, **options).step_time
-    # the pipeline's ranks computed 1.4x the ops' times; the plan that
-    # sends nothing ran 1.1x its prediction: the compute follows the latter
-    cal.update(reference_compute={"r0": 1.0, "r1": 1.0}, reference_step=1.3 * step,
-               reference_one_step=1.1 * alone, op_overhead=1e-5, task_overhead=1e-4)
+    quiet = predict_shared(g, cal["cluster"], ref, **options)
+    bars = {}
+    for e in quiet.events():
+        if e.category in ("forward", "backward"):
+            bars[e.lane] = bars.get(e.lane, 0.0) + e.duration
+    # the plan that sends nothing ran 1.1x its prediction; the pipeline's
+    # ranks computed 1.1x that again: the ops follow the former, the ranks'
+    # slowdown while both compute the latter
+    cal.update(reference_compute={d: 1.21 * v for d, v in bars.items()},
+               reference_step=1.3 * quiet.step_time, reference_one_step=1.1 * alone,
+               op_overhead=1e-5, task_overhead=1e-4)
     fitted = dict(options)
     reference_factor(cal, ref, fitted, None, one)
     assert cal["reference_compute_factor"] == pytest.approx(1.1, rel=1e-3)
     assert predict_shared(cal["graph"], cal["cluster"], one, **fitted).step_time == \
         pytest.approx(1.1 * alone, rel=1e-3)
     assert fitted["op_overhead"] == pytest.approx(1.1e-5, rel=1e-3)
+    assert 1.0 < cal["reference_share_factor"] < 1.5
+    again = {}
+    report = predict_shared(cal["graph"], cal["cluster"], ref,
+                            **{**fitted, "message_overhead": 0.0})
+    for e in report.events():
+        if e.category in ("forward", "backward"):
+            again[e.lane] = again.get(e.lane, 0.0) + e.duration
+    assert sum(again.values()) == pytest.approx(1.21 * sum(bars.values()), rel=0.01)
+    # one device alone keeps its share: its step is still the measured one
+    assert all(d.extra["cpu_share"] == 1.0 for d in cal["cluster"].devices)
+    from placer.runtime.calibration import unfitted
+    back = unfitted(cal)["cluster"]
+    assert all(d.extra["cpu_share_all"] == pytest.approx(1.0) for d in back.devices)
 
 
 def test_unfitted_undoes_the_reference_fit_so_it_can_be_fitted_again():

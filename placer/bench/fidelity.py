@@ -481,7 +481,7 @@ def predictions(calibration: dict, plans: list) -> dict[str, list[float]]:
         one = one_device_plan(cg, cc.names) if calibration.get("reference_one_step") else None
         factor = reference_factor(calibration, ref, options, message_plan(cg, cc.names, 2),
                                   one)
-        cg = calibration["graph"]
+        cg, cc = calibration["graph"], calibration["cluster"]
     problem = Problem(cg, cc, **options)
     analytical = get_cost_model("analytical")
     out: dict[str, list[float]] = {"simulator": [], "analytical": [], "calibrated": []}
@@ -593,7 +593,8 @@ def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans
             "calibration": {k: calibration.get(k) for k in (
                 "op_overhead", "task_overhead", "message_overhead", "resume_overhead",
                 "collective_efficiency", "reference_factor", "reference_factor_raw",
-                "compute_scale", "reference_compute_factor", "reference_message_extra",
+                "compute_scale", "reference_compute_factor", "reference_share_factor",
+                "reference_message_extra",
                 "reference_step", "reference_messages_step", "reference_one_step",
                 "reference_step_beside",
                 "reference_messages_step_beside",
