@@ -110,6 +110,9 @@ def test_one_start_measures_several_plans_and_predicts_them(tmp_path):
     again = doc["cases"][0]
     assert [r["calibrated"] for r in again["plans"]] == pytest.approx(preds["calibrated"])
     assert doc["summary"]["gpt/loopback/2"]["plans"] == 2 and "repredicted" in doc
+    # with the fit the predictions were made on
+    assert again["calibration"]["reference_compute_factor"] == pytest.approx(
+        cal["reference_compute_factor"])
     assert json.loads(results.read_text())["cases"][0]["metrics"] == json.loads(
         json.dumps(again["metrics"]))
     assert (tmp_path / "fidelity-gpt-loopback.png").exists()
@@ -174,6 +177,9 @@ def test_quick_bench_writes_results_and_scatters(tmp_path):
     assert case["calibration"]["reference_step"] == refs[0]["measured"] > 0
     assert case["calibration"]["reference_messages_step"] == refs[1]["measured"] > 0
     assert case["calibration"]["reference_one_step"] == refs[2]["measured"] > 0
+    # the fit the predictions were made on is reported, not rank 0's first one
+    fitted = case["calibration"]
+    assert fitted["reference_compute_factor"] > 0 and fitted["reference_share_factor"] >= 1
     assert refs[0]["beside"] > 0
     for name in ("simulator", "analytical", "calibrated"):
         m = case["metrics"][name]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import placer
@@ -94,6 +95,27 @@ def test_pipeline_stages_that_take_turns_keep_their_core():
     plan = placer.Plan({"x": ["a"], "y": ["b"]})   # one microbatch: b waits for a
     report = predict_shared(g, c, plan, op_overhead=0.0)
     assert report.extra["cpu_shares"] == {"a": 1.0, "b": 1.0}
+
+
+def test_message_costs_weigh_by_how_much_the_ranks_compute_at_once():
+    from placer.runtime.contention import MESSAGE_IDLE_SHARE, message_weight
+    assert message_weight({"a": 1.0, "b": 1.0}) == 1.0
+    assert message_weight({"a": 0.0, "b": 0.0}) == MESSAGE_IDLE_SHARE
+    assert message_weight({"a": 0.5, "b": 0.5}) == MESSAGE_IDLE_SHARE + \
+        (1 - MESSAGE_IDLE_SHARE) * 0.5
+    assert message_weight({"a": 0.0}) == 1.0           # one rank: no one to share with
+    # ranks that take turns (one microbatch through a chain): each message
+    # end costs its idle share, on the critical path
+    g, c = _problem()
+    plan = placer.Plan({"x": ["a"], "y": ["b"]})
+    cost = 1e-3
+    free = predict_shared(g, c, plan, op_overhead=0.0).step_time
+    priced = predict_shared(g, c, plan, op_overhead=0.0, message_overhead=cost).step_time
+    full = placer.simulate(g, c, plan, op_overhead=0.0, message_overhead=cost).step_time
+    ends = 2 * 2              # forward and gradient, each at both ends
+    assert priced - free == pytest.approx(ends * cost * MESSAGE_IDLE_SHARE, rel=1e-6)
+    assert full - placer.simulate(g, c, plan, op_overhead=0.0).step_time == \
+        pytest.approx(ends * cost, rel=1e-6)
 
 
 def test_a_rank_runs_the_piece_that_continues_its_last_task_next():

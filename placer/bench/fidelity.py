@@ -457,16 +457,17 @@ def _with_bursts(kept: dict, more: dict) -> dict:
 # --------------------------------------------------------------------------
 # predictions
 # --------------------------------------------------------------------------
-def predictions(calibration: dict, plans: list) -> dict[str, list[float]]:
-    """The three predictions of every plan from one case's calibration."""
-    from placer.cost import Problem, get_cost_model
-    from placer.runtime.common import as_run
-    from placer.runtime.contention import predict_shared
+def fit_calibration(calibration: dict) -> tuple[dict, dict, float]:
+    """One case's calibration fitted on its references as kept:
+    ``(calibration, options, factor)``, the calibration's graph and cluster
+    as objects (scaled by the fit), the cost model's options and the factor
+    a calibrated prediction is multiplied by
+    (:func:`placer.runtime.calibration.reference_factor`, fitted afresh:
+    :func:`~placer.runtime.calibration.unfitted` first)."""
     from placer.runtime.calibration import (calibrated_options, message_plan, one_device_plan,
                                             reference_factor, reference_plan, unfitted)
     if calibration.get("reference_step"):
-        # fitted afresh on the references kept (sets kept before
-        # measured_references undid rank 0's fit hold it still)
+        # sets kept before measured_references undid rank 0's fit hold it
         calibration = unfitted(calibration)
     cg = placer.Graph.from_dict(calibration["graph"])
     cc = placer.Cluster.from_dict(calibration["cluster"])
@@ -474,14 +475,23 @@ def predictions(calibration: dict, plans: list) -> dict[str, list[float]]:
     options = calibrated_options(calibration)
     factor = calibration.get("reference_factor", 1.0)
     if calibration.get("reference_step"):
-        # the factor as the models of now predict the reference pipeline
-        # (run_case measures it at 2 microbatches, 1f1b, on every rank); its
-        # fit scales the graph and options (see reference_factor)
-        ref = reference_plan(cg, cc.names, 2)
+        # run_case measures the pipeline at 2 microbatches, 1f1b, on every
+        # rank; the fit scales the graph, the cluster's shares and options
         one = one_device_plan(cg, cc.names) if calibration.get("reference_one_step") else None
-        factor = reference_factor(calibration, ref, options, message_plan(cg, cc.names, 2),
-                                  one)
-        cg, cc = calibration["graph"], calibration["cluster"]
+        factor = reference_factor(calibration, reference_plan(cg, cc.names, 2), options,
+                                  message_plan(cg, cc.names, 2), one)
+    return calibration, options, factor
+
+
+def predictions(calibration: dict, plans: list, fit: tuple | None = None
+                ) -> dict[str, list[float]]:
+    """The three predictions of every plan from one case's calibration
+    (``fit``: its :func:`fit_calibration`, made here when None)."""
+    from placer.cost import Problem, get_cost_model
+    from placer.runtime.common import as_run
+    from placer.runtime.contention import predict_shared
+    calibration, options, factor = fit or fit_calibration(calibration)
+    cg, cc = calibration["graph"], calibration["cluster"]
     problem = Problem(cg, cc, **options)
     analytical = get_cost_model("analytical")
     out: dict[str, list[float]] = {"simulator": [], "analytical": [], "calibrated": []}
@@ -567,7 +577,8 @@ def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans
           if "step_time" in r and population[i][0] not in CALIBRATING]
     plans_ok = [population[i][1] for i in ok]
     measured = [results[i]["step_time"] for i in ok]
-    preds = predictions(calibration, plans_ok)
+    fit = fit_calibration(calibration)
+    preds = predictions(calibration, plans_ok, fit)
     rows = []
     for j, i in enumerate(ok):
         origin, plan = population[i]
@@ -590,15 +601,7 @@ def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans
             "references": references,
             "metrics": {k: agreement(v, measured) for k, v in preds.items()}
             if len(measured) >= 2 else {},
-            "calibration": {k: calibration.get(k) for k in (
-                "op_overhead", "task_overhead", "message_overhead", "resume_overhead",
-                "collective_efficiency", "reference_factor", "reference_factor_raw",
-                "compute_scale", "reference_compute_factor", "reference_share_factor",
-                "reference_message_extra",
-                "reference_step", "reference_messages_step", "reference_one_step",
-                "reference_step_beside",
-                "reference_messages_step_beside",
-                "cpu_share", "cpu_share_all", "speed_drift")},
+            "calibration": {k: fit[0].get(k) for k in CALIBRATION_REPORTED},
             "links": {k: {"bandwidth": v["bandwidth"], "latency": v["latency"]}
                       for k, v in calibration.get("links", {}).items()},
             "seconds": time.perf_counter() - start, "load": _load(),
@@ -608,6 +611,16 @@ def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans
                     # each rank's measured compute and communication seconds a step
                     "parts": [{"compute": results[i].get("compute"),
                                "comm": results[i].get("comm")} for i in ok]}}
+
+
+#: what a case reports of its calibration, as fitted (:func:`fit_calibration`)
+CALIBRATION_REPORTED = (
+    "op_overhead", "task_overhead", "message_overhead", "resume_overhead",
+    "collective_efficiency", "reference_factor", "reference_factor_raw", "compute_scale",
+    "reference_compute_factor", "reference_share_factor", "reference_message_extra",
+    "reference_step", "reference_messages_step", "reference_one_step",
+    "reference_step_beside", "reference_messages_step_beside", "cpu_share", "cpu_share_all",
+    "speed_drift")
 
 
 def merge_rounds(first: list[dict], again: list[dict]) -> list[dict]:
@@ -805,7 +818,10 @@ def refresh(results: str, raws: list[str], log=print) -> dict:
         if [r["measured"] for r in case["plans"]] != raw["measured"]:
             raise PlacerError(f"{path}: its measurements are not those of case {name} in "
                               f"{results}", fix="pass the raw files of that run")
-        preds = predictions(raw["calibration"], [placer.Plan.from_dict(p) for p in raw["plans"]])
+        fit = fit_calibration(raw["calibration"])
+        preds = predictions(raw["calibration"], [placer.Plan.from_dict(p) for p in raw["plans"]],
+                            fit)
+        case["calibration"] = {k: fit[0].get(k) for k in CALIBRATION_REPORTED}
         for k, v in preds.items():
             for row, value in zip(case["plans"], v):
                 row[k] = value

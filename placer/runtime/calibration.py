@@ -465,16 +465,16 @@ def reference_factor(calibration: dict, ref_plan, options: dict,
     the steps, in three parts, and return the factor a multi-rank
     prediction is multiplied by:
 
-    1. compute: with ``one_plan`` (:func:`one_device_plan`) and its measured
-       step (``calibration["reference_one_step"]``), the scale of every
-       op's time and the launch and task costs that predicts that step
-       (within :data:`REFERENCE_FACTOR_BOUNDS`), then how much slower the
-       ranks compute while another computes too: ``cpu_share_all`` of
-       ``calibration["cluster"]``'s devices divided by the factor (1 to
-       the upper bound, ``reference_share_factor``) that predicts the
-       pipeline ranks' measured compute (summed, messages costing
-       nothing); else the ranks' measured compute in the reference steps
-       (summed)
+    1. compute, with ``one_plan`` (:func:`one_device_plan`) and its measured
+       step (``calibration["reference_one_step"]``): every op's time and
+       the launch and task costs are scaled until that plan's predicted
+       step is the measured one (``reference_compute_factor``, within
+       :data:`REFERENCE_FACTOR_BOUNDS`); then the devices' ``cpu_share_all``
+       in ``calibration["cluster"]`` (how fast a rank computes while
+       another does too) is divided by the factor (1 to the upper bound,
+       ``reference_share_factor``) that predicts the pipeline ranks'
+       measured compute (summed, messages costing nothing).
+       Without: the ranks' measured compute in the reference steps (summed)
        over the simulator's (messages costing nothing) scales every op's time
        and the launch and task costs (``reference_compute_factor``, within
        :data:`REFERENCE_FACTOR_BOUNDS`): ``calibration["graph"]`` is
