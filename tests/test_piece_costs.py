@@ -12,6 +12,7 @@ import torch
 import placer
 from placer import Cluster, Device, Edge, Graph, Op, Plan
 from placer.runtime.common import RUNTIME_OPTIONS, as_run
+from placer.runtime.calibration import _compute_bars
 from placer.runtime.contention import predict_shared
 from placer.runtime.piece_costs import (PIECE_RUNS, fit_piece_costs, measure_pieces,
                                         piece_plans, scale_graph)
@@ -100,10 +101,7 @@ def test_the_reference_factor_in_parts_matches_the_reference_and_is_stable():
     options = {**RUNTIME_OPTIONS, "op_overhead": 1e-5, "task_overhead": 1e-4,
                "message_overhead": 5e-5}
     quiet = predict_shared(g, cal["cluster"], ref, **{**options, "message_overhead": 0.0})
-    compute = {}
-    for e in quiet.events():
-        if e.category in ("forward", "backward"):
-            compute[e.lane] = compute.get(e.lane, 0.0) + e.duration
+    compute = dict(_compute_bars(quiet))
     # the ranks computed 1.2x the prediction; the step took 1.3x
     step = predict_shared(g, cal["cluster"], ref, **options).step_time
     cal.update(reference_compute={d: 1.2 * v for d, v in compute.items()},
@@ -135,10 +133,7 @@ def test_the_compute_is_fitted_on_the_one_device_plan_when_it_was_measured():
     cal = _calibration(g)
     alone = predict_shared(g, cal["cluster"], one, **options).step_time
     quiet = predict_shared(g, cal["cluster"], ref, **options)
-    bars = {}
-    for e in quiet.events():
-        if e.category in ("forward", "backward"):
-            bars[e.lane] = bars.get(e.lane, 0.0) + e.duration
+    bars = dict(_compute_bars(quiet))
     # the plan that sends nothing ran 1.1x its prediction; the pipeline's
     # ranks computed 1.1x that again: the ops follow the former, the ranks'
     # slowdown while both compute the latter
@@ -152,12 +147,8 @@ def test_the_compute_is_fitted_on_the_one_device_plan_when_it_was_measured():
         pytest.approx(1.1 * alone, rel=1e-3)
     assert fitted["op_overhead"] == pytest.approx(1.1e-5, rel=1e-3)
     assert 1.0 < cal["reference_share_factor"] < 1.5
-    again = {}
-    report = predict_shared(cal["graph"], cal["cluster"], ref,
-                            **{**fitted, "message_overhead": 0.0})
-    for e in report.events():
-        if e.category in ("forward", "backward"):
-            again[e.lane] = again.get(e.lane, 0.0) + e.duration
+    again = _compute_bars(predict_shared(cal["graph"], cal["cluster"], ref,
+                                        **{**fitted, "message_overhead": 0.0}))
     assert sum(again.values()) == pytest.approx(1.21 * sum(bars.values()), rel=0.01)
     # one device alone keeps its share: its step is still the measured one
     assert all(d.extra["cpu_share"] == 1.0 for d in cal["cluster"].devices)
@@ -173,10 +164,7 @@ def test_unfitted_undoes_the_reference_fit_so_it_can_be_fitted_again():
     ref = reference_plan(g, ["r0", "r1"], 2)
     options = {**RUNTIME_OPTIONS, "op_overhead": 1e-5, "task_overhead": 1e-4}
     quiet = predict_shared(g, cal["cluster"], ref, **options)
-    compute = {}
-    for e in quiet.events():
-        if e.category in ("forward", "backward"):
-            compute[e.lane] = compute.get(e.lane, 0.0) + e.duration
+    compute = dict(_compute_bars(quiet))
     # a slow phase beside: compute 1.3x; the fit scales the graph and costs
     cal.update(reference_compute={d: 1.3 * v for d, v in compute.items()},
                reference_step=1.3 * quiet.step_time, op_overhead=1e-5, task_overhead=1e-4)

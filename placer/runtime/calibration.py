@@ -524,7 +524,6 @@ def reference_factor(calibration: dict, ref_plan, options: dict,
     Records the factors, the raw ratio, the predicted step and
     each rank's predicted compute in ``calibration``."""
     from .contention import predict_shared
-    from .piece_costs import scale_graph
     measured = calibration.get("reference_step")
     graph, cluster = calibration["graph"], calibration["cluster"]
     lo, hi = REFERENCE_FACTOR_BOUNDS
@@ -533,18 +532,9 @@ def reference_factor(calibration: dict, ref_plan, options: dict,
     factor_c = calibration.get("reference_compute_factor", 1.0)
     alone = calibration.get("reference_one_step") if one_plan is not None else None
     if alone and "reference_compute_factor" not in calibration:
-        def whole(scale: float) -> float:
-            opts = {k: v * scale if k in ("op_overhead", "task_overhead") and v else v
-                    for k, v in options.items()}
-            return predict_shared(scale_graph(graph, scale), cluster, one_plan,
-                                  **opts).step_time
-        factor_c = _solve(whole, alone, lo, hi, rounds=16)
-        graph = calibration["graph"] = scale_graph(graph, factor_c)
-        for key in ("op_overhead", "task_overhead"):
-            if options.get(key):
-                options[key] = options[key] * factor_c
-            if calibration.get(key):
-                calibration[key] = calibration[key] * factor_c
+        factor_c = _solve(lambda x: _scaled_step(graph, cluster, one_plan, options, x),
+                          alone, lo, hi, rounds=16)
+        graph = _scale_compute(calibration, options, factor_c)
         if measured and compute:
             # what the pipeline's ranks computed beyond that: slower while
             # both compute (see the doc)
@@ -564,18 +554,9 @@ def reference_factor(calibration: dict, ref_plan, options: dict,
         if predicted_c > 0:
             factor_c = min(hi, max(lo, sum(compute.values()) / predicted_c))
             if factor_c > 1.0:
-                def whole(scale: float) -> float:
-                    opts = {k: v * scale if k in ("op_overhead", "task_overhead") and v else v
-                            for k, v in options.items()}
-                    return predict_shared(scale_graph(graph, scale), cluster, ref_plan,
-                                          **opts).step_time
-                factor_c = _solve(whole, measured, 1.0, factor_c, rounds=12)
-            graph = calibration["graph"] = scale_graph(graph, factor_c)
-            for key in ("op_overhead", "task_overhead"):
-                if options.get(key):
-                    options[key] = options[key] * factor_c
-                if calibration.get(key):
-                    calibration[key] = calibration[key] * factor_c
+                factor_c = _solve(lambda x: _scaled_step(graph, cluster, ref_plan, options, x),
+                                  measured, 1.0, factor_c, rounds=12)
+            graph = _scale_compute(calibration, options, factor_c)
     extra = 0.0
     heavy = calibration.get("reference_messages_step") if messages_plan is not None else None
     plans = [ref_plan] + ([messages_plan] if heavy else [])
@@ -598,6 +579,32 @@ def reference_factor(calibration: dict, ref_plan, options: dict,
                        reference_messages_predicted=both - report.step_time if heavy else None,
                        reference_compute_predicted=dict(_compute_bars(report)))
     return factor
+
+
+#: the options a compute factor scales with the ops' times
+_COMPUTE_COSTS = ("op_overhead", "task_overhead")
+
+
+def _scaled_step(graph, cluster, plan, options: dict, scale: float) -> float:
+    """``plan``'s predicted step with every op's time and the launch and
+    task costs ``scale`` times as long."""
+    from .contention import predict_shared
+    from .piece_costs import scale_graph
+    opts = {k: v * scale if k in _COMPUTE_COSTS and v else v for k, v in options.items()}
+    return predict_shared(scale_graph(graph, scale), cluster, plan, **opts).step_time
+
+
+def _scale_compute(calibration: dict, options: dict, factor: float):
+    """Scale ``calibration``'s graph and its and ``options``' launch and
+    task costs by ``factor`` in place; returns the scaled graph."""
+    from .piece_costs import scale_graph
+    graph = calibration["graph"] = scale_graph(calibration["graph"], factor)
+    for key in _COMPUTE_COSTS:
+        if options.get(key):
+            options[key] = options[key] * factor
+        if calibration.get(key):
+            calibration[key] = calibration[key] * factor
+    return graph
 
 
 #: what :func:`reference_factor` records in a calibration
@@ -623,26 +630,30 @@ def unfitted(calibration: dict) -> dict:
     beside steps of 55 ms in a slow phase left a compute factor of 1.26
     that every later fit kept, so one-device plans were predicted 38-59%
     slow)."""
+    from ..cluster import Cluster
     from ..graph import Graph
     from .piece_costs import scale_graph
     out = {k: v for k, v in calibration.items() if k not in FIT_KEYS}
     factor = calibration.get("reference_compute_factor")
     if factor and factor != 1.0:
-        graph = calibration["graph"]
-        as_dict = isinstance(graph, dict)
-        scaled = scale_graph(Graph.from_dict(graph) if as_dict else graph, 1.0 / factor)
-        out["graph"] = scaled.to_dict() if as_dict else scaled
-        for key in ("op_overhead", "task_overhead"):
+        out["graph"] = _in_form(calibration["graph"], Graph,
+                                lambda g: scale_graph(g, 1.0 / factor))
+        for key in _COMPUTE_COSTS:
             if out.get(key):
                 out[key] = out[key] / factor
     share = calibration.get("reference_share_factor")
     if share and share != 1.0:
-        from ..cluster import Cluster
-        cluster = calibration["cluster"]
-        as_dict = isinstance(cluster, dict)
-        shared = _shares_over(Cluster.from_dict(cluster) if as_dict else cluster, 1.0 / share)
-        out["cluster"] = shared.to_dict() if as_dict else shared
+        out["cluster"] = _in_form(calibration["cluster"], Cluster,
+                                  lambda c: _shares_over(c, 1.0 / share))
     return out
+
+
+def _in_form(value, kind, change):
+    """``change`` applied to a graph or cluster ``value`` (an object of
+    ``kind`` or its dict), returned in the form it was given."""
+    as_dict = isinstance(value, dict)
+    out = change(kind.from_dict(value) if as_dict else value)
+    return out.to_dict() if as_dict else out
 
 
 def _shares_over(cluster, k: float):
