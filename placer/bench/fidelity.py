@@ -545,7 +545,8 @@ def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans
                         calibrate_first=True)
         if "calibration" not in first[0] or any("step_time" not in r for r in first[1:3]):
             raise PlacerError(f"{model_key}/{network}: the calibration run failed: "
-                              + next(r["error"] for r in first[:3] if "error" in r))
+                              + next((r["error"] for r in first[:3] if "error" in r),
+                                     "rank 0 returned no calibration"))
         calibration = measured_references(*first[:3])
         # 2. the strategies' plans, searched on that calibration
         from placer.runtime.calibration import calibrated_options
@@ -570,7 +571,8 @@ def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans
             results = merge_rounds(results, measure([p for _, p in population], n=1))
         if any("step_time" not in r for r in results[:3]):
             raise PlacerError(f"{model_key}/{network}: a reference plan failed in a later "
-                              "round: " + next(r["error"] for r in results[:3] if "error" in r))
+                              "round: " + next((r["error"] for r in results[:3] if "error" in r),
+                                               "no step"))
         calibration = measured_references(*results[:3])
     # the plans the calibration was fitted on are not scored
     ok = [i for i, r in enumerate(results)
