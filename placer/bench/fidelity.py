@@ -544,16 +544,18 @@ def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans
         # device in the same start (they need no calibration to be chosen)
         # strategies often agree (several one-device plans): randoms fill up
         randoms = random_plans(graph, devices, max(plans // 2, plans - 3), seed)
-        randoms += [placer.Plan({op: [d] for op in graph.ids}) for d in devices]
+        # (the first rank's is the reference-one, measured once)
+        randoms += [one_device_plan(graph, [d]) for d in devices]
         refs = [reference_plan(graph, devices, 2), message_plan(graph, devices, 2),
                 one_device_plan(graph, devices)]
+        n_refs = len(refs)
         first = measure(refs + [p for p in randoms if len(p.devices_used()) == nproc],
                         calibrate_first=True)
-        if "calibration" not in first[0] or any("step_time" not in r for r in first[1:3]):
+        if "calibration" not in first[0] or any("step_time" not in r for r in first[:n_refs]):
             raise PlacerError(f"{model_key}/{network}: the calibration run failed: "
-                              + next((r["error"] for r in first[:3] if "error" in r),
+                              + next((r["error"] for r in first[:n_refs] if "error" in r),
                                      "rank 0 returned no calibration"))
-        calibration = measured_references(*first[:3])
+        calibration = measured_references(*first[:n_refs])
         # 2. the strategies' plans, searched on that calibration
         from placer.runtime.calibration import calibrated_options
         cg = placer.Graph.from_dict(calibration["graph"])
@@ -572,18 +574,18 @@ def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans
         # the references again, in these starts too: a slow phase of the
         # host over their first start no longer sets the fit
         more = measure(refs + [p for _, p in rest])
-        results = merge_rounds(results[:len(refs)], more[:len(refs)]) + \
-            results[len(refs):] + more[len(refs):]
+        results = merge_rounds(results[:n_refs], more[:n_refs]) + results[n_refs:] + \
+            more[n_refs:]
         population += rest
         # 3. the same starts again, minutes later: a slow phase of the host
         # during one start no longer sets its plans' steps
         for _ in range(rounds - 1):
             results = merge_rounds(results, measure([p for _, p in population], n=1))
-        if any("step_time" not in r for r in results[:3]):
+        if any("step_time" not in r for r in results[:n_refs]):
             raise PlacerError(f"{model_key}/{network}: a reference plan failed in a later "
-                              "round: " + next((r["error"] for r in results[:3] if "error" in r),
-                                               "no step"))
-        calibration = measured_references(*results[:3])
+                              "round: " + next((r["error"] for r in results[:n_refs]
+                                                if "error" in r), "no step"))
+        calibration = measured_references(*results[:n_refs])
     # the plans the calibration was fitted on are not scored
     ok = [i for i, r in enumerate(results)
           if "step_time" in r and population[i][0] not in CALIBRATING]

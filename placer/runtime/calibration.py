@@ -513,7 +513,8 @@ def reference_factor(calibration: dict, ref_plan, options: dict,
     fitted on the pipeline's compute after it. Without the shares, the
     pipeline's compute beyond the one-device plan's went into the cost
     per message, and op-level plans sending hundreds were predicted up to
-    2.2x their step (inception over ``tbf``, fitted factor 1.42).
+    2.2x their step (inception over ``tbf``, whose shares are slowed 1.42
+    when fitted).
 
     Why two parts: the compute a step measures and its messaging are
     corrected by different amounts (gnmt over loopback: compute 0.69 of the
@@ -523,7 +524,7 @@ def reference_factor(calibration: dict, ref_plan, options: dict,
     set) keeps its graph and costs: the same options and factor again.
     Records the factors, the raw ratio, the predicted step and
     each rank's predicted compute in ``calibration``."""
-    from .contention import predict_shared
+    from .contention import predict_shared, slower_together
     measured = calibration.get("reference_step")
     graph, cluster = calibration["graph"], calibration["cluster"]
     lo, hi = REFERENCE_FACTOR_BOUNDS
@@ -541,11 +542,11 @@ def reference_factor(calibration: dict, ref_plan, options: dict,
             quiet = {**options, "message_overhead": 0.0, "message_copy_rate": math.inf}
 
             def together(k: float) -> float:
-                bars = _compute_bars(predict_shared(graph, _shares_over(cluster, k), ref_plan,
-                                                    **quiet))
+                bars = _compute_bars(predict_shared(graph, slower_together(cluster, k),
+                                                    ref_plan, **quiet))
                 return sum(bars.get(d, 0.0) for d in compute)
             k = _solve(together, sum(compute.values()), 1.0, hi, rounds=12)
-            cluster = calibration["cluster"] = _shares_over(cluster, k)
+            cluster = calibration["cluster"] = slower_together(cluster, k)
             calibration["reference_share_factor"] = k
     elif measured and compute and "reference_compute_factor" not in calibration:
         quiet = {**options, "message_overhead": 0.0, "message_copy_rate": math.inf}
@@ -632,6 +633,7 @@ def unfitted(calibration: dict) -> dict:
     slow)."""
     from ..cluster import Cluster
     from ..graph import Graph
+    from .contention import slower_together
     from .piece_costs import scale_graph
     out = {k: v for k, v in calibration.items() if k not in FIT_KEYS}
     factor = calibration.get("reference_compute_factor")
@@ -644,7 +646,7 @@ def unfitted(calibration: dict) -> dict:
     share = calibration.get("reference_share_factor")
     if share and share != 1.0:
         out["cluster"] = _in_form(calibration["cluster"], Cluster,
-                                  lambda c: _shares_over(c, 1.0 / share))
+                                  lambda c: slower_together(c, 1.0 / share))
     return out
 
 
@@ -654,21 +656,6 @@ def _in_form(value, kind, change):
     as_dict = isinstance(value, dict)
     out = change(kind.from_dict(value) if as_dict else value)
     return out.to_dict() if as_dict else out
-
-
-def _shares_over(cluster, k: float):
-    """A copy of ``cluster`` whose devices compute ``k`` times slower while
-    another rank computes too (``cpu_share_all`` over ``k``)."""
-    import copy
-    from ..cluster import Cluster
-    devices = []
-    for dev in cluster.devices:
-        dev = copy.deepcopy(dev)
-        both = dev.extra.get("cpu_share_all", dev.extra.get("cpu_share", 1.0))
-        dev.extra["cpu_share_all"] = both / k
-        devices.append(dev)
-    return Cluster(cluster.name, devices, cluster.bandwidth, cluster.latency,
-                   meta=getattr(cluster, "meta", None))
 
 
 def _compute_bars(report) -> dict:

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import copy
 
-__all__ = ["overlap", "predict_shared", "message_weight", "MESSAGE_IDLE_SHARE"]
+__all__ = ["overlap", "predict_shared", "message_weight", "MESSAGE_IDLE_SHARE",
+           "slower_together"]
 
 
 def overlap(events, devices: list[str]) -> dict[str, float]:
@@ -38,6 +39,29 @@ def overlap(events, devices: list[str]) -> dict[str, float]:
         both = sum(max(0.0, min(b, y) - max(a, x)) for a, b in mine for x, y in merged)
         out[d] = both / total if total > 0 else 0.0
     return out
+
+
+def _with_devices(cluster, change):
+    """A copy of ``cluster`` whose devices are copies, each passed to
+    ``change`` (which edits it in place)."""
+    from ..cluster import Cluster
+    devices = []
+    for dev in cluster.devices:
+        dev = copy.deepcopy(dev)
+        change(dev)
+        devices.append(dev)
+    return Cluster(cluster.name, devices, cluster.bandwidth, cluster.latency,
+                   meta=getattr(cluster, "meta", None))
+
+
+def slower_together(cluster, k: float):
+    """A copy of ``cluster`` whose devices compute ``k`` times slower while
+    another rank of their host computes too (``cpu_share_all`` over ``k``;
+    a device without one starts from its ``cpu_share``)."""
+    def slower(dev):
+        both = dev.extra.get("cpu_share_all", dev.extra.get("cpu_share", 1.0))
+        dev.extra["cpu_share_all"] = both / k
+    return _with_devices(cluster, slower)
 
 
 def _share(dev, frac: float) -> float:
@@ -91,7 +115,6 @@ def predict_shared(graph, cluster, plan, *, op_overhead: float, rounds: int = 3,
     ``cpu_share``.
     The plan is predicted as the runtime runs it (:func:`placer.runtime.common.as_run`).
     The report's ``extra["cpu_shares"]`` gives the shares used."""
-    from ..cluster import Cluster
     from ..cost import simulate
     from .common import as_run
     plan = as_run(graph, plan)
@@ -100,14 +123,11 @@ def predict_shared(graph, cluster, plan, *, op_overhead: float, rounds: int = 3,
     report = None
     for _ in range(max(1, rounds)):
         shares = {d: _share(cluster.device(d), fracs[d]) for d in used}
-        devices = []
-        for dev in cluster.devices:
-            dev = copy.deepcopy(dev)
+
+        def at_share(dev):
             if dev.name in shares:
                 dev.efficiency = min(1.0, (dev.efficiency or 1.0) * shares[dev.name])
-            devices.append(dev)
-        scaled = Cluster(cluster.name, devices, cluster.bandwidth, cluster.latency,
-                         meta=getattr(cluster, "meta", None))
+        scaled = _with_devices(cluster, at_share)
         # one launch cost for all devices (the cost model has one): at the
         # mean share
         mean = sum(shares.values()) / len(shares)
