@@ -524,40 +524,10 @@ def reference_factor(calibration: dict, ref_plan, options: dict,
     set) keeps its graph and costs: the same options and factor again.
     Records the factors, the raw ratio, the predicted step and
     each rank's predicted compute in ``calibration``."""
-    from .contention import predict_shared, slower_together
+    from .contention import predict_shared
     measured = calibration.get("reference_step")
-    graph, cluster = calibration["graph"], calibration["cluster"]
     lo, hi = REFERENCE_FACTOR_BOUNDS
-    compute = calibration.get("reference_compute") or {}
-    # a calibration fitted before holds its scaled graph and costs already
-    factor_c = calibration.get("reference_compute_factor", 1.0)
-    alone = calibration.get("reference_one_step") if one_plan is not None else None
-    if alone and "reference_compute_factor" not in calibration:
-        factor_c = _solve(lambda x: _scaled_step(graph, cluster, one_plan, options, x),
-                          alone, lo, hi, rounds=16)
-        graph = _scale_compute(calibration, options, factor_c)
-        if measured and compute:
-            # what the pipeline's ranks computed beyond that: slower while
-            # both compute (see the doc)
-            quiet = {**options, "message_overhead": 0.0, "message_copy_rate": math.inf}
-
-            def together(k: float) -> float:
-                bars = _compute_bars(predict_shared(graph, slower_together(cluster, k),
-                                                    ref_plan, **quiet))
-                return sum(bars.get(d, 0.0) for d in compute)
-            k = _solve(together, sum(compute.values()), 1.0, hi, rounds=12)
-            cluster = calibration["cluster"] = slower_together(cluster, k)
-            calibration["reference_share_factor"] = k
-    elif measured and compute and "reference_compute_factor" not in calibration:
-        quiet = {**options, "message_overhead": 0.0, "message_copy_rate": math.inf}
-        bars = _compute_bars(predict_shared(graph, cluster, ref_plan, **quiet))
-        predicted_c = sum(bars.get(d, 0.0) for d in compute)
-        if predicted_c > 0:
-            factor_c = min(hi, max(lo, sum(compute.values()) / predicted_c))
-            if factor_c > 1.0:
-                factor_c = _solve(lambda x: _scaled_step(graph, cluster, ref_plan, options, x),
-                                  measured, 1.0, factor_c, rounds=12)
-            graph = _scale_compute(calibration, options, factor_c)
+    graph, cluster, factor_c = _fit_compute(calibration, ref_plan, options, one_plan)
     extra = 0.0
     heavy = calibration.get("reference_messages_step") if messages_plan is not None else None
     plans = [ref_plan] + ([messages_plan] if heavy else [])
@@ -580,6 +550,47 @@ def reference_factor(calibration: dict, ref_plan, options: dict,
                        reference_messages_predicted=both - report.step_time if heavy else None,
                        reference_compute_predicted=dict(_compute_bars(report)))
     return factor
+
+
+def _fit_compute(calibration: dict, ref_plan, options: dict, one_plan=None):
+    """Part 1 of :func:`reference_factor`: scale the calibration's compute
+    (and, with ``one_plan``, slow its shared cores) in place; returns the
+    graph, the cluster and the compute factor the prediction goes on with."""
+    from .contention import predict_shared, slower_together
+    measured = calibration.get("reference_step")
+    graph, cluster = calibration["graph"], calibration["cluster"]
+    lo, hi = REFERENCE_FACTOR_BOUNDS
+    compute = calibration.get("reference_compute") or {}
+    # a calibration fitted before holds its scaled graph and costs already
+    factor_c = calibration.get("reference_compute_factor", 1.0)
+    if "reference_compute_factor" in calibration:
+        return graph, cluster, factor_c
+    quiet = {**options, "message_overhead": 0.0, "message_copy_rate": math.inf}
+    alone = calibration.get("reference_one_step") if one_plan is not None else None
+    if alone:
+        factor_c = _solve(lambda x: _scaled_step(graph, cluster, one_plan, options, x),
+                          alone, lo, hi, rounds=16)
+        graph = _scale_compute(calibration, options, factor_c)
+        if measured and compute:
+            # what the pipeline's ranks computed beyond that: slower while
+            # both compute (see reference_factor's doc)
+            def together(k: float) -> float:
+                bars = _compute_bars(predict_shared(graph, slower_together(cluster, k),
+                                                    ref_plan, **quiet))
+                return sum(bars.get(d, 0.0) for d in compute)
+            k = _solve(together, sum(compute.values()), 1.0, hi, rounds=12)
+            cluster = calibration["cluster"] = slower_together(cluster, k)
+            calibration["reference_share_factor"] = k
+    elif measured and compute:
+        bars = _compute_bars(predict_shared(graph, cluster, ref_plan, **quiet))
+        predicted_c = sum(bars.get(d, 0.0) for d in compute)
+        if predicted_c > 0:
+            factor_c = min(hi, max(lo, sum(compute.values()) / predicted_c))
+            if factor_c > 1.0:
+                factor_c = _solve(lambda x: _scaled_step(graph, cluster, ref_plan, options, x),
+                                  measured, 1.0, factor_c, rounds=12)
+            graph = _scale_compute(calibration, options, factor_c)
+    return graph, cluster, factor_c
 
 
 #: the options a compute factor scales with the ops' times
