@@ -265,5 +265,30 @@ def test_a_case_in_two_rounds_measures_every_plan_in_both():
     refs = case["references"]
     # the references again in the strategies' starts: one burst more
     assert all(len(r["burst_medians"]) == 3 for r in refs)
-    assert case["calibration"]["reference_step"] == min(refs[0]["burst_medians"])
-    assert case["calibration"]["reference_one_step"] == min(refs[2]["burst_medians"])
+    # ... counted as the plans' two (the expected smallest of two of three)
+    for ref, key in ((refs[0], "reference_step"), (refs[2], "reference_one_step")):
+        m = sorted(ref["burst_medians"])
+        assert case["calibration"][key] == pytest.approx((2 * m[0] + m[1]) / 3)
+        assert ref["measured"] == case["calibration"][key]
+
+
+def test_the_smallest_of_k_bursts_is_expected_over_every_k_subset():
+    values = [0.05, 0.01, 0.04, 0.02, 0.03]
+    weights = fidelity.smallest_of(values, 3)
+    subsets = list(itertools.combinations(values, 3))
+    expected = sum(min(s) for s in subsets) / len(subsets)
+    assert sum(w * v for w, v in zip(weights, values)) == pytest.approx(expected)
+    assert sum(weights) == pytest.approx(1.0) and weights[0] == 0.0    # never the smallest of 3
+    assert fidelity.smallest_of([0.2, 0.1], 3) == [0.0, 1.0]
+
+
+def test_a_plan_measured_more_often_is_counted_as_often():
+    bursts = [0.04, 0.01, 0.03, 0.02]
+    result = {"step_time": 0.01, "burst_medians": bursts, "compute": {"r0": 1.0},
+              "burst_parts": [{"compute": {"r0": 4 * b}, "comm": None} for b in bursts]}
+    out = fidelity.as_counted(result, 2)
+    # subsets of two: 6; the smallest 0.01 in 3, 0.02 in 2, 0.03 in 1
+    assert out["step_time"] == pytest.approx((3 * 0.01 + 2 * 0.02 + 0.03) / 6)
+    assert out["compute"]["r0"] == pytest.approx(4 * out["step_time"])
+    assert "comm" not in out and result["step_time"] == 0.01
+    assert fidelity.as_counted(result, 4) is result

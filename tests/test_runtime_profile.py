@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 import torch
 
@@ -107,7 +109,15 @@ def test_calibrated_launch_predicts_from_its_own_measurements():
     assert set(cal["reference_compute"]) == {"a", "b"} and cal["reference_step"] > 0
     assert cal["reference_messages_step"] > 0 and cal["reference_messages_predicted"] > 0
     samples = cal["reference_samples"]
-    assert set(samples["pipeline"]) == set(samples["messages"]) == {"a", "b"}
+    assert set(samples["pipeline"]) == set(samples["messages"]) == set(samples["one"]) \
+        == {"a", "b"}
+    # the one-device plan ran beside too, on the first rank, and the compute
+    # was fitted on it
+    assert cal["reference_one_step"] == max(
+        statistics.median(samples["one"][d]["step"]) for d in "ab")
+    lo, hi = REFERENCE_FACTOR_BOUNDS
+    assert lo <= cal["reference_compute_factor"] <= hi
+    assert 1.0 <= cal["reference_share_factor"] <= hi
     # the step: the slowest rank's median
     assert max(x for d in "ab" for x in samples["messages"][d]["step"]) >= \
         cal["reference_messages_step"]

@@ -266,9 +266,10 @@ def combine_calibration(rounds: list[dict], graph, devs: list[str], tdev,
     allreduce = {n: med(r["allreduce"][n] for r in rounds) for n in rounds[0]["allreduce"]}
     reference: dict = defaultdict(list)
     heavy: dict = defaultdict(list)        # the message plan's (Reference kind "messages")
+    alone: dict = defaultdict(list)        # the one-device plan's (kind "one")
     for _, _, part in gathered:
         for r in part:
-            kept = heavy if r.get("kind") == "messages" else reference
+            kept = {"messages": heavy, "one": alone}.get(r.get("kind"), reference)
             kept[r["device"]].append(r)
     # the ring runs at the speed of its slowest link and its worst latency,
     # as the cluster below states them (synchronisation delay included)
@@ -300,12 +301,15 @@ def combine_calibration(rounds: list[dict], graph, devs: list[str], tdev,
                                    for v in reference.values()), default=None),
             "reference_messages_step": max((med(x for r in v for x in r["step"])
                                             for v in heavy.values()), default=None),
+            # the rank that computes is the slowest
+            "reference_one_step": max((med(x for r in v for x in r["step"])
+                                       for v in alone.values()), default=None),
             # every reference step, for a later look at how they spread
             "reference_samples": {kind: {d: {k: [x for r in v for x in r[k]]
                                              for k in ("compute", "step")}
                                          for d, v in steps.items()}
                                   for kind, steps in (("pipeline", reference),
-                                                      ("messages", heavy))},
+                                                      ("messages", heavy), ("one", alone))},
             "rounds": len(every),
             "links": {f"{devs[i]}-{devs[j]}": v for (i, j), v in pairs.items()},
             "allreduce": allreduce}
@@ -405,8 +409,9 @@ class Reference:
         self.engine, self.plan, self.inputs, self.offsets, self.me = \
             engine, plan, inputs, offsets, me
         self.kind = kind
-        #: the message plan measured beside this pipeline (see reference_factor)
-        self.messages = None
+        #: the message plan and the one-device plan measured beside this
+        #: pipeline (see reference_factor)
+        self.messages = self.one = None
         self.warm = False
 
     @classmethod
@@ -415,10 +420,15 @@ class Reference:
               kind: str = "pipeline") -> "Reference | None":
         """The reference engine on this rank, or None (every rank agrees) when
         the pipeline would need a collective the transport has no group for.
-        ``kind``: ``"pipeline"`` (:func:`reference_plan`) or ``"messages"``
-        (:func:`message_plan`, the plan the cost per message is fitted on)."""
-        make = message_plan if kind == "messages" else reference_plan
-        ref = make(graph, devs, plan.microbatches, plan.schedule)
+        ``kind``: ``"pipeline"`` (:func:`reference_plan`), ``"messages"``
+        (:func:`message_plan`, the plan the cost per message is fitted on)
+        or ``"one"`` (:func:`one_device_plan`, the plan the compute is
+        fitted on)."""
+        if kind == "one":
+            ref = one_device_plan(graph, devs)
+        else:
+            make = message_plan if kind == "messages" else reference_plan
+            ref = make(graph, devs, plan.microbatches, plan.schedule)
         _g, ref, sp, inputs, mb_rows = prepare(model, ref, example_inputs, graph=graph)
         routes = Routes(sp, mb_rows, sink_device(sp))
         sched = build_schedule(routes, ref.schedule, True)

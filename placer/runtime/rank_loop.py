@@ -269,7 +269,7 @@ def _prediction(setup: RankSetup, cluster, problem_options, calibration, referen
         options = {**calibrated_options(calibration), **(problem_options or {})}
         # the factor's fit scales the calibrated graph and options (see there)
         factor = (reference_factor(calibration, reference.plan, options,
-                                   reference.messages)
+                                   reference.messages, reference.one)
                   if reference is not None else 1.0)
         cg, cc = calibration["graph"], calibration["cluster"]
         prediction = predict_shared(cg, cc, plan, **options)
@@ -350,7 +350,7 @@ class RankCalibration:
         self.model, self.example_inputs, self.setup = model, example_inputs, setup
         self.loss_fn, self.targets = loss_fn, targets
         self.rounds, self.shares, self.between = [], [], []
-        self.reference = self.messages = None
+        self.reference = self.messages = self.one = None
         self.rounds_before: set = set()
         self.warmup = 0
         # how much the ranks slow each other down is timed on the model's own ops
@@ -395,11 +395,14 @@ class RankCalibration:
                 self.model, self.example_inputs, setup.graph, plan, setup.devs, setup.me,
                 setup.tdev, setup.transport, loss_fn=loss_fn or default_loss,
                 loss_reduction=loss_reduction, seed=seed, kind=kind)
-                for kind in ("pipeline", "messages")]
-            self.reference, self.messages = refs
+                for kind in ("pipeline", "messages", "one")]
+            self.reference, self.messages, self.one = refs
             if self.reference is not None and self.messages is not None:
                 # the plan reference_factor fits the cost per message on
                 self.reference.messages = self.messages.plan
+            if self.reference is not None and self.one is not None:
+                # ... and the one it fits the compute on
+                self.reference.one = self.one.plan
         # the other calibration rounds interleaved with the measured steps, so
         # both sample the same load of a shared machine (the first ran before)
         chunk = -(-steps // min(CALIBRATION_ROUNDS, steps))
@@ -417,7 +420,7 @@ class RankCalibration:
                 self.shares.append(core_shares(self.setup.tdev, 0.05, self.probe))
                 # a reference step beside each measured one: both see the
                 # host's speed of the moment
-                for ref in (self.reference, self.messages):
+                for ref in (self.reference, self.messages, self.one):
                     if ref is not None:
                         self.between.append(ref.run(1, self.setup.spin, self.targets))
 
