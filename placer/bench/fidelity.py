@@ -633,6 +633,18 @@ def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans
         # measured more often than the plans: counted as often (see as_counted)
         results[:n_refs] = [as_counted(r, bursts) for r in results[:n_refs]]
         calibration = measured_references(*results[:n_refs])
+    return _scored_case(graph, population, results, calibration, duplicates,
+                        {"model": model_key, "zoo": model.name, "batch": model.batch,
+                         "network": network, "rate": rate, "nproc": nproc, "steps": steps,
+                         "warmup": warmup, "bursts": bursts, "rounds": rounds}, start)
+
+
+def _scored_case(graph, population: list, results: list, calibration: dict,
+                 duplicates: list, case: dict, start: float) -> dict:
+    """:func:`run_case`'s report of its measured ``population`` (``(origin,
+    plan)`` pairs, ``results`` in the same order): the scored plans with
+    their three predictions on ``calibration``, the metrics, the failed
+    plans, the references and the fit; ``case`` names the case."""
     # the plans the calibration was fitted on are not scored
     ok = [i for i, r in enumerate(results)
           if "step_time" in r and population[i][0] not in CALIBRATING]
@@ -656,9 +668,7 @@ def run_case(model_key: str, network: str = "loopback", nproc: int = 2, *, plans
                    "beside": calibration.get(f"{key}_beside")}
                   for i, key in enumerate(("reference_step", "reference_messages_step",
                                            "reference_one_step"))]
-    return {"model": model_key, "zoo": model.name, "batch": model.batch,
-            "network": network, "rate": rate, "nproc": nproc, "steps": steps,
-            "warmup": warmup, "bursts": bursts, "rounds": rounds, "plans": rows, "failed": failed, "duplicates": duplicates,
+    return {**case, "plans": rows, "failed": failed, "duplicates": duplicates,
             "references": references,
             "metrics": {k: agreement(v, measured) for k, v in preds.items()}
             if len(measured) >= 2 else {},
