@@ -136,6 +136,8 @@ def test_calibrated_launch_predicts_from_its_own_measurements():
     line = calibration_line(cal)
     assert f"simulator {cal['predicted_model'] * 1e3:.2f} ms" in line
     assert f"reference factor {cal['reference_factor']:.2f}" in line
+    if cal["reference_compute_factor"] != 1.0:
+        assert f"op times x{cal['reference_compute_factor']:.2f}" in line
     assert f"{cal['speed_drift']:.2f}x as long" in line
 
 

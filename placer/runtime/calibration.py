@@ -726,11 +726,21 @@ def calibrated_options(calibration: dict) -> dict:
 
 def calibration_line(calibration: dict) -> str:
     """One line on how a calibrated prediction was made: the simulator's
-    step, the reference pipeline's factor, and how much slower the host ran
+    step, the reference pipeline's factor, what the fit on the reference
+    plans changed (see :func:`reference_factor`), and how much slower the host ran
     around the steps than around the op timings (``speed_drift``, not
     applied)."""
     line = (f"calibrated: simulator {calibration['predicted_model'] * 1e3:.2f} ms"
             f" x reference factor {calibration.get('reference_factor', 1.0):.2f}")
+    fitted = []
+    if calibration.get("reference_compute_factor") not in (None, 1.0):
+        fitted.append(f"op times x{calibration['reference_compute_factor']:.2f}")
+    if calibration.get("reference_share_factor") not in (None, 1.0):
+        fitted.append(f"shared core /{calibration['reference_share_factor']:.2f}")
+    if calibration.get("reference_message_extra"):
+        fitted.append(f"{calibration['reference_message_extra'] * 1e6:+.0f} us a message end")
+    if fitted:
+        line += f" (fitted on the reference plans: {', '.join(fitted)})"
     drift = calibration.get("speed_drift")
     if drift is not None:
         line += (f"; the model's work took {drift:.2f}x as long around the steps as in the "
