@@ -179,7 +179,7 @@ def test_quick_bench_writes_results_and_scatters(tmp_path):
     assert case["calibration"]["reference_one_step"] == refs[2]["measured"] > 0
     # the fit the predictions were made on is reported, not rank 0's first one
     fitted = case["calibration"]
-    assert fitted["reference_compute_factor"] > 0 and fitted["reference_share_factor"] >= 1
+    assert fitted["reference_compute_factor"] > 0
     assert refs[0]["beside"] > 0
     for name in ("simulator", "analytical", "calibrated"):
         m = case["metrics"][name]

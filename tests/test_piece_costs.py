@@ -135,8 +135,7 @@ def test_the_compute_is_fitted_on_the_one_device_plan_when_it_was_measured():
     quiet = predict_shared(g, cal["cluster"], ref, **options)
     bars = dict(_compute_bars(quiet))
     # the plan that sends nothing ran 1.1x its prediction; the pipeline's
-    # ranks computed 1.1x that again: the ops follow the former, the ranks'
-    # slowdown while both compute the latter
+    # ranks computed 1.1x that again: the ops follow the former only
     cal.update(reference_compute={d: 1.21 * v for d, v in bars.items()},
                reference_step=1.3 * quiet.step_time, reference_one_step=1.1 * alone,
                op_overhead=1e-5, task_overhead=1e-4)
@@ -146,15 +145,23 @@ def test_the_compute_is_fitted_on_the_one_device_plan_when_it_was_measured():
     assert predict_shared(cal["graph"], cal["cluster"], one, **fitted).step_time == \
         pytest.approx(1.1 * alone, rel=1e-3)
     assert fitted["op_overhead"] == pytest.approx(1.1e-5, rel=1e-3)
-    assert 1.0 < cal["reference_share_factor"] < 1.5
+    # the shares stay as measured (see reference_factor's doc)
+    assert "reference_share_factor" not in cal
     again = _compute_bars(predict_shared(cal["graph"], cal["cluster"], ref,
                                         **{**fitted, "message_overhead": 0.0}))
-    assert sum(again.values()) == pytest.approx(1.21 * sum(bars.values()), rel=0.01)
-    # one device alone keeps its share: its step is still the measured one
+    assert sum(again.values()) == pytest.approx(1.1 * sum(bars.values()), rel=0.01)
     assert all(d.extra["cpu_share"] == 1.0 for d in cal["cluster"].devices)
+
+
+def test_unfitted_restores_the_shares_of_a_calibration_fitted_with_them():
+    # calibrations kept by earlier versions divided cpu_share_all by a factor
     from placer.runtime.calibration import unfitted
-    back = unfitted(cal)["cluster"]
-    assert all(d.extra["cpu_share_all"] == pytest.approx(1.0) for d in back.devices)
+    from placer.runtime.contention import slower_together
+    cal = _calibration(_chain())
+    cal.update(cluster=slower_together(cal["cluster"], 1.25), reference_share_factor=1.25)
+    back = unfitted(cal)
+    assert "reference_share_factor" not in back
+    assert all(d.extra["cpu_share_all"] == pytest.approx(1.0) for d in back["cluster"].devices)
 
 
 def test_unfitted_undoes_the_reference_fit_so_it_can_be_fitted_again():
