@@ -504,6 +504,27 @@ def test_the_loss_waits_for_every_replica_of_the_output():
     assert r.step_time == pytest.approx(grad_back + b1, rel=1e-6)
 
 
+def test_the_gradient_of_a_replicas_rows_leaves_after_the_loss_also_in_a_piece():
+    """At the runtime's granularity (a piece per device) the first replica
+    runs the loss, sends the other replica the gradient of its rows at once
+    (the runtime's sink task) and only then its own piece's backward: the
+    other replica's backward does not wait for that whole piece."""
+    Fa, Ba, F, Bw, Lf, Lb = 2e9, 4e9, 4e9, 8e9, 1e9, 2e9
+    g = Graph("loss", [Op("a", flops=Fa, bwd_flops=Ba, output_bytes=1e6),
+                       Op("out", flops=F, bwd_flops=Bw, output_bytes=1e6,
+                          extra={"loss_flops": [Lf, Lb]})], [Edge("a", "out", 1e6)])
+    devices = [Device("d0", RATE, 1e12, efficiency=1.0), Device("d1", RATE, 1e12, efficiency=0.5)]
+    c = Cluster.from_rules("slow", devices, default=(1e9, 0.0))
+    plan = Plan({"a": ["d0", "d1"], "out": ["d0", "d1"]})
+    f1 = (Fa / 2 + (F - Lf) / 2) / (RATE / 2)
+    x = 0.5e6 / 1e9
+    b1 = ((Bw - Lb) / 2 + Ba / 2) / (RATE / 2)
+    expected = f1 + x + (Lf + Lb) / RATE + x + b1
+    for granularity in ("op", "piece"):
+        r = sim(g, c, plan, granularity=granularity)
+        assert r.step_time == pytest.approx(expected, rel=1e-6), granularity
+
+
 def test_message_overhead_costs_both_ends():
     """Each message costs its sender and its receiver ``message_overhead``
     (per microbatch and phase): two ops on two devices, one tensor."""

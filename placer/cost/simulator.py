@@ -189,6 +189,9 @@ class _Tasks(NamedTuple):
     foff: np.ndarray
     bdev: np.ndarray
     boff: "np.ndarray | None"
+    #: each replica's end within its backward segment (== ``boff`` unless
+    #: a piece sends its outputs at its end)
+    bend: "np.ndarray | None"
 
 
 def _instances(p: Problem, c: Compiled) -> _Instances:
@@ -370,10 +373,11 @@ class _Build:
                 head_b[iv[loss_dep]] = True
             bseg, boff, bdev, bdur = _segments(inst_dev, head_b, has_in, permB, bt, D,
                                                0.0 if pieces else p.merge)
+            bend = boff
             if pieces:
                 boff = bdur[bseg]
         else:
-            bseg = boff = None
+            bseg = boff = bend = None
             bdev = np.zeros(0, dtype=np.int64)
             bdur = np.zeros(0)
         NB = len(bdev)
@@ -383,7 +387,7 @@ class _Build:
         self.task_dur = np.r_[fdur, bdur]
         self.fseg, self.bseg = fseg, bseg
 
-        return _Tasks(ft, bt, loss_w, fdev, foff, bdev, boff)
+        return _Tasks(ft, bt, loss_w, fdev, foff, bdev, boff, bend)
 
     def _dependencies(self, p: Problem, c: Compiled, ins: _Instances, cr: _Crossings,
                       tk: _Tasks) -> None:
@@ -439,8 +443,10 @@ class _Build:
                 sent = boff[iv]
                 if loss_dep.any():
                     # the gradient of the rows leaves once the loss is done,
-                    # before the loss's replica runs its own backward
-                    sent = np.where(loss_dep, sent - (bt - loss_w)[iv], sent)
+                    # before the loss's replica runs its own backward (also
+                    # when that backward is a piece's, as the runtime's sink
+                    # task sends it)
+                    sent = np.where(loss_dep, tk.bend[iv] - (bt - loss_w)[iv], sent)
                 np.maximum.at(off, inv, sent)
                 order = np.argsort(first, kind="stable")
                 uk, off = uk[order], off[order]
