@@ -521,7 +521,7 @@ def reference_factor(calibration: dict, ref_plan, options: dict,
     Why the shares are not fitted too: slowing the shared core until the
     pipeline ranks' measured compute was predicted (``cpu_share_all``
     divided by 1 to 1.5) helped on ranks run at a raised priority (nice
-    -15), whose turn-taking plans measured 2-6 ms slower than at the
+    -15), whose turn-taking plans measured 1-4 ms slower than at the
     default priority; at the default priority the factor reached its bound
     in 4 of 8 cases and plans of 2-4 microbatches, which overlap most, were
     predicted up to 1.4x their step (inception over loopback: median error
