@@ -116,7 +116,22 @@ def test_calibrated_launch_predicts_from_its_own_measurements():
     assert cal["reference_one_step"] == max(
         statistics.median(samples["one"][d]["step"]) for d in "ab")
     lo, hi = REFERENCE_FACTOR_BOUNDS
-    assert lo <= cal["reference_compute_factor"] <= hi
+    # the fitted graph predicts the one-device plan's measured step, or
+    # stops short of it at a bound of the factor
+    from placer.runtime.calibration import calibrated_options, one_device_plan
+    from placer.runtime.contention import predict_shared
+    cg = placer.Graph.from_dict(cal["graph"])
+    cc = placer.Cluster.from_dict(cal["cluster"])
+    alone = predict_shared(cg, cc, one_device_plan(cg, ["a", "b"]),
+                           **calibrated_options(cal)).step_time
+    factor, one_step = cal["reference_compute_factor"], cal["reference_one_step"]
+    assert lo <= factor <= hi
+    if factor == pytest.approx(hi):
+        assert alone <= one_step * (1 + 1e-6)
+    elif factor == pytest.approx(lo):
+        assert alone >= one_step * (1 - 1e-6)
+    else:
+        assert alone == pytest.approx(one_step, rel=1e-3)
     # the step: the slowest rank's median
     assert max(x for d in "ab" for x in samples["messages"][d]["step"]) >= \
         cal["reference_messages_step"]

@@ -409,9 +409,6 @@ class Reference:
         self.engine, self.plan, self.inputs, self.offsets, self.me = \
             engine, plan, inputs, offsets, me
         self.kind = kind
-        #: the message plan and the one-device plan measured beside this
-        #: pipeline (see reference_factor)
-        self.messages = self.one = None
         self.warm = False
 
     @classmethod

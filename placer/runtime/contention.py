@@ -57,7 +57,10 @@ def _with_devices(cluster, change):
 def slower_together(cluster, k: float):
     """A copy of ``cluster`` whose devices compute ``k`` times slower while
     another rank of their host computes too (``cpu_share_all`` over ``k``;
-    a device without one starts from its ``cpu_share``)."""
+    a device without one starts from its ``cpu_share``). The fit no longer
+    does this (see :func:`placer.runtime.calibration.reference_factor`);
+    :func:`placer.runtime.calibration.unfitted` undoes it in calibrations
+    kept by earlier versions."""
     def slower(dev):
         both = dev.extra.get("cpu_share_all", dev.extra.get("cpu_share", 1.0))
         dev.extra["cpu_share_all"] = both / k

@@ -122,7 +122,7 @@ def _run_set_up(setup: "RankSetup", model, optimizer, loss_fn, targets, example_
     if gathered is None:
         return None
     prediction = _prediction(setup, cluster, problem_options, calibration,
-                             hook.reference if hook is not None else None)
+                             hook.reference_plans() if hook is not None else None)
     return _merge(gathered, setup, sched, measured.figures.times, prediction, calibration)
 
 
@@ -259,18 +259,19 @@ def _rank_figures(setup: RankSetup, engine, opt, measured: Measured, training: b
             "cpu_fallback": setup.fallback}
 
 
-def _prediction(setup: RankSetup, cluster, problem_options, calibration, reference):
+def _prediction(setup: RankSetup, cluster, problem_options, calibration, references):
     """Rank 0's prediction of the plan's step: on the calibrated graph and
-    cluster, scaled by the reference factor, when calibrated; else the
+    cluster, scaled by the reference factor (fitted on ``references``,
+    :meth:`RankCalibration.reference_plans`), when calibrated; else the
     simulator's on ``cluster``; None without either."""
     plan = setup.plan
     if calibration is not None:
         from .contention import predict_shared
         options = {**calibrated_options(calibration), **(problem_options or {})}
         # the factor's fit scales the calibrated graph and options (see there)
-        factor = (reference_factor(calibration, reference.plan, options,
-                                   reference.messages, reference.one)
-                  if reference is not None else 1.0)
+        pipeline, messages, one = references or (None, None, None)
+        factor = (reference_factor(calibration, pipeline, options, messages, one)
+                  if pipeline is not None else 1.0)
         cg, cc = calibration["graph"], calibration["cluster"]
         prediction = predict_shared(cg, cc, plan, **options)
         calibration["predicted_model"] = prediction.step_time   # before the factor
@@ -397,17 +398,18 @@ class RankCalibration:
                 loss_reduction=loss_reduction, seed=seed, kind=kind)
                 for kind in ("pipeline", "messages", "one")]
             self.reference, self.messages, self.one = refs
-            if self.reference is not None and self.messages is not None:
-                # the plan reference_factor fits the cost per message on
-                self.reference.messages = self.messages.plan
-            if self.reference is not None and self.one is not None:
-                # ... and the one it fits the compute on
-                self.reference.one = self.one.plan
         # the other calibration rounds interleaved with the measured steps, so
         # both sample the same load of a shared machine (the first ran before)
         chunk = -(-steps // min(CALIBRATION_ROUNDS, steps))
         self.rounds_before = {warmup + k for k in range(0, steps, chunk)} - {warmup}
         self.warmup = warmup
+
+    def reference_plans(self) -> tuple:
+        """The plans :func:`placer.runtime.calibration.reference_factor`
+        fits on: the pipeline, the message plan (the cost per message) and
+        the one-device plan (the compute), None for one not built."""
+        return tuple(r.plan if r is not None else None
+                     for r in (self.reference, self.messages, self.one))
 
     def before_step(self, index: int) -> None:
         """What runs before step ``index``."""
