@@ -499,10 +499,12 @@ def reference_factor(calibration: dict, ref_plan, options: dict,
     messages (0.24-0.6 ms a message end over ``tc tbf`` for gpt and moe)
     and charged it to every small message: moe over ``tbf``'s plans of
     4-8 microbatches were predicted 1.3-1.6x their step (90th-percentile
-    error 36-48% in all four full fidelity runs kept). Predicted again
-    from those runs' kept measurements (32 cases), all four targets held
-    in 26 with the factor alone against 22 with the fitted message cost;
-    the 90th-percentile error of moe over ``tbf`` fell to 17-27%.
+    error 36-48% in four full fidelity runs). Predicted again from the
+    kept measurements of five runs (40 cases), all four targets held in
+    33 with the factor alone against 28 with the fitted message cost;
+    the 90th-percentile error of moe over ``tbf`` fell to 17-27%. Fitted
+    instead as a bandwidth scale, a cost per byte or time lost after a
+    wait (``resume_overhead``), the extra did no better.
 
     Why the one-device plan: the ranks' compute in a pipeline's step
     holds more than the ops (two ranks computing at once, a message's work
