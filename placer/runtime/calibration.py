@@ -373,8 +373,9 @@ def message_plan(graph, devs: list[str], microbatches: int, schedule: str = "1f1
     """The graph's topological order cut into :data:`MESSAGE_SEGMENTS` equal
     runs placed on ``devs`` in turn (colocated ops follow the first of their
     group): a plan whose step sends many messages (each cut, each way, each
-    microbatch), on which :func:`reference_factor` fits the cost per message
-    (see :class:`Reference`)."""
+    microbatch), whose measured step :func:`reference_factor` adds to the
+    pipeline's so that many messages weigh in the factor (see
+    :class:`Reference`)."""
     from .piece_costs import segments_plan
     runs = max(1, min(MESSAGE_SEGMENTS, len(graph)))
     return segments_plan(graph, devs, runs, microbatches, schedule)
@@ -418,7 +419,7 @@ class Reference:
         """The reference engine on this rank, or None (every rank agrees) when
         the pipeline would need a collective the transport has no group for.
         ``kind``: ``"pipeline"`` (:func:`reference_plan`), ``"messages"``
-        (:func:`message_plan`, the plan the cost per message is fitted on)
+        (:func:`message_plan`, which the factor is fitted on beside the pipeline)
         or ``"one"`` (:func:`one_device_plan`, the plan the compute is
         fitted on)."""
         if kind == "one":

@@ -95,8 +95,8 @@ def message_weight(fracs: dict[str, float]) -> float:
     op, whose ranks take turns, were predicted 1.4-2.3x their step
     (inception's round_robin over loopback, 391 message ends a rank:
     205 ms against 90.7 measured; 113 so weighted), while the pipeline
-    and the message plan the cost is
-    fitted on overlap most of their compute. The idle share was chosen on
+    and the message plan the calibration is fitted on overlap most of
+    their compute. The idle share was chosen on
     the kept sets of three full fidelity runs (24 cases): 0 met every
     target in 17, 0.2 in 21, 0.25 and 0.3 in 20, pricing every message in
     full in 20; the largest 90th-percentile error 40%, 31%, 31%, 35% and

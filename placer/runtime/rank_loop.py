@@ -406,8 +406,8 @@ class RankCalibration:
 
     def reference_plans(self) -> tuple:
         """The plans :func:`placer.runtime.calibration.reference_factor`
-        fits on: the pipeline, the message plan (the cost per message) and
-        the one-device plan (the compute), None for one not built."""
+        fits on: the pipeline and the message plan (the factor) and the
+        one-device plan (the compute), None for one not built."""
         return tuple(r.plan if r is not None else None
                      for r in (self.reference, self.messages, self.one))
 
