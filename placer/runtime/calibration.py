@@ -500,7 +500,8 @@ def reference_factor(calibration: dict, ref_plan, options: dict,
     messages (0.24-0.6 ms a message end over ``tc tbf`` for gpt and moe)
     and charged it to every small message: moe over ``tbf``'s plans of
     4-8 microbatches were predicted 1.3-1.6x their step (90th-percentile
-    error 36-48% in four full fidelity runs). Predicted again from the
+    error 36-48%, that fit on four full fidelity runs' kept
+    measurements). Predicted again from the
     kept measurements of five runs (40 cases), all four targets held in
     33 with the factor alone against 28 with the fitted message cost;
     the 90th-percentile error of moe over ``tbf`` fell to 17-27%. Fitted
